@@ -1,0 +1,161 @@
+"""Pure-Python aggregators and routers that graph specs name by string.
+
+An aggregator takes the values its node reads (a string for an exact read, a list of strings for a pattern read,
+in pool order) and returns the text it writes. A router takes the node's view of the state and returns a key of
+its route's `path_map`. Register your own with `@aggregator("name")` / `@router("name")`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from colab_graphs.data.scoring import extract_answer, normalize_answer
+
+AggregatorFn = Callable[..., str]
+RouterFn = Callable[..., str]
+
+AGGREGATORS: dict[str, AggregatorFn] = {}
+ROUTERS: dict[str, RouterFn] = {}
+
+
+def aggregator(name: str) -> Callable[[AggregatorFn], AggregatorFn]:
+    def decorate(fn: AggregatorFn) -> AggregatorFn:
+        AGGREGATORS[name] = fn
+        return fn
+
+    return decorate
+
+
+def router(name: str) -> Callable[[RouterFn], RouterFn]:
+    def decorate(fn: RouterFn) -> RouterFn:
+        ROUTERS[name] = fn
+        return fn
+
+    return decorate
+
+
+def get_aggregator(name: str) -> AggregatorFn:
+    try:
+        return AGGREGATORS[name]
+    except KeyError:
+        raise KeyError(f"unknown aggregator {name!r}; known: {', '.join(sorted(AGGREGATORS))}") from None
+
+
+def get_router(name: str) -> RouterFn:
+    try:
+        return ROUTERS[name]
+    except KeyError:
+        raise KeyError(f"unknown router {name!r}; known: {', '.join(sorted(ROUTERS))}") from None
+
+
+def _items(inputs: dict[str, Any]) -> list[str]:
+    """All values read, flattened in read order (pattern reads contribute their list)."""
+    out: list[str] = []
+    for value in inputs.values():
+        if isinstance(value, list):
+            out.extend(str(v) for v in value)
+        elif value is not None:
+            out.append(str(value))
+    return out
+
+
+def majority(answers: list[str]) -> str:
+    """Deterministic majority vote over extracted, normalised answers.
+
+    The most frequent normalised answer wins; a tie goes to the tied answer given first (pool order).
+    Returns the winning answer as first written (extracted, not normalised). Empty input -> "".
+    """
+    extracted = [extract_answer(a) for a in answers]
+    normalised = [normalize_answer(a) for a in extracted]
+    candidates = [(n, e) for n, e in zip(normalised, extracted, strict=True) if n]
+    if not candidates:
+        return ""
+    counts = Counter(n for n, _ in candidates)
+    best = max(counts.values())
+    for n, e in candidates:
+        if counts[n] == best:
+            return e
+    raise AssertionError("unreachable")
+
+
+@aggregator("vote")
+def vote(inputs: dict[str, Any], **_: Any) -> str:
+    """Majority vote over every answer read (see `majority`)."""
+    return majority(_items(inputs))
+
+
+@aggregator("first")
+def first(inputs: dict[str, Any], extract: bool = False, **_: Any) -> str:
+    """The first non-empty value read (pool order); with `extract`, its extracted answer."""
+    for item in _items(inputs):
+        if item.strip():
+            return extract_answer(item) if extract else item
+    return ""
+
+
+@aggregator("last")
+def last(inputs: dict[str, Any], extract: bool = False, **_: Any) -> str:
+    """The last non-empty value read; with `extract`, its extracted answer."""
+    for item in reversed(_items(inputs)):
+        if item.strip():
+            return extract_answer(item) if extract else item
+    return ""
+
+
+@aggregator("concat")
+def concat(inputs: dict[str, Any], separator: str = "\n\n", **_: Any) -> str:
+    """Every value read, joined."""
+    return separator.join(i for i in _items(inputs) if i.strip())
+
+
+@aggregator("extract")
+def extract(inputs: dict[str, Any], **_: Any) -> str:
+    """The answer extracted from the (single, or last) value read."""
+    items = _items(inputs)
+    return extract_answer(items[-1]) if items else ""
+
+
+@router("match_name")
+def match_name(view: dict[str, Any], path_map: dict[str, str], **_: Any) -> str:
+    """The path_map key mentioned earliest in the routed text (case-insensitive, whole word)."""
+    text = str(view.get("text") or "")
+    best: tuple[int, str] | None = None
+    for key in path_map:
+        m = re.search(rf"(?<![A-Za-z0-9_]){re.escape(key)}(?![A-Za-z0-9_])", text, re.IGNORECASE)
+        if m and (best is None or m.start() < best[0]):
+            best = (m.start(), key)
+    return best[1] if best else ""
+
+
+_CONFIDENCE = re.compile(r"confidence\s*[:=]?\s*(\d+(?:\.\d+)?)\s*(%)?", re.IGNORECASE)
+
+
+def self_reported_confidence(text: str) -> float | None:
+    """ "Confidence: 0.8" / "confidence 80%" / "Confidence: 8/10"-style statements, as a number in [0, 1]."""
+    m = _CONFIDENCE.search(text or "")
+    if not m:
+        return None
+    value = float(m.group(1))
+    if m.group(2) or value > 1:
+        value = value / 100 if value > 10 or m.group(2) else value / 10
+    return max(0.0, min(1.0, value))
+
+
+@router("confidence")
+def confidence(view: dict[str, Any], path_map: dict[str, str], threshold: float = 0.7, **_: Any) -> str:
+    """'accept' when the answer is confident, else 'defer'.
+
+    Uses the mean token probability when the seat recorded logprobs (`view['logprob']`), else the
+    self-reported confidence in the text; no signal at all defers.
+    """
+    import math
+
+    logprob = view.get("logprob")
+    if logprob is not None:
+        score = math.exp(float(logprob))
+    else:
+        score = self_reported_confidence(str(view.get("text") or ""))
+    return "accept" if score is not None and score >= threshold else "defer"

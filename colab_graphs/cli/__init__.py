@@ -1,0 +1,1 @@
+"""The `colab-graphs` command line (typer)."""

@@ -1,0 +1,223 @@
+"""`colab-graphs`: run | audit | train | serve | protocols | show | models | cache.
+
+Heavy modules (litellm, torch, transformers, trl) are imported inside the commands, so `--help` is instant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+import colab_graphs._env  # noqa: F401  (offline settings first)
+from colab_graphs.cli.common import fail, load_data, load_pool, make_client, parse_params, resolve_protocol
+
+app = typer.Typer(
+    name="colab-graphs",
+    help="Measure and train language models for what they add to a team of models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+cache_app = typer.Typer(help="Inspect or clear the call cache.", no_args_is_help=True)
+app.add_typer(cache_app, name="cache")
+
+PoolOpt = Annotated[Path | None, typer.Option("--pool", help="Pool YAML (default: the embedded local pool).")]
+DataOpt = Annotated[
+    str | None,
+    typer.Option("--data", help="JSONL/JSON file or a named source (gsm8k, builtin:arithmetic, ...)."),
+]
+ProtocolOpt = Annotated[
+    str | None, typer.Option("--protocol", help="Built-in protocol name (see `protocols`).")
+]
+GraphOpt = Annotated[str | None, typer.Option("--graph", help="User graph: path/to/file.py:NAME.")]
+ScorerOpt = Annotated[
+    str | None, typer.Option("--scorer", help="Scorer name (default: from the data's fields).")
+]
+OutOpt = Annotated[Path | None, typer.Option("--out", help="Output directory.")]
+ConcOpt = Annotated[int, typer.Option("--max-concurrency", help="In-flight calls per endpoint.")]
+CacheDirOpt = Annotated[
+    Path | None,
+    typer.Option("--cache-dir", envvar="COLAB_GRAPHS_CACHE_DIR", help="Call cache directory."),
+]
+NoCacheOpt = Annotated[bool, typer.Option("--no-cache", help="Do not read or write the call cache.")]
+LimitOpt = Annotated[int | None, typer.Option("--limit", help="Use only the first K examples.")]
+ParamOpt = Annotated[list[str] | None, typer.Option("-P", "--param", help="Protocol parameter key=value.")]
+SeedOpt = Annotated[
+    int | None, typer.Option("--seed", help="Shuffle the data with this seed before --limit.")
+]
+
+
+def _progress(total: int, description: str):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[status]}"),
+    )
+    task = progress.add_task(description, total=total, status="")
+    return progress, task
+
+
+@app.command()
+def run(
+    protocol: ProtocolOpt = None,
+    graph: GraphOpt = None,
+    pool: PoolOpt = None,
+    data: DataOpt = None,
+    scorer: ScorerOpt = None,
+    out: OutOpt = None,
+    max_concurrency: ConcOpt = 16,
+    cache_dir: CacheDirOpt = None,
+    no_cache: NoCacheOpt = False,
+    limit: LimitOpt = None,
+    param: ParamOpt = None,
+    seed: SeedOpt = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Discard an earlier run in --out.")] = False,
+) -> None:
+    """Run a protocol over a dataset; write results.jsonl, traces.jsonl and summary.json."""
+    from rich.console import Console
+
+    from colab_graphs.runner import RunError, run_dataset
+
+    the_pool = load_pool(pool)
+    examples = load_data(data, limit, seed)
+    spec = resolve_protocol(protocol, graph, the_pool.names, parse_params(param))
+    client = make_client(cache_dir, no_cache, max_concurrency)
+    out = out or Path("runs") / spec.name
+    progress, task = _progress(len(examples), f"{spec.name}")
+    scores: list[float] = []
+    failed = 0
+
+    def on_progress(o) -> None:
+        nonlocal failed
+        if o.failed:
+            failed += 1
+        elif o.score is not None:
+            scores.append(o.score)
+        mean = sum(scores) / len(scores) if scores else 0.0
+        progress.update(task, advance=1, status=f"score {mean:.3f}  failed {failed}")
+
+    try:
+        with progress:
+            _, summary = asyncio.run(
+                run_dataset(
+                    spec,
+                    the_pool,
+                    examples,
+                    client=client,
+                    scorer=scorer,
+                    out=out,
+                    overwrite=overwrite,
+                    on_progress=on_progress,
+                )
+            )
+    except RunError as err:
+        fail(str(err))
+        raise
+    console = Console()
+    score = summary["score"]
+    console.print(
+        f"[bold]{spec.name}[/]: score {score if score is None else f'{score:.3f}'} over {summary['scored']} "
+        f"example(s); failed {summary['failed']}; calls made {summary['calls']['made']}, cached "
+        f"{summary['calls']['cached']}; {summary['wall_s']:.1f}s -> {out}"
+    )
+    if summary["failed"]:
+        console.print(f"[yellow]{summary['failed']} example(s) failed (see {out}/results.jsonl)[/]")
+        raise typer.Exit(3)
+
+
+@app.command()
+def protocols(
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list.")] = False,
+) -> None:
+    """List the built-in protocols with their family and parameters."""
+    from colab_graphs.protocols.registry import list_protocols
+
+    infos = list_protocols()
+    if as_json:
+        typer.echo(json.dumps([i.as_dict() for i in infos], indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="colab-graphs protocols")
+    for col in ("name", "family", "members", "requires", "parameters", "description"):
+        table.add_column(col)
+    for i in infos:
+        members = f"{i.min_members}+" if i.max_members is None else f"{i.min_members}-{i.max_members}"
+        params = ", ".join(
+            f"{k}={v!r}" for k, v in i.params.items() if k != "prompt" and not k.endswith("_prompt")
+        )
+        table.add_row(i.name, i.family, members, ", ".join(i.requires), params, i.description)
+    Console().print(table)
+
+
+@app.command()
+def show(
+    name: Annotated[str, typer.Argument(help="Protocol name (or use --graph).")] = "",
+    graph: GraphOpt = None,
+    pool: PoolOpt = None,
+    members: Annotated[int, typer.Option("--members", help="Placeholder members when no --pool.")] = 3,
+    param: ParamOpt = None,
+    fmt: Annotated[str, typer.Option("--format", help="mermaid | tree | json | all")] = "all",
+) -> None:
+    """Draw a protocol's graph (mermaid and a terminal view)."""
+    from colab_graphs.show import render_mermaid, render_tree
+
+    names = load_pool(pool).names if pool else [f"m{i}" for i in range(1, members + 1)]
+    spec = resolve_protocol(name or None, graph, names, parse_params(param))
+    if fmt in ("json",):
+        typer.echo(json.dumps(spec.to_dict(), indent=2))
+        return
+    if fmt in ("tree", "all"):
+        from rich.console import Console
+
+        Console().print(render_tree(spec))
+    if fmt in ("mermaid", "all"):
+        typer.echo(render_mermaid(spec))
+
+
+@cache_app.command("stats")
+def cache_stats(cache_dir: CacheDirOpt = None) -> None:
+    """Entries, size and per-model counts of the call cache."""
+    from colab_graphs.models.cache import CallCache
+
+    typer.echo(json.dumps(CallCache(cache_dir).stats(), indent=2))
+
+
+@cache_app.command("clear")
+def cache_clear(
+    cache_dir: CacheDirOpt = None,
+    model: Annotated[str | None, typer.Option("--model", help="Only this model's entries.")] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
+) -> None:
+    """Delete cached calls (all, or one model's)."""
+    from colab_graphs.models.cache import CallCache
+
+    cache = CallCache(cache_dir)
+    if not yes and not typer.confirm(f"delete {'all' if model is None else model} entries in {cache.path}?"):
+        raise typer.Exit(1)
+    typer.echo(f"deleted {cache.clear(model)} entries from {cache.path}")
+
+
+def _register_optional_commands() -> None:
+    # Commands whose modules pull in heavier code register themselves here; each import is cheap (lazy inside).
+    from colab_graphs.cli import extra
+
+    extra.register(app)
+
+
+def main() -> None:
+    _register_optional_commands()
+    app()
+
+
+if __name__ == "__main__":
+    main()

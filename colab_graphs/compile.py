@@ -1,0 +1,261 @@
+"""GraphSpec -> LangGraph `CompiledStateGraph`.
+
+The compiled graph is a plain LangGraph object: invoke, stream, checkpoint it, or add it as a node of another
+graph (it reads `input` and writes `answer`). Model calls go through the `ModelClient` found in the run config
+(`config["configurable"]["colab_graphs"]`, set by the runner, which also carries the trace), else through the
+client and pool given at compile time.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Annotated, Any, TypedDict
+
+from langchain_core.runnables import RunnableConfig
+
+from colab_graphs.aggregators import get_aggregator, get_router
+from colab_graphs.models.client import ModelClient
+from colab_graphs.pool import Pool
+from colab_graphs.spec import END, START, Aggregate, GraphSpec, LogitSeat, Seat, is_pattern
+from colab_graphs.trace import Trace
+
+RUNTIME_KEY = "colab_graphs"
+FINISH = "_finish"
+
+
+def _merge(left: dict | None, right: dict | None) -> dict:
+    return {**(left or {}), **(right or {})}
+
+
+def _add_counts(left: dict | None, right: dict | None) -> dict:
+    out = dict(left or {})
+    for k, v in (right or {}).items():
+        out[k] = out.get(k, 0) + v
+    return out
+
+
+class GraphState(TypedDict, total=False):
+    input: str
+    example: dict[str, Any]
+    values: Annotated[dict[str, Any], _merge]
+    visits: Annotated[dict[str, int], _add_counts]
+    answer: str
+
+
+@dataclass
+class Runtime:
+    """What nodes need at run time: the call path, the pool, and the trace being recorded (if any)."""
+
+    client: ModelClient
+    pool: Pool
+    trace: Trace | None = None
+
+
+_default_client: ModelClient | None = None
+
+
+def default_client() -> ModelClient:
+    """A process-wide client with the default on-disk cache, for graphs run outside our runner."""
+    global _default_client
+    if _default_client is None:
+        from colab_graphs.models.cache import CallCache
+
+        _default_client = ModelClient(CallCache())
+    return _default_client
+
+
+class TemplateError(KeyError):
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def _writer_order(spec: GraphSpec) -> dict[str, int]:
+    return {n.writes: i for i, n in enumerate(spec.nodes)}
+
+
+def resolve_reads(reads: dict[str, str], state: GraphState, order: dict[str, int]) -> dict[str, Any]:
+    """Template variable -> value: a string for exact reads, a list (writer order) for pattern reads."""
+    values = state.get("values") or {}
+    out: dict[str, Any] = {}
+    for var, ref in reads.items():
+        if is_pattern(ref):
+            prefix = ref[:-1]
+            keys = [k for k in values if k.startswith(prefix) and "#" not in k]
+            keys.sort(key=lambda k: order.get(k, math.inf))
+            out[var] = [values[k] for k in keys]
+        elif ref == "input":
+            out[var] = state.get("input", "")
+        else:
+            out[var] = values.get(ref.rstrip("?"), "")
+    return out
+
+
+def render_list(items: list[str]) -> str:
+    if not items:
+        return "(none)"
+    return "\n\n".join(f"Response {i}:\n{item.strip()}" for i, item in enumerate(items, 1))
+
+
+def render(template: str, node: str, state: GraphState, reads: dict[str, Any]) -> str:
+    context: dict[str, Any] = dict(state.get("example") or {})
+    context["input"] = state.get("input", "")
+    for var, value in reads.items():
+        context[var] = render_list(value) if isinstance(value, list) else value
+    try:
+        return template.format_map(context)
+    except KeyError as exc:
+        raise TemplateError(
+            f"node {node!r}: template variable {exc.args[0]!r} is neither read from the state nor a field "
+            f"of the example (available: {', '.join(sorted(context))})"
+        ) from None
+
+
+def _runtime(config: Any, fallback: Runtime | None) -> Runtime:
+    rt = ((config or {}).get("configurable") or {}).get(RUNTIME_KEY)
+    if rt is not None:
+        return rt
+    if fallback is not None:
+        return fallback
+    raise RuntimeError(
+        "no model client: compile the graph with a pool (compile_graph(spec, pool)) or run it through "
+        "colab_graphs.run_graph"
+    )
+
+
+def _messages(system: str | None, prompt: str) -> list[dict[str, str]]:
+    msgs = [{"role": "system", "content": system}] if system else []
+    msgs.append({"role": "user", "content": prompt})
+    return msgs
+
+
+def _seat_fn(seat: Seat, order: dict[str, int], fallback: Runtime | None):
+    async def run(state: GraphState, config: RunnableConfig | None = None) -> dict[str, Any]:
+        rt = _runtime(config, fallback)
+        reads = resolve_reads(seat.reads, state, order)
+        prompt = render(seat.prompt, seat.name, state, reads)
+        system = render(seat.system, seat.name, state, reads) if seat.system else None
+        result = await rt.client.complete(
+            rt.pool[seat.member],
+            _messages(system, prompt),
+            sample=seat.sample,
+            overrides=seat.settings or None,
+            node=seat.name,
+            seat=seat.name,
+            trace=rt.trace,
+        )
+        written: dict[str, Any] = {seat.writes: result.text}
+        if result.logprobs:
+            written[seat.writes + "#logprob"] = sum(result.logprobs) / len(result.logprobs)
+        return {"values": written, "visits": {seat.name: 1}}
+
+    return run
+
+
+def _logit_fn(node: LogitSeat, order: dict[str, int], fallback: Runtime | None):
+    async def run(state: GraphState, config: RunnableConfig | None = None) -> dict[str, Any]:
+        rt = _runtime(config, fallback)
+        reads = resolve_reads(node.reads, state, order)
+        prompt = render(node.prompt, node.name, state, reads)
+        system = render(node.system, node.name, state, reads) if node.system else None
+        members = [rt.pool[m] for m in node.members]
+        overrides = dict(node.settings)
+        if len(members) > 1:
+            # The local provider decodes with every member's next-token distribution (see models/logits.py).
+            overrides["metadata"] = {
+                "colab_graphs": {
+                    "logit_mode": node.mode,
+                    "members": [m.model for m in members],
+                    **node.params,
+                }
+            }
+        result = await rt.client.complete(
+            members[0],
+            _messages(system, prompt),
+            overrides=overrides,
+            node=node.name,
+            seat=node.name,
+            trace=rt.trace,
+        )
+        return {"values": {node.writes: result.text}, "visits": {node.name: 1}}
+
+    return run
+
+
+def _aggregate_fn(node: Aggregate, order: dict[str, int]):
+    fn = get_aggregator(node.fn)
+
+    async def run(state: GraphState) -> dict[str, Any]:
+        reads = resolve_reads(node.reads, state, order)
+        return {"values": {node.writes: fn(reads, **node.params)}, "visits": {node.name: 1}}
+
+    return run
+
+
+def _route_fn(route, order: dict[str, int]):
+    fn = get_router(route.fn)
+    key = route.params.get("key")
+    params = {k: v for k, v in route.params.items() if k != "key"}
+
+    def choose(state: GraphState) -> str:
+        values = state.get("values") or {}
+        if (
+            route.max_visits is not None
+            and (state.get("visits") or {}).get(route.source, 0) >= route.max_visits
+        ):
+            return _target(route.exit)
+        view = {
+            "text": values.get(key, "") if key else "",
+            "logprob": values.get(f"{key}#logprob"),
+            "values": values,
+        }
+        choice = fn(view, route.path_map, **params)
+        return _target(route.path_map.get(choice, route.default))
+
+    return choose
+
+
+def _target(name: str | None) -> str:
+    return FINISH if name in (END, None) else name
+
+
+def _finish(output_key: str):
+    async def run(state: GraphState) -> dict[str, Any]:
+        return {"answer": str((state.get("values") or {}).get(output_key, ""))}
+
+    return run
+
+
+def compile_graph(spec: GraphSpec, pool: Pool | None = None, client: ModelClient | None = None):
+    """Compile `spec` into a LangGraph `CompiledStateGraph`.
+
+    Args:
+        spec: the protocol (validated here).
+        pool: members by name; needed unless every run passes a runtime in its config.
+        client: the call path; defaults to a process-wide client with the default cache.
+
+    Example:
+        >>> graph = compile_graph(spec, pool)                             # doctest: +SKIP
+        >>> (await graph.ainvoke({"input": "What is 2 + 3?"}))["answer"]  # doctest: +SKIP
+    """
+    from langgraph.graph import StateGraph
+
+    spec.validate_for(pool.names if pool is not None else None)
+    fallback = Runtime(client or default_client(), pool) if pool is not None else None
+    order = _writer_order(spec)
+    builder = StateGraph(GraphState)
+    for node in spec.nodes:
+        if isinstance(node, Seat):
+            builder.add_node(node.name, _seat_fn(node, order, fallback))
+        elif isinstance(node, LogitSeat):
+            builder.add_node(node.name, _logit_fn(node, order, fallback))
+        else:
+            builder.add_node(node.name, _aggregate_fn(node, order))
+    builder.add_node(FINISH, _finish(spec.output))
+    for edge in spec.edges:
+        sources = [START if s == START else s for s in edge.sources]
+        target = _target(edge.target)
+        builder.add_edge(sources[0] if len(sources) == 1 else sources, target)
+    for route in spec.routes:
+        targets = {_target(t) for t in [*route.path_map.values(), route.default, route.exit] if t}
+        builder.add_conditional_edges(route.source, _route_fn(route, order), {t: t for t in sorted(targets)})
+    builder.add_edge(FINISH, "__end__")
+    return builder.compile(name=spec.name)

@@ -1,0 +1,83 @@
+"""Persistent call cache: one SQLite file, keyed by the canonical request plus a sample index.
+
+The key never includes connection settings or secrets, so the same request to the same model is shared across
+runs, coalitions and restarts however the endpoint is reached. Entries are written as soon as a call succeeds
+(WAL mode, one small transaction each), so a killed process loses no finished call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+DEFAULT_FILENAME = "calls.sqlite"
+
+
+def default_cache_dir() -> Path:
+    """`$COLAB_GRAPHS_CACHE_DIR`, else `$XDG_CACHE_HOME/colab-graphs`, else `~/.cache/colab-graphs`."""
+    env = os.environ.get("COLAB_GRAPHS_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "colab-graphs"
+
+
+def request_key(request: dict[str, Any]) -> str:
+    """Stable hash of a canonical request (sorted keys, compact JSON)."""
+    blob = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+class CallCache:
+    """Key -> finished call result (completion, usage, token ids, cost) in one SQLite file."""
+
+    def __init__(self, directory: str | os.PathLike[str] | None = None):
+        self.directory = Path(directory).expanduser() if directory else default_cache_dir()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.path = self.directory / DEFAULT_FILENAME
+        self._lock = threading.Lock()
+        self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn.execute(
+            "CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, model TEXT, created REAL, "
+            "request TEXT, response TEXT)"
+        )
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        with self._lock:
+            row = self._conn.execute("SELECT response FROM calls WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def put(self, key: str, model: str, request: dict[str, Any], response: dict[str, Any]) -> None:
+        with self._lock:
+            self._conn.execute(
+                "INSERT OR REPLACE INTO calls (key, model, created, request, response) VALUES (?, ?, ?, ?, ?)",
+                (key, model, time.time(), json.dumps(request, default=str), json.dumps(response)),
+            )
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            total = self._conn.execute("SELECT COUNT(*) FROM calls").fetchone()[0]
+            by_model = dict(self._conn.execute("SELECT model, COUNT(*) FROM calls GROUP BY model").fetchall())
+        size = sum(p.stat().st_size for p in self.directory.glob(DEFAULT_FILENAME + "*") if p.exists())
+        return {"path": str(self.path), "entries": total, "bytes": size, "by_model": by_model}
+
+    def clear(self, model: str | None = None) -> int:
+        with self._lock:
+            if model is None:
+                cur = self._conn.execute("DELETE FROM calls")
+            else:
+                cur = self._conn.execute("DELETE FROM calls WHERE model = ?", (model,))
+            self._conn.execute("VACUUM")
+        return cur.rowcount
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()

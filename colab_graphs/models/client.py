@@ -1,0 +1,376 @@
+"""The one call path: cache -> single-flight -> per-endpoint concurrency limit -> LiteLLM with retries -> trace.
+
+Every model call in the package (protocol seats, judges, audits, rollouts) goes through `ModelClient.complete`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from colab_graphs.models.cache import CallCache, request_key
+from colab_graphs.pool import CONNECTION_KEYS, Member
+from colab_graphs.trace import Call, Trace, Usage, redact
+
+logger = logging.getLogger("colab_graphs")
+
+
+class CallError(Exception):
+    """A model call that failed after retries (or could never succeed). `kind` says why."""
+
+    def __init__(self, kind: str, message: str, member: str, attempts: int):
+        super().__init__(f"{member}: {kind} after {attempts} attempt(s): {message}")
+        self.kind = kind
+        self.member = member
+        self.attempts = attempts
+        self.detail = message
+
+
+@dataclass
+class CallResult:
+    text: str
+    key: str
+    usage: Usage
+    cost_usd: float | None
+    cached: bool
+    latency_s: float
+    attempts: int
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+
+
+@dataclass
+class CallStats:
+    """Counts over a client's life. `made` = upstream calls; `cached` = served from cache or a shared flight."""
+
+    made: int = 0
+    cached: int = 0
+    failed: int = 0
+    attempts: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float | None = 0.0
+    keys: set[str] = field(default_factory=set)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "made": self.made,
+            "unique": len(self.keys),
+            "cached": self.cached,
+            "failed": self.failed,
+            "attempts": self.attempts,
+        }
+
+
+RETRYABLE = {"rate_limit", "server", "timeout", "connection", "malformed"}
+
+
+def classify_error(exc: BaseException) -> str:
+    """Map a LiteLLM / HTTP exception to a failure kind; kinds in RETRYABLE are retried."""
+    name = type(exc).__name__
+    status = getattr(exc, "status_code", None)
+    if name in {"RateLimitError"} or status == 429:
+        return "rate_limit"
+    if name in {"Timeout", "TimeoutError", "APITimeoutError"} or isinstance(exc, asyncio.TimeoutError):
+        return "timeout"
+    if name in {"AuthenticationError", "PermissionDeniedError"} or status in (401, 403):
+        return "auth"
+    if name in {"NotFoundError"} or status == 404:
+        return "not_found"
+    if name in {"ContextWindowExceededError", "ContentPolicyViolationError"}:
+        return "bad_request"
+    if name in {"BadRequestError", "UnprocessableEntityError"} or status in (400, 422):
+        # LiteLLM reports some unparseable upstream bodies as bad requests; the message tells them apart.
+        text = str(exc).lower()
+        if any(s in text for s in ("json", "decode", "malformed", "expecting value", "invalid response")):
+            return "malformed"
+        return "bad_request"
+    if name in {"APIConnectionError", "ServiceUnavailableError", "InternalServerError", "BadGatewayError"}:
+        text = str(exc).lower()
+        if any(s in text for s in ("json", "decode", "expecting value")):
+            return "malformed"
+        return "connection" if name == "APIConnectionError" else "server"
+    if isinstance(status, int) and status >= 500:
+        return "server"
+    if isinstance(exc, (json.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError, ValueError)):
+        return "malformed"
+    if name == "APIError":
+        return "server"
+    return "unknown"
+
+
+def _litellm():
+    import litellm
+
+    import colab_graphs._env  # noqa: F401  (offline settings before litellm loads)
+
+    litellm.suppress_debug_info = True
+    return litellm
+
+
+def _response_text(response: Any) -> str:
+    choices = getattr(response, "choices", None)
+    if not choices:
+        raise ValueError("response has no choices")
+    message = choices[0].message
+    content = getattr(message, "content", None)
+    if content is None:
+        raise ValueError("response message has no content")
+    return content
+
+
+def _response_logprobs(response: Any) -> list[float] | None:
+    try:
+        content = response.choices[0].logprobs.content  # OpenAI format
+    except AttributeError:
+        try:
+            content = response.choices[0].logprobs["content"]
+        except (AttributeError, KeyError, TypeError):
+            return None
+    if not content:
+        return None
+    return [float(t["logprob"] if isinstance(t, dict) else t.logprob) for t in content]
+
+
+class ModelClient:
+    """The async call path shared by everything that calls a model.
+
+    Args:
+        cache: a `CallCache`, or None to disable caching (single-flight still applies).
+        max_concurrency: in-flight calls allowed per endpoint (api_base, or provider for hosted APIs).
+        retries: attempts after the first for retryable failures (429, 5xx, timeouts, malformed responses).
+        backoff_s: first backoff; doubles each retry (with jitter), capped at `backoff_max_s`.
+        timeout_s: per-attempt timeout passed to LiteLLM.
+    """
+
+    def __init__(
+        self,
+        cache: CallCache | None = None,
+        *,
+        max_concurrency: int = 16,
+        retries: int = 6,
+        backoff_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+        timeout_s: float = 120.0,
+    ):
+        self.cache = cache
+        self.max_concurrency = max_concurrency
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.backoff_max_s = backoff_max_s
+        self.timeout_s = timeout_s
+        self.stats = CallStats()
+        self._inflight: dict[str, asyncio.Future[CallResult]] = {}
+        self._limits: dict[str, asyncio.Semaphore] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._rng = random.Random(0)
+
+    # --- public --------------------------------------------------------------------------------------------
+
+    def canonical_request(
+        self, member: Member, messages: list[dict[str, Any]], sample: int = 0, overrides: dict | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(cache request, litellm kwargs) for one call. The first has no connection settings or secrets."""
+        messages = self._with_persona(member, messages)
+        settings = {**member.settings, **(overrides or {})}
+        if sample and settings.get("seed") is not None:
+            # Repeated samples of a seeded member stay reproducible and distinct.
+            settings["seed"] = int(settings["seed"]) + sample
+        gen = {k: v for k, v in settings.items() if k not in CONNECTION_KEYS and k != "model"}
+        request = {"model": settings["model"], "messages": messages, "settings": gen, "sample": sample}
+        kwargs = {**settings, "messages": messages}
+        return request, kwargs
+
+    async def complete(
+        self,
+        member: Member,
+        messages: list[dict[str, Any]],
+        *,
+        sample: int = 0,
+        overrides: dict[str, Any] | None = None,
+        node: str | None = None,
+        seat: str | None = None,
+        trace: Trace | None = None,
+    ) -> CallResult:
+        """Call `member` on `messages`. Raises `CallError` when the call fails after retries.
+
+        The call is recorded in `trace` (when given) whether it succeeded, was served from cache, or failed.
+        """
+        self._bind_loop()
+        request, kwargs = self.canonical_request(member, messages, sample, overrides)
+        key = request_key(request)
+        self.stats.keys.add(key)
+        record = Call(
+            node=node,
+            seat=seat,
+            member=member.name,
+            model=request["model"],
+            messages=request["messages"],
+            settings=request["settings"],
+            sample=sample,
+            key=key,
+        )
+        try:
+            result = await self._get(key, member, request, kwargs)
+        except CallError as err:
+            record.error, record.error_type, record.attempts = err.detail, err.kind, err.attempts
+            if trace is not None:
+                trace.calls.append(record)
+            raise
+        record.completion = result.text
+        record.usage = result.usage
+        record.latency_s = result.latency_s
+        record.cost_usd = result.cost_usd
+        record.cached = result.cached
+        record.attempts = result.attempts
+        record.prompt_token_ids = result.prompt_token_ids
+        record.completion_token_ids = result.completion_token_ids
+        record.logprobs = result.logprobs
+        if trace is not None:
+            trace.calls.append(record)
+        return result
+
+    # --- internals -----------------------------------------------------------------------------------------
+
+    def _bind_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            # Semaphores and futures belong to one loop; a new loop (a new asyncio.run) gets fresh ones.
+            self._loop = loop
+            self._inflight = {}
+            self._limits = {}
+
+    @staticmethod
+    def _with_persona(member: Member, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if not member.system_prompt:
+            return list(messages)
+        if messages and messages[0].get("role") == "system":
+            merged = member.system_prompt + "\n\n" + str(messages[0].get("content", ""))
+            return [{"role": "system", "content": merged}, *messages[1:]]
+        return [{"role": "system", "content": member.system_prompt}, *messages]
+
+    async def _get(self, key: str, member: Member, request: dict, kwargs: dict) -> CallResult:
+        if self.cache is not None:
+            hit = self.cache.get(key)
+            if hit is not None:
+                self.stats.cached += 1
+                return self._from_cache(key, hit)
+        flight = self._inflight.get(key)
+        if flight is not None:
+            self.stats.cached += 1
+            result = await asyncio.shield(flight)
+            return CallResult(**{**result.__dict__, "cached": True, "latency_s": 0.0})
+        future: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
+        self._inflight[key] = future
+        try:
+            result = await self._call_upstream(key, member, request, kwargs)
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # mark retrieved: waiters (if any) re-raise it themselves
+            raise
+        else:
+            future.set_result(result)
+            return result
+        finally:
+            self._inflight.pop(key, None)
+
+    def _from_cache(self, key: str, hit: dict[str, Any]) -> CallResult:
+        return CallResult(
+            text=hit["text"],
+            key=key,
+            usage=Usage(**hit.get("usage", {})),
+            cost_usd=hit.get("cost_usd"),
+            cached=True,
+            latency_s=0.0,
+            attempts=0,
+            prompt_token_ids=hit.get("prompt_token_ids"),
+            completion_token_ids=hit.get("completion_token_ids"),
+            logprobs=hit.get("logprobs"),
+        )
+
+    async def _call_upstream(self, key: str, member: Member, request: dict, kwargs: dict) -> CallResult:
+        litellm = _litellm()
+        if kwargs["model"].startswith("local/"):
+            from colab_graphs.models.local import register_local_provider
+
+            register_local_provider()
+        limit = self._limits.setdefault(member.endpoint, asyncio.Semaphore(self.max_concurrency))
+        secrets = [str(member.settings.get("api_key") or "")]
+        call_kwargs = {"timeout": self.timeout_s, **kwargs, "num_retries": 0, "max_retries": 0}
+        attempts = 0
+        self.stats.made += 1
+        while True:
+            attempts += 1
+            self.stats.attempts += 1
+            started = time.perf_counter()
+            try:
+                async with limit:
+                    response = await litellm.acompletion(**call_kwargs)
+                text = _response_text(response)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - every upstream failure is classified below
+                kind = classify_error(exc)
+                if kind in RETRYABLE and attempts <= self.retries:
+                    delay = min(self.backoff_max_s, self.backoff_s * 2 ** (attempts - 1))
+                    await asyncio.sleep(delay * (0.5 + self._rng.random()))
+                    continue
+                self.stats.failed += 1
+                raise CallError(
+                    kind, redact(f"{type(exc).__name__}: {exc}", secrets)[:2000], member.name, attempts
+                ) from None
+            latency = time.perf_counter() - started
+            break
+        usage_obj = getattr(response, "usage", None)
+        usage = Usage(
+            prompt_tokens=int(getattr(usage_obj, "prompt_tokens", 0) or 0),
+            completion_tokens=int(getattr(usage_obj, "completion_tokens", 0) or 0),
+        )
+        cost: float | None
+        try:
+            cost = float(litellm.completion_cost(completion_response=response))
+        except Exception:  # noqa: BLE001 - LiteLLM raises for models it has no price for
+            cost = None
+        details = None
+        if kwargs["model"].startswith("local/"):
+            from colab_graphs.models.local import local_call_details
+
+            details = local_call_details(response)
+        result = CallResult(
+            text=text,
+            key=key,
+            usage=usage,
+            cost_usd=cost,
+            cached=False,
+            latency_s=latency,
+            attempts=attempts,
+            prompt_token_ids=(details or {}).get("prompt_token_ids"),
+            completion_token_ids=(details or {}).get("completion_token_ids"),
+            logprobs=(details or {}).get("logprobs") or _response_logprobs(response),
+        )
+        self.stats.prompt_tokens += usage.prompt_tokens
+        self.stats.completion_tokens += usage.completion_tokens
+        if cost is None:
+            self.stats.cost_usd = None
+        elif self.stats.cost_usd is not None:
+            self.stats.cost_usd += cost
+        if self.cache is not None:
+            stored = {
+                "text": text,
+                "usage": usage.model_dump(),
+                "cost_usd": cost,
+                "prompt_token_ids": result.prompt_token_ids,
+                "completion_token_ids": result.completion_token_ids,
+                "logprobs": result.logprobs,
+            }
+            try:
+                self.cache.put(key, request["model"], request, stored)
+            except Exception as exc:  # noqa: BLE001 - a full disk must not lose the answer in hand
+                logger.warning("call cache write failed (%s); continuing without caching this call", exc)
+        return result

@@ -1,0 +1,227 @@
+"""Run a graph over a dataset: one event loop, bounded concurrency, progress, resume, traces.
+
+Outputs (`--out DIR`): `results.jsonl` (one line per example: id, output, answer, score, failed, error),
+`traces.jsonl` (every call), `summary.json`. Each example's lines are appended the moment it finishes, so a
+killed run loses nothing; running the same command again skips finished examples (their calls are cached
+anyway) and rewrites the files in dataset order at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from colab_graphs.compile import RUNTIME_KEY, Runtime, TemplateError, compile_graph
+from colab_graphs.data.example import Example
+from colab_graphs.data.scoring import ScorerFn, apply_scorer, default_scorer_name, get_scorer
+from colab_graphs.models.client import CallError, ModelClient
+from colab_graphs.pool import Pool
+from colab_graphs.spec import GraphSpec
+from colab_graphs.trace import Trace, read_traces, write_traces
+
+
+class RunError(RuntimeError):
+    pass
+
+
+@dataclass
+class ExampleOutcome:
+    example_id: str
+    output: str | None
+    answer: str | None
+    score: float | None
+    failed: bool
+    error: str | None
+    trace: Trace
+
+    def result_line(self) -> dict[str, Any]:
+        return {
+            "id": self.example_id,
+            "output": self.output,
+            "answer": self.answer,
+            "score": self.score,
+            "failed": self.failed,
+            "error": self.error,
+        }
+
+
+def resolve_scorer(name: str | None, example: Example) -> ScorerFn:
+    return get_scorer(name or default_scorer_name(example))
+
+
+async def run_example(
+    graph: Any,
+    spec: GraphSpec,
+    pool: Pool,
+    client: ModelClient,
+    example: Example,
+    scorer: str | ScorerFn | None = None,
+) -> ExampleOutcome:
+    """Run one example through a compiled graph and score it. A failed model call marks it failed."""
+    trace = Trace(example_id=example.id, protocol=spec.name, coalition=list(spec.members))
+    config = {"configurable": {RUNTIME_KEY: Runtime(client, pool, trace)}, "recursion_limit": 200}
+    try:
+        state = await graph.ainvoke({"input": example.input, "example": example.fields}, config=config)
+    except CallError as err:
+        trace.failed, trace.error = True, str(err)
+        return ExampleOutcome(example.id, None, None, None, True, str(err), trace)
+    output = str(state.get("answer", ""))
+    fn = scorer if callable(scorer) else resolve_scorer(scorer, example)
+    try:
+        verdict = await apply_scorer(fn, output, example)
+    except CallError as err:  # an LLM judge that failed: the example is failed, not wrong
+        trace.failed, trace.error, trace.output = True, str(err), output
+        return ExampleOutcome(example.id, output, None, None, True, str(err), trace)
+    trace.output, trace.answer, trace.score = output, verdict.extracted, verdict.value
+    trace.state = dict(state.get("values") or {})
+    return ExampleOutcome(example.id, output, verdict.extracted, verdict.value, False, None, trace)
+
+
+def run_fingerprint(spec: GraphSpec, pool: Pool, examples: Sequence[Example], scorer: str | None) -> str:
+    """What must match for a resumed run to continue an earlier one."""
+    blob = json.dumps(
+        {
+            "spec": spec.to_dict(),
+            "pool": pool.to_public_dict(),
+            "examples": [e.id for e in examples],
+            "scorer": scorer,
+        },
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def summarize(spec: GraphSpec, outcomes: Sequence[ExampleOutcome], wall_s: float) -> dict[str, Any]:
+    calls = [c for o in outcomes for c in o.trace.calls]
+    made = [c for c in calls if not c.cached and c.error is None]
+    scored = [o.score for o in outcomes if not o.failed and o.score is not None]
+    costs = [c.cost_usd for c in made]
+    return {
+        "protocol": spec.name,
+        "params": spec.params,
+        "members": spec.members,
+        "score": sum(scored) / len(scored) if scored else None,
+        "n": len(outcomes),
+        "scored": len(scored),
+        "failed": sum(o.failed for o in outcomes),
+        "calls": {
+            "made": len(made) + sum(1 for c in calls if c.error is not None),
+            "cached": sum(c.cached for c in calls),
+            "failed": sum(1 for c in calls if c.error is not None),
+        },
+        "tokens": {
+            "prompt": sum(c.usage.prompt_tokens for c in made),
+            "completion": sum(c.usage.completion_tokens for c in made),
+        },
+        "cost_usd": None if any(c is None for c in costs) else sum(costs),  # type: ignore[arg-type]
+        "wall_s": round(wall_s, 3),
+    }
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _load_finished(out: Path, fingerprint: str) -> dict[str, ExampleOutcome]:
+    manifest = out / "run.json"
+    if not manifest.exists():
+        return {}
+    previous = json.loads(manifest.read_text())
+    if previous.get("fingerprint") != fingerprint:
+        raise RunError(
+            f"{out} holds a different run (protocol, pool, data or scorer changed); choose another --out "
+            "or pass --overwrite"
+        )
+    finished: dict[str, ExampleOutcome] = {}
+    traces_path = out / "traces.jsonl"
+    if traces_path.exists():
+        try:
+            for t in read_traces(traces_path):
+                if not t.failed:
+                    finished[t.example_id] = ExampleOutcome(
+                        t.example_id, t.output, t.answer, t.score, False, None, t
+                    )
+        except ValueError:
+            pass  # a torn last line from a kill: whatever parsed before it stands, the rest is recomputed
+    return finished
+
+
+async def run_dataset(
+    spec: GraphSpec,
+    pool: Pool,
+    examples: Sequence[Example],
+    *,
+    client: ModelClient,
+    scorer: str | None = None,
+    out: str | os.PathLike[str] | None = None,
+    max_examples_in_flight: int | None = None,
+    overwrite: bool = False,
+    on_progress: Callable[[ExampleOutcome], None] | None = None,
+) -> tuple[list[ExampleOutcome], dict[str, Any]]:
+    """Run `spec` over `examples`; write results/traces/summary under `out` when given. Returns (outcomes, summary)."""
+    started = time.perf_counter()
+    graph = compile_graph(spec, pool, client)
+    fingerprint = run_fingerprint(spec, pool, examples, scorer)
+    out_dir = Path(out) if out is not None else None
+    finished: dict[str, ExampleOutcome] = {}
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if overwrite:
+            for name in ("results.jsonl", "traces.jsonl", "summary.json", "run.json"):
+                (out_dir / name).unlink(missing_ok=True)
+        finished = _load_finished(out_dir, fingerprint)
+        _atomic_write(
+            out_dir / "run.json", json.dumps({"fingerprint": fingerprint, "protocol": spec.name}) + "\n"
+        )
+        # Keep only lines of finished examples, so a resumed file has each example once.
+        write_traces(out_dir / "traces.jsonl", [o.trace for o in finished.values()], append=False)
+        with open(out_dir / "results.jsonl", "w", encoding="utf-8") as fh:
+            for o in finished.values():
+                fh.write(json.dumps(o.result_line()) + "\n")
+    for o in finished.values():
+        if on_progress:
+            on_progress(o)
+
+    limit = asyncio.Semaphore(max_examples_in_flight or max(4 * client.max_concurrency, 8))
+    write_lock = asyncio.Lock()
+
+    async def one(example: Example) -> ExampleOutcome:
+        async with limit:
+            outcome = await run_example(graph, spec, pool, client, example, scorer)
+        if out_dir is not None:
+            async with write_lock:
+                with open(out_dir / "results.jsonl", "a", encoding="utf-8") as fh:
+                    fh.write(json.dumps(outcome.result_line()) + "\n")
+                write_traces(out_dir / "traces.jsonl", [outcome.trace])
+        if on_progress:
+            on_progress(outcome)
+        return outcome
+
+    todo = [e for e in examples if e.id not in finished]
+    try:
+        fresh = await asyncio.gather(*(one(e) for e in todo))
+    except TemplateError as err:
+        raise RunError(str(err)) from None
+    by_id = {**finished, **{o.example_id: o for o in fresh}}
+    outcomes = [by_id[e.id] for e in examples]
+    summary = summarize(spec, outcomes, time.perf_counter() - started)
+    if out_dir is not None:
+        _atomic_write(
+            out_dir / "results.jsonl", "".join(json.dumps(o.result_line()) + "\n" for o in outcomes)
+        )
+        with open(out_dir / "traces.jsonl.tmp", "w", encoding="utf-8") as fh:
+            for o in outcomes:
+                fh.write(o.trace.model_dump_json() + "\n")
+        os.replace(out_dir / "traces.jsonl.tmp", out_dir / "traces.jsonl")
+        _atomic_write(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    return outcomes, summary
