@@ -1,0 +1,454 @@
+"""The audit report: one versioned, typed record (`report.json`) that every tool reads, and its markdown view.
+
+`contribution_fields` turns evaluated coalition values into the report's contribution fields (coalition
+values, individual strengths, leave-one-out and Shapley values, intervals, ranks and rank correlations); the
+game adds calls, tokens, cost and timing and builds an `AuditReport`. `write_report` writes `report.json` and
+`report.md` (and optionally the plots); `read_report` reads a report back and validates it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, model_validator
+
+from colab_graphs.audit.estimators import (
+    Coalition,
+    CoalitionPlan,
+    bootstrap_mean_ci,
+    estimate,
+    rank_correlation,
+    ranks,
+)
+
+SCHEMA_VERSION = 1
+REPORT_JSON = "report.json"
+REPORT_MD = "report.md"
+
+
+def _package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("colab-graphs")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+class TokenCount(BaseModel):
+    """Prompt and completion tokens."""
+
+    prompt: int = 0
+    completion: int = 0
+
+    @computed_field
+    @property
+    def total(self) -> int:
+        return self.prompt + self.completion
+
+
+class Usage(BaseModel):
+    """What one member's calls cost: the calls made (cache hits excluded), their tokens and price."""
+
+    calls: int = 0
+    tokens: TokenCount = Field(default_factory=TokenCount)
+    cost_usd: float | None = Field(None, description="None when a price is unknown")
+
+
+class CoalitionValue(BaseModel):
+    """v(S): the mean score over examples of the protocol run with only these members."""
+
+    members: list[str]
+    value: float
+
+
+class CoalitionUsage(BaseModel):
+    """What evaluating one coalition on its own would take: every call its runs needed, made or cached."""
+
+    members: list[str]
+    calls: int = 0
+    tokens: TokenCount = Field(default_factory=TokenCount)
+    cost_usd: float | None = None
+
+
+class Calls(BaseModel):
+    """Model calls of the whole audit.
+
+    Attributes:
+        made: Calls sent to a model (retries of one request count once).
+        unique: Distinct requests, the least any evaluation can make.
+        cached: Requests served from the cache.
+        failed: Requests that failed after retries.
+        naive: Calls a naive evaluation would make: every coalition run separately, with no cache.
+    """
+
+    made: int = 0
+    unique: int = 0
+    cached: int = 0
+    failed: int = 0
+    naive: int | None = None
+
+
+class Correlation(BaseModel):
+    """Rank correlation between individual and compositional strength; None where undefined."""
+
+    spearman: float | None = None
+    kendall: float | None = None
+
+
+class AuditReport(BaseModel):
+    """A contribution audit: each member's individual and compositional strength, with uncertainty and cost.
+
+    Values are mean scores in [0, 1] (contributions may be negative). Member-keyed mappings follow pool order.
+    `ci` maps member -> measure ("individual", "loo", "shapley") -> [low, high]; `ranks` maps measure ->
+    member -> rank (1 = best); `rank_correlation` maps "loo"/"shapley" -> its correlation with individual
+    strength. Fields added by later versions are kept when an older reader loads a newer file.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    schema_version: int = SCHEMA_VERSION
+    version: str = Field(default_factory=_package_version)
+    created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    protocol: str
+    protocol_params: dict[str, Any] = Field(default_factory=dict)
+    players: list[str]
+    scorer: str | None = None
+    dataset: str | None = None
+    n_examples: int
+    failed_examples: list[str] = Field(default_factory=list)
+    method: Literal["loo", "exact", "sampled"]
+    shapley_method: Literal["exact", "sampled"] | None = None
+    n_permutations: int | None = None
+    coalitions: list[CoalitionValue]
+    individual: dict[str, float] = Field(default_factory=dict)
+    loo: dict[str, float]
+    shapley: dict[str, float] | None = None
+    confidence: float = 0.95
+    n_boot: int = 1000
+    ci: dict[str, dict[str, tuple[float, float]]] = Field(default_factory=dict)
+    ranks: dict[str, dict[str, int]] = Field(default_factory=dict)
+    rank_correlation: dict[str, Correlation] = Field(default_factory=dict)
+    calls: Calls = Field(default_factory=Calls)
+    tokens: TokenCount = Field(default_factory=TokenCount)
+    cost_usd: float | None = None
+    usage: dict[str, Usage] = Field(default_factory=dict)
+    per_coalition: list[CoalitionUsage] = Field(default_factory=list)
+    wall_s: float = 0.0
+
+    @model_validator(mode="after")
+    def _members_are_players(self) -> AuditReport:
+        if not self.players or len(set(self.players)) != len(self.players):
+            raise ValueError(f"players must be distinct and non-empty, got {self.players}")
+        if (self.shapley is None) != (self.shapley_method is None):
+            raise ValueError("shapley and shapley_method must be given together")
+        known = set(self.players)
+        named: dict[str, set[str]] = {
+            "individual": set(self.individual),
+            "loo": set(self.loo),
+            "shapley": set(self.shapley or {}),
+            "ci": set(self.ci),
+            "usage": set(self.usage),
+            "coalitions": {m for c in self.coalitions for m in c.members},
+            "per_coalition": {m for c in self.per_coalition for m in c.members},
+            **{f"ranks.{measure}": set(by_member) for measure, by_member in self.ranks.items()},
+        }
+        for field, members in named.items():
+            unknown = sorted(members - known)
+            if unknown:
+                raise ValueError(
+                    f"field {field!r} names members {unknown} that are not players {self.players}"
+                )
+        return self
+
+    def value_of(self, members: list[str] | set[str] | frozenset[str]) -> float | None:
+        """v(S) for a coalition, if it was evaluated."""
+        wanted = set(members)
+        return next((c.value for c in self.coalitions if set(c.members) == wanted), None)
+
+
+def contribution_fields(
+    plan: CoalitionPlan,
+    values: Mapping[Coalition, np.ndarray],
+    individual: Mapping[str, np.ndarray] | None = None,
+    *,
+    n_boot: int = 1000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """The report fields that follow from the game's values, ready for `AuditReport(**fields, ...)`.
+
+    Args:
+        plan: The plan the values were evaluated for.
+        values: Coalition -> per-example scores (the empty coalition scores zero unless given).
+        individual: Member -> per-example scores of the member alone (the `solo` protocol).
+        n_boot: Bootstrap replicates for the intervals.
+        confidence: Interval level.
+        seed: Bootstrap seed; every measure resamples with it.
+
+    Returns:
+        method, shapley_method, n_permutations, n_examples, coalitions, individual, loo, shapley, confidence,
+        n_boot, ci, ranks and rank_correlation.
+    """
+    boot = {"n_boot": n_boot, "confidence": confidence, "seed": seed}
+    loo = estimate(plan, values, method="loo", **boot)
+    shapley = estimate(plan, values, **boot) if plan.method != "loo" else None
+    n_examples = len(next(iter(loo.per_player.values())).per_example)
+
+    ci: dict[str, dict[str, tuple[float, float]]] = {p: {"loo": loo.intervals()[p]} for p in plan.players}
+    strengths: dict[str, float] = {}
+    for member, scores in (individual or {}).items():
+        scores = np.asarray(scores, dtype=float)
+        strengths[member] = float(scores.mean())
+        ci[member]["individual"] = bootstrap_mean_ci(scores, **boot)
+    if shapley is not None:
+        for p, interval in shapley.intervals().items():
+            ci[p]["shapley"] = interval
+
+    measures = {"loo": loo.values(), **({"shapley": shapley.values()} if shapley else {})}
+    correlations = (
+        {name: Correlation(**rank_correlation(strengths, scores)) for name, scores in measures.items()}
+        if set(strengths) == set(plan.players)
+        else {}
+    )
+    zeros = np.zeros(n_examples)
+    return {
+        "method": plan.method,
+        "shapley_method": plan.method if shapley else None,
+        "n_permutations": len(plan.permutations) or None,
+        "n_examples": n_examples,
+        "coalitions": [
+            CoalitionValue(
+                members=[p for p in plan.players if p in c],
+                value=float(np.mean(values.get(c, zeros))),
+            )
+            for c in plan.coalitions
+        ],
+        "individual": strengths,
+        "loo": measures["loo"],
+        "shapley": measures.get("shapley"),
+        "confidence": confidence,
+        "n_boot": n_boot,
+        "ci": ci,
+        "ranks": {
+            name: ranks(scores) for name, scores in {"individual": strengths, **measures}.items() if scores
+        },
+        "rank_correlation": correlations,
+    }
+
+
+def _cell(text: object) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _score(value: float | None, interval: tuple[float, float] | None = None, signed: bool = False) -> str:
+    if value is None:
+        return "n/a"
+    text = f"{value:+.3f}" if signed else f"{value:.3f}"
+    return f"{text} [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else text
+
+
+def _correlation(value: float | None) -> str:
+    return "undefined" if value is None else f"{value:+.2f}"
+
+
+def _coalition_name(members: list[str]) -> str:
+    return "{" + ", ".join(members) + "}" if members else "{} (no members)"
+
+
+def _table(header: list[str], align: str, rows: list[list[str]]) -> list[str]:
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join({"l": ":---", "r": "---:", "c": ":---:"}[a] for a in align) + "|",
+    ]
+    return lines + ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+
+
+def render_markdown(report: AuditReport, images: Mapping[str, str] | None = None) -> str:
+    """The report as a readable markdown page.
+
+    Args:
+        report: The audit report.
+        images: Plot name -> file name relative to the page, shown at the end.
+    """
+    r = report
+    method = {"loo": "leave-one-out only", "exact": "exact Shapley", "sampled": "sampled Shapley"}[r.method]
+    if r.method == "sampled":
+        method += f" ({r.n_permutations} permutations)"
+    grand = r.value_of(r.players)
+    params = ", ".join(f"`{k}={v!r}`" for k, v in r.protocol_params.items()) or "defaults"
+    failed = f" ({len(r.failed_examples)} failed and excluded)" if r.failed_examples else ""
+    lines = [f"# Contribution audit: `{r.protocol}`", ""]
+    lines += _table(
+        ["", ""],
+        "ll",
+        [
+            ["Members", ", ".join(r.players)],
+            ["Protocol parameters", params],
+            ["Examples", f"{r.n_examples}{failed}"],
+            ["Dataset", r.dataset or "n/a"],
+            ["Scorer", r.scorer or "n/a"],
+            ["Method", f"{method}, {len(r.coalitions)} coalitions evaluated"],
+            ["System score v(all members)", _score(grand)],
+            ["Created", f"{r.created_at:%Y-%m-%d %H:%M:%S %Z} by colab-graphs {r.version}"],
+        ],
+    )
+
+    lines += ["", "## Members", ""]
+    lines.append(
+        f"Intervals are {r.confidence:.0%} percentile bootstrap intervals over examples ({r.n_boot} resamples). "
+        "LOO is v(all) - v(all without the member); Shapley averages the member's marginal contribution over "
+        "all orders of joining. Ranks: 1 = best."
+    )
+    lines.append("")
+    # (key, column title, signed): contributions can be negative, strengths cannot.
+    measures = [("individual", "Individual", False), ("loo", "LOO", True)]
+    measures += [("shapley", "Shapley", True)] if r.shapley is not None else []
+    scores = {"individual": r.individual, "loo": r.loo, "shapley": r.shapley or {}}
+    header = ["Member", *(title for _, title, _ in measures), *(f"Rank {title}" for _, title, _ in measures)]
+    rows = [
+        [
+            m,
+            *(_score(scores[key].get(m), r.ci.get(m, {}).get(key), signed) for key, _, signed in measures),
+            *(str(r.ranks.get(key, {}).get(m, "n/a")) for key, _, _ in measures),
+        ]
+        for m in r.players
+    ]
+    lines += _table(header, "l" + "r" * (len(header) - 1), rows)
+
+    if r.rank_correlation:
+        lines += ["", "## Individual vs compositional strength", ""]
+        lines.append("Rank correlation across members between strength alone and contribution to the team.")
+        lines.append("")
+        names = {"loo": "LOO", "shapley": "Shapley"}
+        lines += _table(
+            ["Compositional measure", "Spearman rho", "Kendall tau-b"],
+            "lrr",
+            [
+                [names.get(k, k), _correlation(c.spearman), _correlation(c.kendall)]
+                for k, c in r.rank_correlation.items()
+            ],
+        )
+
+    lines += ["", "## Calls and cost", ""]
+    naive = "n/a"
+    if r.calls.naive is not None:
+        naive = str(r.calls.naive)
+        if r.calls.made:
+            naive += f" ({r.calls.naive / r.calls.made:.1f}x the calls made)"
+    lines += _table(
+        ["Calls made", "Distinct requests", "Served from cache", "Failed", "Naive evaluation"],
+        "rrrrr",
+        [[str(r.calls.made), str(r.calls.unique), str(r.calls.cached), str(r.calls.failed), naive]],
+    )
+    cost = "unknown" if r.cost_usd is None else f"${r.cost_usd:.4f}"
+    lines += [
+        "",
+        f"Tokens: {r.tokens.total:,} ({r.tokens.prompt:,} prompt, {r.tokens.completion:,} completion). "
+        f"Cost: {cost}. Wall time: {r.wall_s:.1f} s.",
+    ]
+    if r.usage:
+        lines.append("")
+        lines += _table(
+            ["Member", "Calls", "Prompt tokens", "Completion tokens", "Cost (USD)"],
+            "lrrrr",
+            [
+                [
+                    m,
+                    str(u.calls),
+                    f"{u.tokens.prompt:,}",
+                    f"{u.tokens.completion:,}",
+                    "unknown" if u.cost_usd is None else f"{u.cost_usd:.4f}",
+                ]
+                for m, u in r.usage.items()
+            ],
+        )
+
+    lines += ["", "## Coalitions", ""]
+    usage = {tuple(c.members): c for c in r.per_coalition}
+    rows = []
+    for c in r.coalitions:
+        u = usage.get(tuple(c.members))
+        rows.append(
+            [
+                _coalition_name(c.members),
+                str(len(c.members)),
+                f"{c.value:.3f}",
+                f"{u.tokens.total:,}" if u else "n/a",
+            ]
+        )
+    lines += _table(["Coalition", "Size", "Value", "Tokens"], "lrrr", rows)
+
+    for name, file in (images or {}).items():
+        lines += ["", f"![{name}]({file})"]
+    return "\n".join(lines) + "\n"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    # A report is either the old one or the new one, never half written, even if the audit is killed.
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_report(report: AuditReport, out_dir: str | Path, *, plots: bool = False) -> dict[str, Path]:
+    """Write `report.json` and `report.md` (and, with `plots`, the PNG plots the markdown shows).
+
+    Args:
+        report: The audit report.
+        out_dir: Folder to write into; created if missing.
+        plots: Also draw `contributions.png` and `individual_vs_compositional.png` (needs matplotlib).
+
+    Returns:
+        Name ("json", "md", and the plot names) -> path written.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    if plots:
+        from colab_graphs.audit.plots import write_plots
+
+        written.update(write_plots(report, out))
+    _write_atomic(out / REPORT_JSON, report.model_dump_json(indent=2) + "\n")
+    written["json"] = out / REPORT_JSON
+    images = {name: path.name for name, path in written.items() if path.suffix == ".png"}
+    _write_atomic(out / REPORT_MD, render_markdown(report, images))
+    written["md"] = out / REPORT_MD
+    return written
+
+
+def read_report(path: str | Path) -> AuditReport:
+    """Read and validate an audit report.
+
+    Args:
+        path: `report.json` or the folder that holds it.
+
+    Raises:
+        FileNotFoundError: When there is no report there.
+        ValueError: When the file is not a valid report, naming the file and the fields at fault.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / REPORT_JSON
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: an audit report is a JSON object, got {type(data).__name__}")
+    found = data.get("schema_version")
+    if isinstance(found, int) and found > SCHEMA_VERSION:
+        raise ValueError(
+            f"{path}: schema_version {found} was written by a newer colab-graphs (this one reads up to "
+            f"{SCHEMA_VERSION}); upgrade colab-graphs"
+        )
+    try:
+        return AuditReport.model_validate(data)
+    except ValidationError as exc:
+        raise ValueError(f"{path}: invalid audit report: {exc}") from None
