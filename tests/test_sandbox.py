@@ -1,0 +1,228 @@
+"""The code sandbox against the attacks generated code can make: each must fail and leave the host unharmed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from colab_graphs.data.loaders import DatasetError, load_examples
+from colab_graphs.data.sandbox import arun_code, run_code
+from colab_graphs.data.scoring import apply_scorer, get_scorer
+
+FULL_ISOLATION = {"netns", "pidns", "mountns", "readonly_fs"}
+
+
+def _isolation() -> set[str]:
+    return set(run_code("pass").isolation)
+
+
+requires_namespaces = pytest.mark.skipif(
+    not _isolation() >= FULL_ISOLATION,
+    reason="unshare cannot create net/pid/mount namespaces on this machine",
+)
+
+
+def _processes_of_uids_at_least(uid: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid >= uid:
+                    pids.append(int(entry.name))
+            except FileNotFoundError:
+                continue
+    return pids
+
+
+def test_clean_program_passes_and_its_output_comes_back():
+    result = run_code("print(6 * 7)")
+    assert result.passed and result.returncode == 0
+    assert result.stdout == "42\n"
+    assert {"workdir", "empty_env", "rlimits"} <= set(result.isolation)
+
+
+def test_raising_program_fails_with_the_traceback_in_stderr():
+    result = run_code("assert 1 == 2, 'wrong answer'")
+    assert not result.passed
+    assert "AssertionError: wrong answer" in result.stderr
+
+
+def test_infinite_loop_is_killed_at_the_wall_clock_limit():
+    start = time.monotonic()
+    result = run_code("while True:\n    pass", timeout_s=1.5)
+    elapsed = time.monotonic() - start
+    assert not result.passed and result.timed_out
+    assert result.killed_reason == "timeout"
+    assert elapsed < 1.5 + 2.0
+
+
+def test_sleeping_program_is_bounded_by_wall_clock_not_cpu_time():
+    result = run_code("import time\ntime.sleep(60)", timeout_s=1)
+    assert result.timed_out and result.wall_s < 3
+
+
+def test_cpu_limit_stops_a_busy_loop_before_the_wall_clock_does():
+    result = run_code("while True:\n    pass", timeout_s=20, cpu_s=1)
+    assert not result.passed and not result.timed_out
+    assert result.killed_reason == "cpu_limit"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="checks the per-run uid, which only a root parent assigns")
+def test_fork_bomb_is_contained_and_the_host_can_still_spawn_processes():
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    result = run_code(bomb, timeout_s=2, max_procs=16)
+    assert not result.passed and result.timed_out
+    assert subprocess.run(["true"], check=False).returncode == 0
+    deadline = time.monotonic() + 3
+    while _processes_of_uids_at_least(61000) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_of_uids_at_least(61000) == []
+
+
+@requires_namespaces
+def test_process_that_leaves_the_group_dies_with_the_run():
+    escape = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n"
+    result = run_code(escape, timeout_s=5)
+    assert result.passed
+    time.sleep(1)
+    assert _processes_of_uids_at_least(61000) == []
+
+
+def test_memory_bomb_fails_without_touching_host_memory():
+    result = run_code("block = bytearray(6 * 1024**3)\nprint('allocated')", memory_mb=512)
+    assert not result.passed
+    assert "allocated" not in result.stdout
+    assert result.killed_reason == "memory_limit"
+    peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    assert peak_mib < 1024
+
+
+@pytest.mark.parametrize("target", ["/tmp", "/root", "/work"])
+def test_writing_outside_the_work_directory_fails(target):
+    if target == "/tmp" and "readonly_fs" not in _isolation():
+        pytest.skip("/tmp is world-writable; only a read-only mount namespace protects it, unavailable here")
+    if not Path(target).is_dir():
+        pytest.skip(f"{target} does not exist here")
+    marker = Path(target) / f"cg_marker_{uuid.uuid4().hex}"
+    result = run_code(f"open({str(marker)!r}, 'w').write('escaped')")
+    assert not result.passed
+    assert not marker.exists()
+
+
+def test_work_directory_is_writable_and_removed_afterwards():
+    result = run_code("import os\nopen('notes.txt', 'w').write('x')\nprint(os.getcwd())")
+    assert result.passed
+    workdir = Path(result.stdout.strip())
+    assert workdir.name.startswith("cg_sandbox_")
+    assert not workdir.exists()
+
+
+def test_parent_secrets_never_reach_the_code(monkeypatch):
+    secret = "sk-secret-" + uuid.uuid4().hex
+    monkeypatch.setenv("OPENAI_API_KEY", secret)
+    snoop = (
+        "import glob, os\n"
+        "print(dict(os.environ))\n"
+        "for path in glob.glob('/proc/*/environ'):\n"
+        "    try:\n"
+        "        print(path, open(path, 'rb').read())\n"
+        "    except OSError as exc:\n"
+        "        print(path, exc)\n"
+        f"print(open('/proc/{os.getpid()}/environ', 'rb').read())\n"
+    )
+    result = run_code(snoop)
+    assert secret not in result.stdout and secret not in result.stderr
+    assert "OPENAI_API_KEY" not in result.stdout
+
+
+@requires_namespaces
+def test_network_connection_to_a_local_listener_fails():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        result = run_code(
+            f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=3)\nprint('connected')"
+        )
+    assert not result.passed
+    assert "connected" not in result.stdout
+
+
+def test_network_can_be_allowed_explicitly():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        result = run_code(
+            f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=3)", network=True
+        )
+    assert result.passed
+
+
+def test_output_flood_is_capped_and_the_host_keeps_reading():
+    flood = "import sys\nfor _ in range(2000):\n    sys.stdout.write('x' * 10000)\n"
+    result = run_code(flood, max_output_bytes=5000, timeout_s=10)
+    assert len(result.stdout) == 5000
+    assert result.output_truncated
+    assert result.passed
+
+
+def test_large_file_in_the_work_directory_hits_the_file_size_limit():
+    result = run_code("open('big', 'wb').write(b'x' * (200 * 1024**2))")
+    assert not result.passed
+    assert "File too large" in result.stderr or result.killed_reason == "file_size_limit"
+
+
+def test_stdin_reaches_the_program():
+    assert run_code("print(input()[::-1])", stdin="abc\n").stdout == "cba\n"
+
+
+def test_parallel_runs_all_complete_and_overlap():
+    async def many() -> list:
+        return await asyncio.gather(
+            *[arun_code("import time\ntime.sleep(0.5)\nprint('ok')") for _ in range(4)]
+        )
+
+    start = time.monotonic()
+    results = asyncio.run(many())
+    elapsed = time.monotonic() - start
+    assert all(r.passed and r.stdout == "ok\n" for r in results)
+    assert elapsed < 4 * (0.5 + 0.4)
+
+
+def _humaneval(n: int) -> list:
+    try:
+        return load_examples("humaneval", limit=n)
+    except DatasetError as exc:
+        pytest.skip(str(exc))
+
+
+def _score_all(outputs: list[str], examples: list) -> list[float]:
+    code = get_scorer("code")
+
+    async def score() -> list:
+        return await asyncio.gather(
+            *[apply_scorer(code, o, e) for o, e in zip(outputs, examples, strict=True)]
+        )
+
+    return [s.value for s in asyncio.run(score())]
+
+
+def test_canonical_humaneval_solutions_pass():
+    problems = _humaneval(6)
+    outputs = [f"```python\n{p.fields['prompt']}{p.fields['canonical_solution']}```" for p in problems]
+    assert _score_all(outputs, problems) == [1.0] * len(problems)
+
+
+def test_wrong_humaneval_solutions_fail():
+    problems = _humaneval(6)
+    outputs = [f"```python\n{p.fields['prompt']}    return None\n```" for p in problems]
+    assert _score_all(outputs, problems) == [0.0] * len(problems)
