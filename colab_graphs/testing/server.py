@@ -374,7 +374,26 @@ class _HTTPServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], scripted: ScriptedServer) -> None:
         self.scripted = scripted
+        self.connection_threads: list[threading.Thread] = []
         super().__init__(address, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # ThreadingMixIn joins only non-daemon threads on close. These are daemons (a server nobody stops
+        # must not keep the interpreter alive) that server_close still joins, so stop() leaves none behind.
+        thread = threading.Thread(
+            target=self.process_request_thread,
+            args=(request, client_address),
+            name=f"ScriptedServer:{self.server_port}:connection",
+            daemon=True,
+        )
+        self.connection_threads = [t for t in self.connection_threads if t.is_alive()]
+        self.connection_threads.append(thread)
+        thread.start()
+
+    def server_close(self) -> None:
+        super().server_close()
+        for thread in self.connection_threads:
+            thread.join()
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind resolves the host's FQDN, which can block for seconds without DNS.
