@@ -1,0 +1,284 @@
+"""The coalition game: v(S) = mean score of the protocol restricted to S, per example, memoised on disk.
+
+All coalitions of one audit (and each member's `solo` run, its individual strength) are evaluated on one event
+loop, interleaved example by example under one concurrency limit, through one `ModelClient`: an upstream call
+that several coalitions make identically is made once (single-flight while in flight, the cache after), so the
+calls made equal the distinct requests.
+
+Each finished (coalition, example) is appended to `game.jsonl` at once; a killed audit rerun with the same
+command reads it back and only runs what is missing (whose finished calls the cache holds anyway).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from colab_graphs.coalition import restrict
+from colab_graphs.compile import compile_graph
+from colab_graphs.data.example import Example
+from colab_graphs.data.scoring import apply_scorer
+from colab_graphs.models.client import ModelClient
+from colab_graphs.pool import Pool
+from colab_graphs.runner import resolve_scorer, run_example
+from colab_graphs.spec import GraphSpec
+
+Coalition = frozenset[str]
+GAME_FILE = "game.jsonl"
+MANIFEST_FILE = "game.json"
+
+
+@dataclass
+class Play:
+    """One (game, coalition, example) evaluation: its score and the calls it needed."""
+
+    game: str
+    members: list[str]
+    example_id: str
+    score: float | None
+    failed: bool
+    error: str | None = None
+    # Each call: [key, member, cached, failed, prompt_tokens, completion_tokens, cost_usd]
+    calls: list[list[Any]] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, separators=(",", ":"))
+
+
+def coalition_id(game: str, members: Sequence[str]) -> str:
+    return f"{game}:" + ",".join(members)
+
+
+class CoalitionGame:
+    """Evaluates coalitions of one protocol (and solo runs) over one dataset, memoised per example.
+
+    Args:
+        spec: the protocol over the full pool.
+        pool: the members.
+        examples: the dataset.
+        client: the shared call path (its cache makes reruns free).
+        scorer: scorer name, or None for each example's default.
+        store: folder for `game.jsonl` (resume); None keeps everything in memory.
+        max_in_flight: (coalition, example) runs in flight at once.
+    """
+
+    def __init__(
+        self,
+        spec: GraphSpec,
+        pool: Pool,
+        examples: Sequence[Example],
+        *,
+        client: ModelClient,
+        scorer: str | None = None,
+        store: str | os.PathLike[str] | None = None,
+        max_in_flight: int | None = None,
+    ):
+        self.spec = spec
+        self.pool = pool
+        self.examples = list(examples)
+        self.client = client
+        self.scorer = scorer
+        self.store = Path(store) if store is not None else None
+        self.max_in_flight = max_in_flight or max(4 * client.max_concurrency, 8)
+        self.plays: dict[tuple[str, str], Play] = {}
+        self._graphs: dict[str, tuple[GraphSpec | None, Any]] = {}
+        if self.store is not None:
+            self._open_store()
+
+    # --- persistence ---------------------------------------------------------------------------------------
+
+    def fingerprint(self) -> str:
+        blob = json.dumps(
+            {
+                "spec": self.spec.to_dict(),
+                "pool": self.pool.to_public_dict(),
+                "examples": [e.model_dump() for e in self.examples],
+                "scorer": self.scorer,
+            },
+            sort_keys=True,
+            default=str,
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def _open_store(self) -> None:
+        assert self.store is not None
+        self.store.mkdir(parents=True, exist_ok=True)
+        manifest, path = self.store / MANIFEST_FILE, self.store / GAME_FILE
+        fp = self.fingerprint()
+        if manifest.exists() and json.loads(manifest.read_text()).get("fingerprint") != fp:
+            raise ValueError(
+                f"{self.store} holds an audit of a different protocol, pool, dataset or scorer; use another "
+                "--out or --overwrite"
+            )
+        manifest.write_text(json.dumps({"fingerprint": fp, "protocol": self.spec.name}) + "\n")
+        if not path.exists():
+            return
+        good: list[str] = []
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    play = Play(**json.loads(line))
+                except (json.JSONDecodeError, TypeError):
+                    continue  # a torn line from a kill mid-write; that play runs again
+                if not play.failed:  # failed plays are retried on resume
+                    self.plays[(coalition_id(play.game, play.members), play.example_id)] = play
+                    good.append(line if line.endswith("\n") else line + "\n")
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(good), encoding="utf-8")
+        os.replace(tmp, path)
+
+    def _record(self, play: Play) -> None:
+        self.plays[(coalition_id(play.game, play.members), play.example_id)] = play
+        if self.store is not None:
+            with open(self.store / GAME_FILE, "a", encoding="utf-8") as fh:
+                fh.write(play.to_json() + "\n")
+
+    # --- evaluation ----------------------------------------------------------------------------------------
+
+    def _graph(self, game: str, members: list[str]) -> tuple[GraphSpec | None, Any]:
+        cid = coalition_id(game, members)
+        if cid not in self._graphs:
+            if game == "solo":
+                from colab_graphs.protocols.registry import build_protocol
+
+                spec: GraphSpec | None = build_protocol("solo", self.pool.names, member=members[0])
+            else:
+                spec = restrict(self.spec, members)
+            graph = compile_graph(spec, self.pool, self.client) if spec is not None else None
+            self._graphs[cid] = (spec, graph)
+        return self._graphs[cid]
+
+    async def _play(self, game: str, members: list[str], example: Example) -> Play:
+        spec, graph = self._graph(game, members)
+        if spec is None:  # the empty coalition: no member, no call
+            score = 0.0
+            if self.spec.empty_fallback is not None:
+                fn = resolve_scorer(self.scorer, example)
+                score = (await apply_scorer(fn, self.spec.empty_fallback, example)).value
+            return Play(game, members, example.id, score, False)
+        outcome = await run_example(graph, spec, self.pool, self.client, example, self.scorer)
+        calls = [
+            [
+                c.key,
+                c.member,
+                c.cached,
+                c.error is not None,
+                c.usage.prompt_tokens,
+                c.usage.completion_tokens,
+                c.cost_usd,
+            ]
+            for c in outcome.trace.calls
+        ]
+        return Play(game, members, example.id, outcome.score, outcome.failed, outcome.error, calls)
+
+    async def evaluate(
+        self,
+        coalitions: Sequence[Coalition],
+        solo_members: Sequence[str] = (),
+        on_progress: Callable[[Play], None] | None = None,
+    ) -> None:
+        """Evaluate every coalition (and each member in `solo_members` alone) on every example."""
+        jobs: list[tuple[str, list[str]]] = [("coalition", self._ordered(c)) for c in coalitions]
+        jobs += [("solo", [m]) for m in solo_members]
+        for game, members in jobs:
+            self._graph(game, members)  # compile (and validate every coalition) before any call
+        limit = asyncio.Semaphore(self.max_in_flight)
+
+        async def one(game: str, members: list[str], example: Example) -> None:
+            async with limit:
+                play = await self._play(game, members, example)
+            self._record(play)
+            if on_progress:
+                on_progress(play)
+
+        tasks = []
+        for example in self.examples:  # example-major: identical calls of coalitions meet in flight
+            for game, members in jobs:
+                done = self.plays.get((coalition_id(game, members), example.id))
+                if done is not None:
+                    if on_progress:
+                        on_progress(done)
+                    continue
+                tasks.append(one(game, members, example))
+        await asyncio.gather(*tasks)
+
+    def _ordered(self, coalition: Coalition) -> list[str]:
+        return [m for m in self.spec.members if m in coalition]
+
+    # --- results -------------------------------------------------------------------------------------------
+
+    def failed_examples(self) -> list[str]:
+        failed = {eid for (_, eid), p in self.plays.items() if p.failed}
+        return [e.id for e in self.examples if e.id in failed]
+
+    def values(
+        self, coalitions: Sequence[Coalition], exclude: Sequence[str] = ()
+    ) -> dict[Coalition, np.ndarray]:
+        """Coalition -> per-example scores over the examples not excluded (dataset order)."""
+        ids = [e.id for e in self.examples if e.id not in set(exclude)]
+        out = {}
+        for c in coalitions:
+            cid = coalition_id("coalition", self._ordered(c))
+            out[c] = np.array([self.plays[(cid, i)].score or 0.0 for i in ids], dtype=float)
+        return out
+
+    def solo_values(self, members: Sequence[str], exclude: Sequence[str] = ()) -> dict[str, np.ndarray]:
+        ids = [e.id for e in self.examples if e.id not in set(exclude)]
+        return {
+            m: np.array([self.plays[(coalition_id("solo", [m]), i)].score or 0.0 for i in ids], dtype=float)
+            for m in members
+        }
+
+    def accounting(self) -> dict[str, Any]:
+        """Calls made / distinct / cached / failed / naive, and tokens and cost per member and per coalition."""
+        made = cached = failed = naive = 0
+        keys: set[str] = set()
+        per_member: dict[str, dict[str, Any]] = {}
+        per_coalition: dict[str, dict[str, Any]] = {}
+        for (cid, _), play in self.plays.items():
+            pc = per_coalition.setdefault(
+                cid,
+                {
+                    "game": play.game,
+                    "members": play.members,
+                    "calls": 0,
+                    "prompt": 0,
+                    "completion": 0,
+                    "cost_usd": 0.0,
+                },
+            )
+            for key, member, was_cached, was_failed, p_tok, c_tok, cost in play.calls:
+                naive += 1
+                keys.add(key)
+                pc["calls"] += 1
+                pc["prompt"] += p_tok
+                pc["completion"] += c_tok
+                if was_failed:
+                    failed += 1
+                    made += 1
+                    continue
+                if was_cached:
+                    cached += 1
+                    continue
+                made += 1
+                pm = per_member.setdefault(
+                    member, {"calls": 0, "prompt": 0, "completion": 0, "cost_usd": 0.0}
+                )
+                pm["calls"] += 1
+                pm["prompt"] += p_tok
+                pm["completion"] += c_tok
+                pm["cost_usd"] = None if cost is None or pm["cost_usd"] is None else pm["cost_usd"] + cost
+                pc["cost_usd"] = None if cost is None or pc["cost_usd"] is None else pc["cost_usd"] + cost
+        return {
+            "calls": {"made": made, "unique": len(keys), "cached": cached, "failed": failed, "naive": naive},
+            "per_member": per_member,
+            "per_coalition": per_coalition,
+        }

@@ -1,0 +1,149 @@
+"""`colab-graphs audit`: each member's compositional strength (LOO, Shapley) next to its individual strength."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from colab_graphs.cli.app import (
+    CacheDirOpt,
+    ConcOpt,
+    DataOpt,
+    GraphOpt,
+    LimitOpt,
+    NoCacheOpt,
+    OutOpt,
+    ParamOpt,
+    PoolOpt,
+    ProtocolOpt,
+    ScorerOpt,
+    SeedOpt,
+    _progress,
+)
+from colab_graphs.cli.common import fail, load_data, load_pool, make_client, parse_params, resolve_protocol
+
+
+def audit(
+    protocol: ProtocolOpt = None,
+    graph: GraphOpt = None,
+    pool: PoolOpt = None,
+    data: DataOpt = None,
+    method: Annotated[str, typer.Option("--method", help="loo | exact | sampled")] = "loo",
+    budget: Annotated[int | None, typer.Option("--budget", help="Permutations for --method sampled.")] = None,
+    scorer: ScorerOpt = None,
+    out: OutOpt = None,
+    max_concurrency: ConcOpt = 16,
+    cache_dir: CacheDirOpt = None,
+    no_cache: NoCacheOpt = False,
+    limit: LimitOpt = None,
+    param: ParamOpt = None,
+    seed: SeedOpt = None,
+    force: Annotated[bool, typer.Option("--force", help="Allow exact Shapley over many members.")] = False,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Discard an earlier audit in --out.")
+    ] = False,
+    no_individual: Annotated[bool, typer.Option("--no-individual", help="Skip the solo runs.")] = False,
+    no_plots: Annotated[bool, typer.Option("--no-plots", help="Do not draw PNG plots.")] = False,
+) -> None:
+    """Audit how much each member adds to a protocol: writes report.json, report.md and PNG plots."""
+    from colab_graphs.audit.run import AuditError, run_audit
+    from colab_graphs.spec import SpecError
+
+    if method not in ("loo", "exact", "sampled"):
+        fail(f"--method must be loo, exact or sampled, got {method!r}")
+    if method == "sampled" and not budget:
+        fail("--method sampled needs --budget (number of permutations)")
+    the_pool = load_pool(pool)
+    examples = load_data(data, limit, seed)
+    spec = resolve_protocol(protocol, graph, the_pool.names, parse_params(param))
+    client = make_client(cache_dir, no_cache, max_concurrency)
+    out = out or Path("audits") / spec.name
+    if overwrite and out.exists():
+        shutil.rmtree(out)
+    progress, task = _progress(1, f"audit {spec.name} ({method})")
+
+    def on_plan(total: int) -> None:
+        progress.update(task, total=total)
+
+    def on_progress(play) -> None:
+        progress.update(
+            task, advance=1, status=f"calls {client.stats.made} made, {client.stats.cached} cached"
+        )
+
+    try:
+        with progress:
+            report = asyncio.run(
+                run_audit(
+                    spec,
+                    the_pool,
+                    examples,
+                    client=client,
+                    method=method,
+                    budget=budget,
+                    seed=seed or 0,
+                    scorer=scorer,
+                    out=out,
+                    dataset=data or "builtin:arithmetic",
+                    force=force,
+                    individual=not no_individual,
+                    plots=False if no_plots else None,
+                    on_plan=on_plan,
+                    on_progress=on_progress,
+                )
+            )
+    except (AuditError, SpecError, ValueError) as err:
+        fail(str(err))
+        raise
+    _print_report(report, out)
+    if report.failed_examples:
+        raise typer.Exit(3)
+
+
+def _print_report(report, out: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    def fmt(v: float | None, signed: bool = False) -> str:
+        return "-" if v is None else (f"{v:+.3f}" if signed else f"{v:.3f}")
+
+    table = Table(title=f"{report.protocol}: contributions over {report.n_examples} example(s)")
+    table.add_column("member")
+    table.add_column("individual", justify="right")
+    table.add_column("LOO", justify="right")
+    table.add_column("LOO 95% CI", justify="right")
+    if report.shapley is not None:
+        table.add_column(f"Shapley ({report.shapley_method})", justify="right")
+    for m in report.players:
+        lo, hi = report.ci.get(m, {}).get("loo", (None, None))
+        row = [
+            m,
+            fmt(report.individual.get(m)),
+            fmt(report.loo[m], True),
+            f"[{fmt(lo, True)}, {fmt(hi, True)}]",
+        ]
+        if report.shapley is not None:
+            row.append(fmt(report.shapley[m], True))
+        table.add_row(*row)
+    console = Console()
+    console.print(table)
+    grand = report.value_of(report.players)
+    c = report.calls
+    console.print(
+        f"v(all) = {fmt(grand)}; calls made {c.made} (distinct requests {c.unique}, cached {c.cached}, failed "
+        f"{c.failed}; naive evaluation: {c.naive}); {report.wall_s:.1f}s"
+    )
+    for name, corr in report.rank_correlation.items():
+        console.print(
+            f"rank correlation individual vs {name}: spearman {corr.spearman}, kendall {corr.kendall}"
+        )
+    if report.failed_examples:
+        console.print(f"[yellow]{len(report.failed_examples)} example(s) failed and were left out[/]")
+    console.print(f"report: {out / 'report.md'}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("audit")(audit)
