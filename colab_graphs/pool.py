@@ -161,6 +161,25 @@ def make_member(name: str, settings: Mapping[str, Any], where: str = "pool") -> 
     return Member(name=name, settings=settings, **extra)
 
 
+def _unique_key_loader() -> type:
+    """A safe YAML loader that rejects duplicate mapping keys (safe_load keeps the last one silently)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r}", key_node.start_mark
+                    )
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
+
+
 class Pool:
     """An ordered set of members. Build it in Python or load it from YAML.
 
@@ -191,7 +210,7 @@ class Pool:
 
         path = Path(path)
         try:
-            data = yaml.safe_load(path.read_text())
+            data = yaml.load(path.read_text(), Loader=_unique_key_loader())
         except FileNotFoundError:
             raise PoolError(f"pool file {path} does not exist") from None
         except yaml.YAMLError as exc:

@@ -1,0 +1,74 @@
+"""Shared fixtures: offline settings, one event loop, a scripted OpenAI-compatible server, a throwaway cache.
+
+Keep this file small: fixtures that only one test module needs belong in that module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+import colab_graphs._env  # noqa: F401  (offline settings before anything imports litellm)
+from colab_graphs.models.cache import CallCache
+from colab_graphs.pool import Pool
+from colab_graphs.testing import ScriptedServer
+
+T = TypeVar("T")
+
+
+@pytest.fixture(scope="session")
+def arun() -> Iterator[Callable[[Awaitable[T]], T]]:
+    """Run a coroutine to completion on one loop shared by the whole session.
+
+    One loop, because LiteLLM's logging worker warns when `asyncio.run()` hands it a new loop each time.
+    """
+    loop = asyncio.new_event_loop()
+    yield loop.run_until_complete
+    loop.run_until_complete(loop.shutdown_asyncgens())
+    loop.close()
+
+
+@pytest.fixture
+def scripted_server() -> Iterator[Callable[..., ScriptedServer]]:
+    """A factory: `scripted_server(members, **ScriptedServer kwargs)` starts a server on 127.0.0.1.
+
+    Every server started is stopped when the test ends.
+    """
+    started: list[ScriptedServer] = []
+
+    def start(members: Mapping[str, Any], **kwargs: Any) -> ScriptedServer:
+        server = ScriptedServer(members, **kwargs).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def server_pool(server: ScriptedServer, names: list[str], api_key: str = "sk-test", **settings: Any) -> Pool:
+    """A pool whose members are the server's scripted models of those names, in that order."""
+    return Pool.from_dict(
+        {
+            name: {"model": f"openai/{name}", "api_base": server.base_url, "api_key": api_key, **settings}
+            for name in names
+        }
+    )
+
+
+@pytest.fixture
+def pool_for() -> Callable[..., Pool]:
+    """`pool_for(server, ["a", "b"], api_key=..., **settings)`: see `server_pool`."""
+    return server_pool
+
+
+@pytest.fixture
+def tmp_cache(tmp_path: Path) -> Iterator[CallCache]:
+    """A call cache in a fresh directory of its own."""
+    cache = CallCache(tmp_path / "cache")
+    yield cache
+    cache.close()
