@@ -1,0 +1,336 @@
+"""Batching generation engine for in-process transformers models.
+
+One :class:`LocalEngine` per loaded model. Requests are queued from any thread or event loop; a worker thread
+collects the requests that arrive within ``batch_wait_ms`` of the first one, left-pads them and decodes them
+together with a KV cache. Each row keeps its own sampling settings and its own ``torch.Generator``, so a
+request's tokens do not depend on what it was batched with: greedy rows (temperature 0) match batch-1
+generation in fp32, and seeded rows repeat exactly.
+
+Logprobs are those of the model's own distribution (``log_softmax`` of the raw logits, before temperature
+and top-p), the OpenAI convention.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+# A plain prompt format for models without a chat template (base models such as Gemma-3-270m).
+FALLBACK_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{ message['content'] + '\\n\\n' }}"
+    "{% elif message['role'] == 'user' %}{{ 'User: ' + message['content'] + '\\n' }}"
+    "{% else %}{{ 'Assistant: ' + message['content'] + '\\n' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+)
+
+
+@dataclass
+class GenerationRequest:
+    """One completion to generate.
+
+    Attributes:
+        prompt_ids: Token ids of the rendered prompt.
+        max_tokens: Most new tokens to generate.
+        temperature: 0 means greedy decoding.
+        top_p: Nucleus sampling mass.
+        seed: Seed of this request's own generator; None draws a fresh one.
+        stop: Strings that end generation; the text is cut before the first one.
+        top_logprobs: Number of alternatives to report per position (0 for none).
+        on_text: Called from the worker thread with each new piece of text (streaming).
+    """
+
+    prompt_ids: list[int]
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: Sequence[str] = ()
+    top_logprobs: int = 0
+    on_text: Callable[[str], None] | None = None
+
+
+@dataclass
+class GenerationResult:
+    """What a request produced: exact token ids and the logprob of each generated token."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+
+
+class _Row:
+    """Decoding state of one request inside a batch."""
+
+    def __init__(self, req: GenerationRequest, engine: LocalEngine) -> None:
+        import torch
+
+        self.req = req
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.top: list[list[tuple[int, float]]] = []
+        self.text = ""
+        self.emitted = 0
+        self.finish: str | None = None
+        self.engine = engine
+        seed = req.seed if req.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
+        self.generator = torch.Generator(device=engine.device).manual_seed(seed)
+
+    def choose(self, logits: Any) -> int:
+        """Pick the next token from this row's fp32 logits and record its logprob."""
+        import torch
+
+        logp = torch.log_softmax(logits, dim=-1)
+        if self.req.temperature <= 0:
+            token = int(torch.argmax(logits))
+        else:
+            probs = torch.softmax(logits / self.req.temperature, dim=-1)
+            if self.req.top_p < 1.0:
+                sorted_p, order = torch.sort(probs, descending=True)
+                # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+                drop = torch.cumsum(sorted_p, dim=-1) - sorted_p >= self.req.top_p
+                sorted_p[drop] = 0.0
+                probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+            token = int(torch.multinomial(probs, 1, generator=self.generator))
+        self.ids.append(token)
+        self.logprobs.append(float(logp[token]))
+        if self.req.top_logprobs:
+            values, indices = torch.topk(logp, self.req.top_logprobs)
+            self.top.append([(int(i), float(v)) for i, v in zip(indices, values, strict=True)])
+        return token
+
+    def update(self, token: int) -> None:
+        """Decode, check end conditions, and stream the text that can no longer change."""
+        engine = self.engine
+        if token in engine.eos_ids:
+            self.finish = "stop"
+        self.text = engine.tokenizer.decode(self.ids, skip_special_tokens=True)
+        for s in self.req.stop:
+            cut = self.text.find(s)
+            if s and cut >= 0:
+                self.text, self.finish = self.text[:cut], "stop"
+        if self.finish is None and len(self.ids) >= self.req.max_tokens:
+            self.finish = "length"
+        if self.req.on_text is not None:
+            # Hold back what a stop string or an unfinished UTF-8 sequence may still change.
+            hold = 0 if self.finish else max((len(s) - 1 for s in self.req.stop), default=0)
+            safe = len(self.text) - hold
+            while not self.finish and safe > self.emitted and self.text[safe - 1] == "\ufffd":
+                safe -= 1
+            if safe > self.emitted:
+                self.req.on_text(self.text[self.emitted : safe])
+                self.emitted = safe
+
+    def result(self) -> GenerationResult:
+        return GenerationResult(
+            prompt_ids=list(self.req.prompt_ids),
+            completion_ids=self.ids,
+            logprobs=self.logprobs,
+            text=self.text,
+            finish_reason=self.finish or "length",
+            top_logprobs=self.top,
+        )
+
+
+class LocalEngine:
+    """A loaded model plus its batching worker.
+
+    ``model`` and ``tokenizer`` are plain attributes: a trainer may update the weights in place (or assign
+    a new model) between steps; each batch reads them when it starts.
+
+    Args:
+        model: A transformers causal LM.
+        tokenizer: Its tokenizer.
+        name: Display name (the model reference).
+        batch_wait_ms: How long the worker waits for more requests after the first one of a batch.
+        max_batch_size: Most requests decoded together.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        name: str = "local",
+        batch_wait_ms: float | None = None,
+        max_batch_size: int = 32,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name
+        if batch_wait_ms is None:
+            batch_wait_ms = float(os.environ.get("COLAB_GRAPHS_BATCH_WAIT_MS", "5"))
+        self.batch_wait_ms = batch_wait_ms
+        self.max_batch_size = max_batch_size
+        self.batches_run = 0
+        self._queue: queue.Queue[tuple[GenerationRequest, Future[GenerationResult]]] = queue.Queue()
+        self._worker: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        # Serialises forward passes of this model (the batch worker and logit-level decoding).
+        self.lock = threading.Lock()
+
+    @property
+    def device(self) -> Any:
+        return self.model.device
+
+    @property
+    def eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for source in (getattr(self.model, "generation_config", None), self.model.config, self.tokenizer):
+            value = getattr(source, "eos_token_id", None) if source is not None else None
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, list | tuple):
+                ids.update(int(v) for v in value)
+        return ids
+
+    @property
+    def pad_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return pad if pad is not None else min(self.eos_ids, default=0)
+
+    def render(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Token ids of ``messages`` rendered with the model's chat template (or the plain fallback)."""
+        template = None if getattr(self.tokenizer, "chat_template", None) else FALLBACK_CHAT_TEMPLATE
+        text = self.tokenizer.apply_chat_template(
+            [{"role": m["role"], "content": _content_text(m.get("content"))} for m in messages],
+            chat_template=template,
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        # The template already holds any BOS it wants; adding special tokens again would double it.
+        return list(self.tokenizer(text, add_special_tokens=template is not None)["input_ids"])
+
+    def submit(self, request: GenerationRequest) -> Future[GenerationResult]:
+        """Queue a request from any thread; the future resolves when its batch finishes."""
+        self._ensure_worker()
+        future: Future[GenerationResult] = Future()
+        self._queue.put((request, future))
+        return future
+
+    async def agenerate(self, request: GenerationRequest) -> GenerationResult:
+        """Queue a request and await it without blocking the event loop."""
+        return await asyncio.wrap_future(self.submit(request))
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Queue a request and wait for it (batched with whatever else is queued)."""
+        return self.submit(request).result()
+
+    def _ensure_worker(self) -> None:
+        with self._start_lock:
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(
+                    target=self._serve, name=f"local-engine:{self.name}", daemon=True
+                )
+                self._worker.start()
+
+    def _serve(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            deadline = time.monotonic() + self.batch_wait_ms / 1000
+            while len(batch) < self.max_batch_size:
+                remaining = deadline - time.monotonic()
+                try:
+                    batch.append(
+                        self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
+                    )
+                except queue.Empty:
+                    break
+            live = [(req, fut) for req, fut in batch if fut.set_running_or_notify_cancel()]
+            if not live:
+                continue
+            try:
+                results = self.generate_batch([req for req, _ in live])
+            except BaseException as exc:  # every waiter must hear about the failure
+                for _, fut in live:
+                    fut.set_exception(exc)
+                continue
+            for (_, fut), res in zip(live, results, strict=True):
+                fut.set_result(res)
+
+    def generate_batch(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Decode ``requests`` together right now, in the calling thread."""
+        import torch
+
+        for req in requests:
+            if not req.prompt_ids:
+                raise ValueError("a generation request needs at least one prompt token")
+        with self.lock, torch.inference_mode():
+            self.batches_run += 1
+            rows = [_Row(req, self) for req in requests]
+            model, device = self.model, self.device
+            width = max(len(r.prompt_ids) for r in requests)
+            input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(rows), width), dtype=torch.long)
+            for i, req in enumerate(requests):
+                input_ids[i, width - len(req.prompt_ids) :] = torch.tensor(req.prompt_ids)
+                mask[i, width - len(req.prompt_ids) :] = 1
+            input_ids, mask = input_ids.to(device), mask.to(device)
+            # Left padding: positions must count real tokens only, or padded rows see shifted positions.
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
+            cache, logits = output_cache(out), out.logits[:, -1, :].float()
+            active = list(range(len(rows)))
+            next_pos = positions[:, -1:] + 1
+            while True:
+                tokens = []
+                for slot, idx in enumerate(active):
+                    token = rows[idx].choose(logits[slot])
+                    rows[idx].update(token)
+                    tokens.append(token)
+                keep = [slot for slot, idx in enumerate(active) if rows[idx].finish is None]
+                if not keep:
+                    break
+                if len(keep) < len(active):
+                    # Drop finished rows from the batch so they cost nothing in later steps.
+                    index = torch.tensor(keep, device=device)
+                    cache.batch_select_indices(index)
+                    mask, next_pos = mask[index], next_pos[index]
+                    active = [active[s] for s in keep]
+                    tokens = [tokens[s] for s in keep]
+                step_ids = torch.tensor(tokens, device=device).unsqueeze(-1)
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+                out = model(
+                    input_ids=step_ids,
+                    attention_mask=mask,
+                    position_ids=next_pos,
+                    use_cache=True,
+                    **{cache_kwarg(model): cache},
+                )
+                cache, logits = output_cache(out), out.logits[:, -1, :].float()
+                next_pos = next_pos + 1
+        return [row.result() for row in rows]
+
+
+def cache_kwarg(model: Any) -> str:
+    """Name of the KV-cache argument of ``model.forward`` (``cache`` from transformers 5.2x on)."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def output_cache(out: Any) -> Any:
+    """The KV cache of a forward output, under either of its transformers names."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
+def _content_text(content: Any) -> str:
+    """Message content as text: strings pass, OpenAI content parts are joined, None is empty."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return str(content)

@@ -1,0 +1,333 @@
+"""The in-process ``local/`` provider: batching engine, sampling settings, token ids, logit-level modes."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+import pytest
+
+import colab_graphs._env  # noqa: F401
+from colab_graphs.models.local import (
+    build_request,
+    get_engine,
+    local_call_details,
+    register_local_provider,
+    set_local_model,
+)
+from colab_graphs.models.local_engine import GenerationRequest
+from colab_graphs.models.logits import VocabularyMismatchError, contrastive_decoding, logit_fusion
+
+TINY = "tiny-random"
+QUESTION = [{"role": "user", "content": "What is 2+2?"}]
+
+
+@pytest.fixture(scope="module")
+def litellm():
+    import litellm as _litellm
+
+    register_local_provider()
+    return _litellm
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return get_engine(TINY)
+
+
+def _prompts(engine, n: int) -> list[list[int]]:
+    # Different lengths, so batching really pads.
+    return [engine.render([{"role": "user", "content": "hello " * i + "What is 2+2?"}]) for i in range(n)]
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def test_tiny_random_generates_through_litellm_acompletion(litellm):
+    response = _run(
+        litellm.acompletion(model=f"local/{TINY}", messages=QUESTION, max_tokens=8, temperature=0)
+    )
+    assert response.choices[0].message.role == "assistant"
+    assert response.choices[0].message.content
+    assert response.choices[0].finish_reason in {"stop", "length"}
+
+
+def test_sync_litellm_completion_matches_async(litellm):
+    kwargs = {"model": f"local/{TINY}", "messages": QUESTION, "max_tokens": 8, "temperature": 0}
+    sync = litellm.completion(**kwargs)
+    async_ = _run(litellm.acompletion(**kwargs))
+    assert sync.choices[0].message.content == async_.choices[0].message.content
+
+
+def test_response_carries_usage_and_exact_token_ids(litellm, tiny):
+    response = _run(
+        litellm.acompletion(model=f"local/{TINY}", messages=QUESTION, max_tokens=6, temperature=0)
+    )
+    details = local_call_details(response)
+    assert details["prompt_token_ids"] == tiny.render(QUESTION)
+    assert len(details["completion_token_ids"]) == len(details["logprobs"]) == 6
+    assert tiny.tokenizer.decode(details["completion_token_ids"]) == response.choices[0].message.content
+    assert response.usage.prompt_tokens == len(details["prompt_token_ids"])
+    assert response.usage.completion_tokens == 6
+    assert all(lp <= 0 for lp in details["logprobs"])
+
+
+def test_token_details_survive_model_dump_and_rebuild(litellm):
+    from litellm import ModelResponse
+
+    response = _run(
+        litellm.acompletion(model=f"local/{TINY}", messages=QUESTION, max_tokens=4, temperature=0)
+    )
+    dumped = response.model_dump()
+    assert local_call_details(dumped) == local_call_details(response)
+    assert local_call_details(ModelResponse(**dumped)) == local_call_details(response)
+
+
+def test_openai_logprobs_returned_when_asked(litellm):
+    response = _run(
+        litellm.acompletion(
+            model=f"local/{TINY}",
+            messages=QUESTION,
+            max_tokens=5,
+            temperature=0,
+            logprobs=True,
+            top_logprobs=3,
+        )
+    )
+    content = response.choices[0].logprobs.content
+    details = local_call_details(response)
+    assert [c.logprob for c in content] == details["logprobs"]
+    assert all(len(c.top_logprobs) == 3 for c in content)
+    # Greedy: the chosen token is the most likely one.
+    assert all(c.top_logprobs[0].logprob == c.logprob for c in content)
+
+
+def test_non_local_response_has_no_details():
+    assert local_call_details({"choices": [{"message": {"content": "x"}}]}) is None
+
+
+def test_batched_greedy_equals_batch_of_one(tiny):
+    requests = [GenerationRequest(p, max_tokens=16, temperature=0) for p in _prompts(tiny, 5)]
+    singles = [tiny.generate_batch([r])[0] for r in requests]
+    batched = tiny.generate_batch(requests)
+    assert [b.completion_ids for b in batched] == [s.completion_ids for s in singles]
+    for b, s in zip(batched, singles, strict=True):
+        assert b.logprobs == pytest.approx(s.logprobs, abs=1e-4)
+
+
+def test_concurrent_requests_are_batched_and_match_sequential(litellm, tiny):
+    messages = [[{"role": "user", "content": f"Count to {i}"}] for i in range(6)]
+    sequential = [
+        tiny.generate_batch([build_request(tiny, m, {"temperature": 0, "max_tokens": 10})])[0]
+        for m in messages
+    ]
+    before = tiny.batches_run
+
+    async def all_at_once():
+        return await asyncio.gather(
+            *[
+                litellm.acompletion(model=f"local/{TINY}", messages=m, temperature=0, max_tokens=10)
+                for m in messages
+            ]
+        )
+
+    responses = _run(all_at_once())
+    assert tiny.batches_run - before < len(messages)
+    assert [local_call_details(r)["completion_token_ids"] for r in responses] == [
+        s.completion_ids for s in sequential
+    ]
+
+
+def test_seeded_sampling_repeats_and_ignores_batch_neighbours(tiny):
+    prompt = _prompts(tiny, 1)[0]
+    alone = tiny.generate_batch([GenerationRequest(prompt, max_tokens=12, temperature=1.0, seed=7)])[0]
+    neighbours = [GenerationRequest(p, max_tokens=12, temperature=1.0, seed=99) for p in _prompts(tiny, 3)]
+    together = tiny.generate_batch(
+        [*neighbours, GenerationRequest(prompt, max_tokens=12, temperature=1.0, seed=7)]
+    )
+    assert together[-1].completion_ids == alone.completion_ids
+
+
+def test_different_seeds_give_different_samples(tiny):
+    prompt = _prompts(tiny, 1)[0]
+    runs = {
+        tuple(
+            tiny.generate_batch([GenerationRequest(prompt, max_tokens=12, temperature=1.0, seed=s)])[
+                0
+            ].completion_ids
+        )
+        for s in range(4)
+    }
+    assert len(runs) > 1
+
+
+def test_tiny_top_p_keeps_only_the_most_likely_token(tiny):
+    prompt = _prompts(tiny, 1)[0]
+    greedy = tiny.generate_batch([GenerationRequest(prompt, max_tokens=10, temperature=0)])[0]
+    nucleus = tiny.generate_batch(
+        [GenerationRequest(prompt, max_tokens=10, temperature=1.5, top_p=1e-6, seed=1)]
+    )[0]
+    assert nucleus.completion_ids == greedy.completion_ids
+
+
+def test_stop_string_cuts_text_and_ends_generation(tiny):
+    prompt = _prompts(tiny, 1)[0]
+    full = tiny.generate_batch([GenerationRequest(prompt, max_tokens=16, temperature=0)])[0]
+    stop = full.text[len(full.text) // 2 :][:2]
+    cut = tiny.generate_batch([GenerationRequest(prompt, max_tokens=16, temperature=0, stop=[stop])])[0]
+    assert cut.text == full.text[: full.text.find(stop)]
+    assert cut.finish_reason == "stop"
+    assert len(cut.completion_ids) < len(full.completion_ids)
+    assert cut.completion_ids == full.completion_ids[: len(cut.completion_ids)]
+
+
+def test_max_tokens_ends_with_finish_reason_length(tiny):
+    result = tiny.generate_batch([GenerationRequest(_prompts(tiny, 1)[0], max_tokens=3, temperature=0)])[0]
+    assert len(result.completion_ids) == 3
+    assert result.finish_reason == "length"
+
+
+def test_streaming_callback_sees_the_whole_text(tiny):
+    pieces: list[str] = []
+    request = GenerationRequest(_prompts(tiny, 1)[0], max_tokens=12, temperature=0, on_text=pieces.append)
+    result = tiny.generate(request)
+    assert len(pieces) > 1
+    assert "".join(pieces) == result.text
+
+
+def test_failed_request_raises_to_its_caller(tiny):
+    with pytest.raises(ValueError, match="at least one prompt token"):
+        tiny.generate(GenerationRequest([], max_tokens=3))
+
+
+def test_set_local_model_serves_and_swaps_weights(litellm, tiny):
+    import torch
+
+    model = copy.deepcopy(tiny.model)
+    set_local_model("policy-under-training", model, tiny.tokenizer)
+    kwargs = {"model": "local/policy-under-training", "messages": QUESTION, "max_tokens": 8, "temperature": 0}
+    before = local_call_details(_run(litellm.acompletion(**kwargs)))["completion_token_ids"]
+    assert (
+        before
+        == tiny.generate(build_request(tiny, QUESTION, {"temperature": 0, "max_tokens": 8})).completion_ids
+    )
+    with torch.no_grad():
+        model.lm_head.weight.mul_(-1.0)  # an in-place update, as a trainer step does
+    after = local_call_details(_run(litellm.acompletion(**kwargs)))["completion_token_ids"]
+    assert after != before
+    assert get_engine("local/policy-under-training").model is model
+
+
+def test_model_without_chat_template_gets_the_fallback_prompt(tiny):
+    tokenizer = copy.deepcopy(tiny.tokenizer)
+    tokenizer.chat_template = None
+    engine = set_local_model("tiny-base", tiny.model, tokenizer)
+    text = tokenizer.decode(engine.render([{"role": "system", "content": "Be brief."}, *QUESTION]))
+    assert text == "Be brief.\n\nUser: What is 2+2?\nAssistant:"
+
+
+def test_logit_fusion_of_a_model_with_itself_equals_its_greedy_output(tiny):
+    greedy = tiny.generate(build_request(tiny, QUESTION, {"temperature": 0, "max_tokens": 12}))
+    fused = logit_fusion([TINY, TINY], QUESTION, max_tokens=12, temperature=0)
+    assert fused.completion_ids == greedy.completion_ids
+
+
+def test_logit_fusion_with_zero_weight_follows_the_other_member(tiny):
+    other = copy.deepcopy(tiny.model)
+    with __import__("torch").no_grad():
+        other.lm_head.weight.mul_(-1.0)
+    set_local_model("tiny-flipped", other, tiny.tokenizer)
+    greedy = tiny.generate(build_request(tiny, QUESTION, {"temperature": 0, "max_tokens": 10}))
+    fused = logit_fusion([TINY, "tiny-flipped"], QUESTION, weights=[1.0, 0.0], max_tokens=10, temperature=0)
+    assert fused.completion_ids == greedy.completion_ids
+    mixed = logit_fusion([TINY, "tiny-flipped"], QUESTION, weights=[0.5, 0.5], max_tokens=10, temperature=0)
+    assert mixed.completion_ids != greedy.completion_ids
+
+
+def test_contrastive_with_beta_zero_is_the_strong_models_greedy_output(tiny):
+    set_local_model("tiny-weak", copy.deepcopy(tiny.model), tiny.tokenizer)
+    greedy = tiny.generate(build_request(tiny, QUESTION, {"temperature": 0, "max_tokens": 10}))
+    result = contrastive_decoding(TINY, "tiny-weak", QUESTION, beta=0.0, max_tokens=10, temperature=0)
+    assert result.completion_ids == greedy.completion_ids
+
+
+def test_contrastive_with_mismatched_vocabularies_names_both_models(tiny):
+    tokenizer = copy.deepcopy(tiny.tokenizer)
+    tokenizer.add_tokens(["<extra-token>"])
+    set_local_model("tiny-other-vocab", tiny.model, tokenizer)
+    with pytest.raises(VocabularyMismatchError, match="'tiny-random'.*'tiny-other-vocab'"):
+        contrastive_decoding(TINY, "tiny-other-vocab", QUESTION, max_tokens=4)
+
+
+def test_logit_mode_reaches_the_provider_as_a_keyword(litellm):
+    direct = logit_fusion([TINY, TINY], QUESTION, max_tokens=8, temperature=0)
+    response = _run(
+        litellm.acompletion(
+            model=f"local/{TINY}",
+            messages=QUESTION,
+            max_tokens=8,
+            temperature=0,
+            colab_graphs={"logit_mode": "fusion", "members": [TINY, TINY]},
+        )
+    )
+    assert local_call_details(response)["completion_token_ids"] == direct.completion_ids
+
+
+def test_logit_mode_reaches_the_provider_through_metadata(litellm, tiny):
+    set_local_model("tiny-weak", copy.deepcopy(tiny.model), tiny.tokenizer)
+    direct = contrastive_decoding(
+        TINY, "tiny-weak", QUESTION, alpha=0.2, beta=0.5, max_tokens=8, temperature=0
+    )
+    settings = {"logit_mode": "contrastive", "members": [TINY, "tiny-weak"], "alpha": 0.2, "beta": 0.5}
+    response = _run(
+        litellm.acompletion(
+            model=f"local/{TINY}",
+            messages=QUESTION,
+            max_tokens=8,
+            temperature=0,
+            metadata={"colab_graphs": settings},
+        )
+    )
+    assert local_call_details(response)["completion_token_ids"] == direct.completion_ids
+
+
+def test_unknown_logit_mode_is_a_clear_error(litellm):
+    with pytest.raises(Exception, match="logit_mode must be 'fusion' or 'contrastive'"):
+        _run(
+            litellm.acompletion(
+                model=f"local/{TINY}",
+                messages=QUESTION,
+                max_tokens=4,
+                colab_graphs={"logit_mode": "vote", "members": [TINY]},
+            )
+        )
+
+
+@pytest.mark.slow
+def test_smollm2_answers_with_real_text(litellm):
+    response = _run(
+        litellm.acompletion(model="local/smollm2-135m", messages=QUESTION, max_tokens=30, temperature=0)
+    )
+    text = response.choices[0].message.content
+    assert any(ch.isdigit() for ch in text)
+    assert len(text.split()) >= 3
+    assert response.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.slow
+def test_smollm2_batched_greedy_equals_batch_of_one():
+    engine = get_engine("smollm2-135m")
+    questions = [
+        "What is 2+2?",
+        "Name a colour.",
+        "Say hello in French, please.",
+        "What is the capital of Italy?",
+    ]
+    requests = [
+        build_request(engine, [{"role": "user", "content": q}], {"temperature": 0, "max_tokens": 24})
+        for q in questions
+    ]
+    singles = [engine.generate_batch([r])[0] for r in requests]
+    batched = engine.generate_batch(requests)
+    assert [b.completion_ids for b in batched] == [s.completion_ids for s in singles]
