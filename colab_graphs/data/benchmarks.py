@@ -74,12 +74,16 @@ def _olmo_file(task: str, variant: str, what: str) -> Path:
     return path
 
 
-@functools.cache
 def _olmo_docs(task: str, variant: str, what: str) -> tuple[dict, ...]:
+    return _distinct_docs(_olmo_file(task, variant, what))
+
+
+@functools.cache
+def _distinct_docs(path: Path) -> tuple[dict, ...]:
     """The distinct records of one task file, in file order (each record appears once per request there)."""
     seen: set[str] = set()
     docs = []
-    with gzip.open(_olmo_file(task, variant, what), "rt", encoding="utf-8") as fh:
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
         for line in fh:
             doc = json.loads(line)["doc"]
             key = json.dumps(doc, sort_keys=True)

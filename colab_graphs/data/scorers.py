@@ -117,13 +117,20 @@ def _picked_letter(output: str, choices: list[str]) -> str | None:
     in_parens = [m.group(1) for m in _PAREN_LETTER.finditer(output) if m.group(1) in valid]
     if in_parens:
         return in_parens[-1]
-    # Last resort: the option whose text the output mentions last (longest text wins a tie, so "blue whale"
-    # beats "whale").
+    # Last resort: the option whose text the output mentions last, ignoring a mention that lies inside another
+    # option's mention (so "the blue whale" picks "Blue whale", not "whale").
     lowered = output.lower()
-    mentioned = [
-        (lowered.rfind(c.lower()), len(c), i) for i, c in enumerate(choices) if c and c.lower() in lowered
+    spans = {
+        i: (start, start + len(c))
+        for i, c in enumerate(choices)
+        if c and (start := lowered.rfind(c.lower())) >= 0
+    }
+    outer = [
+        i
+        for i, (a, b) in spans.items()
+        if not any(j != i and x <= a and b <= y and (y - x) > (b - a) for j, (x, y) in spans.items())
     ]
-    return LETTERS[max(mentioned)[2]] if mentioned else None
+    return LETTERS[max(outer, key=lambda i: spans[i][0])] if outer else None
 
 
 # --- code --------------------------------------------------------------------------------------------------------
