@@ -85,8 +85,9 @@ def run_code(
         timeout_s: wall-clock limit; on expiry the whole process tree is killed.
         memory_mb: address-space limit per process (RLIMIT_AS), in MiB.
         cpu_s: CPU-seconds limit per process; defaults to the wall-clock limit plus one second.
-        max_procs: process/thread limit for the run's uid (RLIMIT_NPROC); binds only when the uid is dropped or
-            the caller is not root.
+        max_procs: process/thread limit for the run's uid (RLIMIT_NPROC): the dropped uid when the caller is
+            root; a non-root caller gets it only inside a user namespace (otherwise it would count all of the
+            caller's own processes).
         max_output_bytes: stdout and stderr are each kept up to this many bytes; the rest is read and dropped.
         network: allow network access (no network namespace).
         stdin: text fed to the program's standard input (empty when None).
@@ -99,7 +100,7 @@ def run_code(
         '2\\n'
     """
     plan = _isolation_plan(network)
-    workdir = tempfile.mkdtemp(prefix="cg_sandbox_")
+    workdir = tempfile.mkdtemp(prefix="cg_sandbox_", dir=_workdir_parent())
     uid = _UIDS.acquire() if os.geteuid() == 0 else None
     try:
         with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as fh:
@@ -108,19 +109,24 @@ def run_code(
             for path in (workdir, os.path.join(workdir, "main.py")):
                 os.chown(path, uid, uid)
         os.chmod(workdir, 0o700)
+        limits = {
+            "RLIMIT_AS": memory_mb * 1024**2,
+            "RLIMIT_CPU": cpu_s if cpu_s is not None else int(timeout_s) + 1,
+            "RLIMIT_NPROC": max_procs,
+            "RLIMIT_FSIZE": _FILE_SIZE_LIMIT,
+            "RLIMIT_CORE": 0,
+            "RLIMIT_NOFILE": _OPEN_FILES_LIMIT,
+        }
+        if uid is None and not plan.prefix:
+            # A non-root caller outside a user namespace shares RLIMIT_NPROC with all its own processes: a low
+            # limit would stop the sandbox from starting at all, so the process count goes unbounded there.
+            del limits["RLIMIT_NPROC"]
         config = {
             "workdir": workdir,
             "python": _sandbox_python(),
             "uid": uid,
             "readonly_fs": "mountns" in plan.names,
-            "limits": {
-                "RLIMIT_AS": memory_mb * 1024**2,
-                "RLIMIT_CPU": cpu_s if cpu_s is not None else int(timeout_s) + 1,
-                "RLIMIT_NPROC": max_procs,
-                "RLIMIT_FSIZE": _FILE_SIZE_LIMIT,
-                "RLIMIT_CORE": 0,
-                "RLIMIT_NOFILE": _OPEN_FILES_LIMIT,
-            },
+            "limits": limits,
         }
         return _supervise(plan, config, timeout_s, max_output_bytes, stdin)
     finally:
@@ -374,6 +380,14 @@ def _sandbox_python() -> str:
     raise RuntimeError(
         "no Python interpreter is executable by an unprivileged user; set COLAB_GRAPHS_SANDBOX_PYTHON"
     )
+
+
+def _workdir_parent() -> str | None:
+    """Where work directories go: the usual temp dir, unless the dropped uid could not reach it (then /tmp)."""
+    base = tempfile.gettempdir()
+    if os.geteuid() != 0 or _world_executable(base):
+        return None
+    return "/tmp"
 
 
 def _world_executable(path: str) -> bool:
