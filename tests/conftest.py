@@ -6,6 +6,7 @@ Keep this file small: fixtures that only one test module needs belong in that mo
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -18,6 +19,18 @@ from colab_graphs.pool import Pool
 from colab_graphs.testing import ScriptedServer
 
 T = TypeVar("T")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Point the default call cache at a session directory: tests must never read or fill the user's cache."""
+    old = os.environ.get("COLAB_GRAPHS_CACHE_DIR")
+    os.environ["COLAB_GRAPHS_CACHE_DIR"] = str(tmp_path_factory.mktemp("default-cache"))
+    yield
+    if old is None:
+        os.environ.pop("COLAB_GRAPHS_CACHE_DIR", None)
+    else:
+        os.environ["COLAB_GRAPHS_CACHE_DIR"] = old
 
 
 @pytest.fixture(scope="session")
