@@ -249,6 +249,11 @@ def find_problems(spec: GraphSpec, pool_names: list[str] | None = None) -> list[
     for r in spec.routes:
         if r.max_visits is not None and (r.exit is None or r.max_visits < 1):
             problems.append(f"route after {r.source!r}: max_visits needs an `exit` target and a bound >= 1")
+        if r.on_source_absent is not None and r.on_source_absent not in r.path_map:
+            problems.append(
+                f"route after {r.source!r}: on_source_absent {r.on_source_absent!r} is not a path_map key "
+                f"({', '.join(r.path_map)})"
+            )
     if problems:
         return problems
     g = nx.MultiDiGraph()

@@ -164,3 +164,15 @@ def test_seats_of_lists_a_members_nodes() -> None:
 
 def test_template_fields_reads_top_level_names() -> None:
     assert template_fields("{input} and {ex.field} and {items[0]} {input}") == ["input", "ex", "items"]
+
+
+def test_on_source_absent_must_name_a_path() -> None:
+    b = GraphBuilder("cascade", members=["a", "b"])
+    b.seat("cheap", member="a", prompt="{input}").seat("strong", member="b", prompt="{input}")
+    b.edge(START, "cheap").edge("strong", END)
+    b.route(
+        "cheap", "confidence", {"accept": END, "defer": "strong"}, on_source_absent="escalate", key="cheap"
+    )
+    assert problems_of(b.output("strong")) == [
+        "route after 'cheap': on_source_absent 'escalate' is not a path_map key (accept, defer)"
+    ]
