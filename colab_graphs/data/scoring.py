@@ -65,7 +65,10 @@ def get_scorer(name: str) -> ScorerFn:
 
 
 def default_scorer_name(example: Example) -> str:
-    """The scorer an example's fields call for when the user names none."""
+    """The scorer an example's fields call for when the user names none (an explicit `scorer` field wins)."""
+    named = example.fields.get("scorer")
+    if isinstance(named, str) and named:
+        return named
     if example.test is not None:
         return "code"
     if example.fields.get("choices") is not None:
