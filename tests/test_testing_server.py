@@ -184,6 +184,18 @@ def test_streaming_through_litellm_reassembles_the_reply(litellm, loop):
 
 
 @pytest.mark.integration
+def test_streaming_through_the_openai_sdk_reassembles_the_reply():
+    import openai  # the client LangChain's ChatOpenAI streams through
+
+    with ScriptedServer({"alpha": "one two three"}) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="sk-test", max_retries=0)
+        with client.chat.completions.create(model="alpha", messages=USER_HI, stream=True) as stream:
+            text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+        client.close()
+    assert text == "one two three"
+
+
+@pytest.mark.integration
 def test_stream_is_server_sent_events_ending_with_done():
     with ScriptedServer({"alpha": "a b"}) as server:
         status, headers, body = chat(server, stream=True)

@@ -1,7 +1,7 @@
 """A scripted OpenAI-compatible chat server for tests and benchmarks.
 
 Each model name served is a *member* whose reply is scripted (a constant, a function of the conversation, or
-one of the ready-made scripts below). The server speaks the real HTTP protocol that LiteLLM, the OpenAI SDK
+one of the ready-made scripts of `colab_graphs.testing.scripts`). The server speaks the real HTTP protocol that LiteLLM, the OpenAI SDK
 and LangChain clients use (JSON and SSE streaming, logprobs), logs every request it receives, and injects
 faults reproducibly, so retry, caching and failure handling can be tested exactly and benchmarked offline.
 
@@ -111,6 +111,9 @@ class _Handler(BaseHTTPRequestHandler):
     # HTTP/1.1 keep-alive, as vLLM and OpenAI serve: clients reuse pooled connections.
     protocol_version = "HTTP/1.1"
     server_version = "ScriptedServer/1.0"
+    # Headers and body go out in separate writes; with Nagle's algorithm a keep-alive client then waits
+    # for a delayed ACK, about 40 ms per request.
+    disable_nagle_algorithm = True
     server: _HTTPServer
 
     def setup(self) -> None:
