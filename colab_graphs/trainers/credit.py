@@ -1,0 +1,119 @@
+"""Credit assignment: how a rollout's system reward becomes an advantage on each of the policy's turns.
+
+- `uniform` (the paper's choice): every policy turn of rollout r gets the group-relative advantage of r,
+  A_r = (R_r - mean_g R_g) / (std_g R_g + 1e-4), as TRL's GRPO computes it (Bessel-corrected std; failed
+  rollouts are left out of the group statistics and get 0). The leave-one-out baseline v(N \\ {policy}) is
+  the same for every rollout of a prompt, so it cancels in R_r - mean_g R_g: C-RL needs no extra rollouts.
+- `replay` (turn-level): for each policy turn t of rollout r, fork the trace at t, resample t K times and
+  re-run the rest of the system from there (`RolloutRunner.areplay`); the turn's advantage is the rollout's
+  reward minus the mean reward of those K re-runs, A_{r,t} = (R_r - mean_k R'_{r,t,k}) / scale, with the
+  same scale as `uniform`. A turn whose resamples all end the same as the rollout (a turn that does not
+  matter) gets 0; a turn that decided the outcome gets the whole difference.
+  Cost: K x (policy turns per rollout) extra system runs per rollout, on top of the G rollouts per prompt;
+  calls upstream of the fork (and any call whose inputs the fork did not change) are served from the
+  recorded trace, so a replay costs only the calls downstream of the fork.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from colab_graphs.trainers.rollout import Rollout, RolloutRunner
+
+EPS = 1e-4
+
+
+def _std(values: Sequence[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def reward_scales(rewards: Sequence[float | None], group_size: int, scale: str = "group") -> list[float]:
+    """The denominator of each rollout's advantage: group std, batch std, or 1 (`scale="none"`), plus EPS."""
+    if scale == "none":
+        return [1.0] * len(rewards)
+    if scale == "batch":
+        return [_std([r for r in rewards if r is not None]) + EPS] * len(rewards)
+    if scale != "group":
+        raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}")
+    out = []
+    for start in range(0, len(rewards), group_size):
+        group = [r for r in rewards[start : start + group_size] if r is not None]
+        out.extend([_std(group) + EPS] * len(rewards[start : start + group_size]))
+    return out
+
+
+def group_advantages(rewards: Sequence[float | None], group_size: int, scale: str = "group") -> list[float]:
+    """Uniform credit: the group-relative advantage of each rollout (groups are consecutive runs of
+    `group_size`). A failed rollout (reward None) is left out of its group's statistics and gets 0.
+
+    Example:
+        >>> [round(a, 3) for a in group_advantages([1.0, 0.0, 0.0, 1.0], 2, scale="none")]
+        [0.5, -0.5, -0.5, 0.5]
+    """
+    if group_size < 1 or len(rewards) % group_size:
+        raise ValueError(f"{len(rewards)} rewards do not split into groups of {group_size}")
+    scales = reward_scales(rewards, group_size, scale)
+    out = []
+    for start in range(0, len(rewards), group_size):
+        chunk = rewards[start : start + group_size]
+        present = [r for r in chunk if r is not None]
+        mean = sum(present) / len(present) if present else 0.0
+        for i, r in enumerate(chunk):
+            out.append(0.0 if r is None else (r - mean) / scales[start + i])
+    return out
+
+
+def replay_advantage(reward: float, resampled: Sequence[float | None], scale: float) -> float | None:
+    """Turn-level credit: (reward - mean of the resampled outcomes) / scale; None when every resample failed."""
+    present = [r for r in resampled if r is not None]
+    if not present:
+        return None
+    return (reward - sum(present) / len(present)) / scale
+
+
+async def turn_advantages(
+    runner: RolloutRunner,
+    rollouts: Sequence[Rollout],
+    group_size: int,
+    credit: str = "uniform",
+    samples: int = 2,
+    scale: str = "group",
+) -> list[list[float]]:
+    """The advantage of every policy turn of every rollout (`[rollout][turn]`).
+
+    Args:
+        runner: what re-runs the system (needed by `replay`).
+        rollouts: G consecutive rollouts per prompt.
+        group_size: G.
+        credit: "uniform" or "replay".
+        samples: K, re-runs per turn for "replay".
+        scale: "group", "batch" or "none" (as TRL's `scale_rewards`).
+    """
+    import asyncio
+
+    rewards = [r.reward for r in rollouts]
+    uniform = group_advantages(rewards, group_size, scale)
+    if credit == "uniform":
+        return [[uniform[i]] * len(r.turns) for i, r in enumerate(rollouts)]
+    if credit != "replay":
+        raise ValueError(f"credit must be 'uniform' or 'replay', got {credit!r}")
+    scales = reward_scales(rewards, group_size, scale)
+    jobs = [
+        (i, t, runner.areplay(r, turn, samples))
+        for i, r in enumerate(rollouts)
+        if not r.failed
+        for t, turn in enumerate(r.turns)
+    ]
+    results = await asyncio.gather(*(job for _, _, job in jobs))
+    out = [[0.0] * len(r.turns) for r in rollouts]
+    for (i, t, _), replays in zip(jobs, results, strict=True):
+        value = replay_advantage(rollouts[i].reward, [x.reward for x in replays], scales[i])  # type: ignore[arg-type]
+        # Every re-run failed: nothing is known about this turn alone, so it keeps its rollout's credit.
+        out[i][t] = uniform[i] if value is None else value
+    return out

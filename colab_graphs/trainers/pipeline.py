@@ -1,0 +1,215 @@
+"""`train(config)`: the whole C-RL pipeline behind `colab-graphs train`.
+
+1. load examples (train / held out), start scripted test members if the config has any, build the pool and
+   the protocol, load the policy and serve it in process as the policy member;
+2. evaluate the system on held-out examples (system score, the policy seat's LOO, the policy's solo score);
+3. train: `reward: system` (C-RL: GRPO on the system's score), `reward: solo` (GRPO on the policy's own
+   score, answering alone), or `reward: sft` (fine-tuning on the policy's turns from successful rollouts);
+4. evaluate again, export the policy folder, write `summary.json`.
+
+Outputs under `output_dir`: `metrics.jsonl` (a line per step), `checkpoints/` (TRL's, when `save_steps`),
+`eval_before.json`, `eval_after.json`, `policy/` (a Hugging Face folder), `summary.json`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import colab_graphs._env  # noqa: F401  (offline settings before transformers / litellm load)
+from colab_graphs.trainers.config import ConfigError, TrainConfig
+
+
+def grpo_args(config: TrainConfig, output_dir: Path) -> Any:
+    """The `trl.GRPOConfig` for `config` (extra `trl:` settings passed through, checked by TRL)."""
+    from trl import GRPOConfig
+
+    surfaced = {
+        "per_device_train_batch_size": config.per_device_train_batch_size,
+        "gradient_accumulation_steps": config.gradient_accumulation_steps,
+        "num_generations": config.num_generations,
+        "max_steps": config.max_steps,
+        "learning_rate": config.learning_rate,
+        "max_completion_length": config.max_completion_length,
+        "temperature": config.temperature,
+        "top_p": config.top_p,
+        "beta": config.beta,
+        "loss_type": config.loss_type,
+        "scale_rewards": config.scale_rewards,
+        "seed": config.seed,
+        "logging_steps": config.logging_steps,
+        "save_strategy": "steps" if config.save_steps else "no",
+        "use_cpu": config.use_cpu,
+        "bf16": config.bf16,
+        "gradient_checkpointing": config.gradient_checkpointing,
+        "report_to": "none",
+        "disable_tqdm": True,
+        "remove_unused_columns": False,
+    }
+    if config.save_steps:
+        surfaced["save_steps"] = config.save_steps
+    clash = sorted(set(config.trl) & set(surfaced))
+    if clash:
+        raise ConfigError(f"trl: {', '.join(clash)} are top-level fields of the config; set them there")
+    try:
+        with warnings.catch_warnings():
+            # transformers 5.2x renames gradient_checkpointing; TRL 1.16 still reads the old name.
+            warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*", category=FutureWarning)
+            return GRPOConfig(output_dir=str(output_dir / "checkpoints"), **surfaced, **config.trl)
+    except TypeError as err:
+        raise ConfigError(f"trl: {err}") from None
+    except ValueError as err:
+        raise ConfigError(f"GRPO settings: {err}") from None
+
+
+def _peft_config(config: TrainConfig) -> Any:
+    if not config.lora:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=config.lora_r,
+        lora_alpha=config.lora_alpha,
+        target_modules=config.lora_target_modules,
+        task_type="CAUSAL_LM",
+    )
+
+
+def _trim_metrics(path: Path, checkpoint: str | bool | None, checkpoints: Path) -> None:
+    """On resume, keep the metric lines up to the checkpoint's step; otherwise start the file afresh."""
+    if not checkpoint:
+        path.write_text("", encoding="utf-8")
+        return
+    if checkpoint is True:
+        from transformers.trainer_utils import get_last_checkpoint
+
+        found = get_last_checkpoint(str(checkpoints))
+        if found is None:
+            raise ConfigError(f"resume_from_checkpoint: no checkpoint in {checkpoints}")
+        checkpoint = found
+    step = int(Path(str(checkpoint)).name.rsplit("-", 1)[-1])
+    if path.exists():
+        keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+        path.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+
+
+def train(config: TrainConfig, on_step: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run the pipeline `config` describes; returns the summary (also written to `summary.json`).
+
+    Args:
+        config: the training config.
+        on_step: called with each step's metrics line (as written to `metrics.jsonl`).
+    """
+    from colab_graphs.models.cache import CallCache
+    from colab_graphs.models.client import ModelClient
+    from colab_graphs.trainers import system
+    from colab_graphs.trainers.evaluate import evaluate
+    from colab_graphs.trainers.export import export_policy
+    from colab_graphs.trainers.rollout import LoopThread, PolicyRouter, RolloutRunner
+
+    config.validate()
+    started = time.perf_counter()
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    split = system.load_split(config)
+    loop = LoopThread()
+    try:
+        with system.scripted_server(config) as server:
+            pool = system.build_pool(config, server)
+            spec = system.build_spec(config, pool)
+            solo = system.solo_spec(config, pool)
+            device = "cpu" if config.use_cpu else None
+            model, tokenizer = system.load_policy(config.policy_model, device)
+            system.seat_policy(config, model, tokenizer)
+            cache = None if config.no_cache else CallCache(config.cache_dir)
+            client = ModelClient(cache, max_concurrency=config.max_concurrency)
+            router = PolicyRouter(client, [config.policy_member], system.policy_overrides(config))
+            eval_router = PolicyRouter(
+                client, [config.policy_member], system.policy_overrides(config, config.eval_temperature)
+            )
+
+            def run_eval(name: str) -> dict[str, Any] | None:
+                if not split.eval:
+                    return None
+                result = evaluate(
+                    spec, solo, pool, split.eval, eval_router, config.policy_member, loop, config.scorer
+                )
+                (out / f"eval_{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+                return result
+
+            before = run_eval("before")
+            rollout_spec = solo if config.reward == "solo" else spec
+            runner = RolloutRunner(rollout_spec, pool, router, config.scorer)
+            metrics_path = out / "metrics.jsonl"
+            if config.reward == "sft":
+                from colab_graphs.trainers.baselines import sft_train
+
+                metrics_path.write_text("", encoding="utf-8")
+                policy = sft_train(config, model, tokenizer, runner, split.train, loop, metrics_path, on_step)
+                steps = config.max_steps
+            else:
+                policy, steps = _grpo(
+                    config, model, tokenizer, runner, split.train, loop, metrics_path, out, on_step
+                )
+            after = run_eval("after")
+            folder = export_policy(
+                policy,
+                tokenizer,
+                out / "policy",
+                {
+                    "config": dataclasses.asdict(config),
+                    "steps": steps,
+                    "eval_before": before,
+                    "eval_after": after,
+                },
+            )
+    finally:
+        loop.close()
+    summary = {
+        "reward": config.reward,
+        "credit": config.credit,
+        "protocol": spec.name,
+        "policy_member": config.policy_member,
+        "steps": steps,
+        "eval_before": before,
+        "eval_after": after,
+        "policy": str(folder),
+        "calls": client.stats.as_dict(),
+        "wall_s": round(time.perf_counter() - started, 3),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _grpo(config, model, tokenizer, runner, examples, loop, metrics_path: Path, out: Path, on_step):  # noqa: ANN001, ANN202
+    from datasets import Dataset
+
+    from colab_graphs.trainers import system
+    from colab_graphs.trainers.grpo import CRLTrainer
+
+    args = grpo_args(config, out)
+    dataset = Dataset.from_list([{"prompt": e.input, "example_id": e.id} for e in examples])
+    trainer = CRLTrainer(
+        runner=runner,
+        examples={e.id: e for e in examples},
+        credit=config.credit,
+        replay_samples=config.replay_samples,
+        metrics_path=metrics_path,
+        loop=loop,
+        on_log=on_step,
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=_peft_config(config),
+    )
+    # TRL may wrap the model (LoRA): the rollouts must generate with exactly what is trained.
+    system.seat_policy(config, trainer.policy_module(), tokenizer)
+    _trim_metrics(metrics_path, config.resume_from_checkpoint, out / "checkpoints")
+    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint or None)
+    return trainer.accelerator.unwrap_model(trainer.model), trainer.state.global_step

@@ -1,0 +1,297 @@
+"""Rollouts: run the live graph with the policy seated, and collect the policy's turns from the traces.
+
+The policy is an in-process model served as ``local/<name>`` by :mod:`colab_graphs.models.local` (the engine
+holds the trainer's own model object, so every rollout generates with the current weights). Its calls go
+through a `PolicyRouter`:
+
+- policy calls use a client **without cache**, each with a fresh `sample` index (a rollout counter), so no
+  call is ever served from a cache or shared with a concurrent identical request (single-flight): the G
+  rollouts of a prompt are G independent samples, and no step sees an older policy's answer;
+- every other member's call goes through the normal call path (cache -> single-flight -> limits -> LiteLLM).
+
+Each policy call recorded in a trace carries the exact ``prompt_token_ids`` / ``completion_token_ids`` /
+``logprobs`` the engine produced: one `PolicyTurn`, i.e. one training segment (prompt, completion).
+
+`ReplayClient` re-runs a recorded rollout from one policy turn: calls whose request is unchanged are served
+from the recorded trace, the forked turn is resampled, and everything downstream of it runs live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from colab_graphs.data.example import Example
+from colab_graphs.data.scoring import apply_scorer
+from colab_graphs.models.client import CallResult, ModelClient
+from colab_graphs.pool import Member, Pool
+from colab_graphs.spec import GraphSpec
+from colab_graphs.trace import Call, Trace
+
+T = TypeVar("T")
+
+
+class LoopThread:
+    """One event loop in a daemon thread, reused for every rollout batch.
+
+    LiteLLM's logging worker complains when `asyncio.run` creates a new loop per call, and a trainer may run
+    inside a notebook whose loop is already running; a private long-lived loop avoids both.
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="colab-graphs-rollouts", daemon=True
+        )
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run `coro` on the loop and wait for its result (exceptions propagate)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def close(self) -> None:
+        """Stop the loop and join its thread."""
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join()
+        self.loop.close()
+
+
+class PolicyRouter:
+    """The call path of a rollout: policy calls uncached with fresh sample indices, others the normal way.
+
+    Duck-types `ModelClient.complete`, so a compiled graph's runtime can use it.
+
+    Args:
+        client: the normal call path for the collaborators (usually with a `CallCache`).
+        policy_members: names of the members the policy plays.
+        policy_overrides: generation settings forced on policy calls (temperature, top_p, max_tokens cap).
+    """
+
+    def __init__(self, client: ModelClient, policy_members: Sequence[str], policy_overrides: dict[str, Any]):
+        self.client = client
+        self.policy_client = ModelClient(None, max_concurrency=client.max_concurrency, retries=client.retries)
+        self.policy_members = frozenset(policy_members)
+        self.policy_overrides = dict(policy_overrides)
+        self._samples = itertools.count(1)
+
+    @property
+    def max_concurrency(self) -> int:
+        return self.client.max_concurrency
+
+    @property
+    def stats(self):  # noqa: ANN201 - the collaborators' CallStats
+        return self.client.stats
+
+    def canonical_messages(self, member: Member, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The messages as a trace records them (the member's persona included)."""
+        return self.client.canonical_request(member, messages)[0]["messages"]
+
+    async def complete(
+        self,
+        member: Member,
+        messages: list[dict[str, Any]],
+        *,
+        sample: int = 0,
+        overrides: dict | None = None,
+        node: str | None = None,
+        seat: str | None = None,
+        trace: Trace | None = None,
+    ) -> CallResult:
+        """Call `member`; policy calls get the policy overrides and a never-repeated sample index."""
+        if member.name not in self.policy_members:
+            return await self.client.complete(
+                member, messages, sample=sample, overrides=overrides, node=node, seat=seat, trace=trace
+            )
+        merged = {**(overrides or {}), **self.policy_overrides}
+        cap = self.policy_overrides.get("max_tokens")
+        asked = (overrides or {}).get("max_tokens") or member.settings.get("max_tokens")
+        if cap is not None and asked is not None:
+            merged["max_tokens"] = min(int(cap), int(asked))
+        return await self.policy_client.complete(
+            member, messages, sample=next(self._samples), overrides=merged, node=node, seat=seat, trace=trace
+        )
+
+
+@dataclass
+class PolicyTurn:
+    """One policy call of a rollout: a training segment.
+
+    Attributes:
+        index: position among the rollout's policy calls (0 = first).
+        seat: the seat (node) that made the call.
+        occurrence: how many earlier calls that seat made in the rollout (loops visit a seat again).
+        prompt_ids: exact prompt tokens the policy saw (its chat template applied).
+        completion_ids: exact tokens it generated (the only tokens that carry loss).
+        logprobs: sampling logprobs of `completion_ids`.
+        text: the completion text.
+    """
+
+    index: int
+    seat: str
+    occurrence: int
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float] | None
+    text: str
+
+
+@dataclass
+class Rollout:
+    """One run of the system on one example with the policy seated."""
+
+    example: Example
+    trace: Trace
+    reward: float | None
+    turns: list[PolicyTurn] = field(default_factory=list)
+    policy_score: float | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.reward is None
+
+
+def seat_positions(trace: Trace) -> list[tuple[str | None, int]]:
+    """(seat, occurrence) of every call in `trace`: a call's identity that survives concurrent scheduling."""
+    seen: dict[str | None, int] = {}
+    out = []
+    for call in trace.calls:
+        out.append((call.seat, seen.get(call.seat, 0)))
+        seen[call.seat] = seen.get(call.seat, 0) + 1
+    return out
+
+
+def policy_turns(trace: Trace, policy_members: Sequence[str]) -> list[PolicyTurn]:
+    """The policy's successful calls in `trace`, in call order, as training segments.
+
+    Raises:
+        ValueError: a policy call lacks token ids (the policy member is not an in-process `local/` model).
+    """
+    turns = []
+    for call, (seat, occurrence) in zip(trace.calls, seat_positions(trace), strict=True):
+        if call.member not in policy_members or call.error is not None:
+            continue
+        if call.prompt_token_ids is None or call.completion_token_ids is None:
+            raise ValueError(
+                f"policy call of seat {call.seat!r} has no token ids: the policy member must be an in-process "
+                f"'local/' model (got model {call.model!r})"
+            )
+        turns.append(
+            PolicyTurn(
+                index=len(turns),
+                seat=str(seat),
+                occurrence=occurrence,
+                prompt_ids=list(call.prompt_token_ids),
+                completion_ids=list(call.completion_token_ids),
+                logprobs=list(call.logprobs) if call.logprobs is not None else None,
+                text=call.completion or "",
+            )
+        )
+    return turns
+
+
+class ReplayClient:
+    """Re-run a recorded rollout from one policy turn (the fork), holding everything else fixed.
+
+    A call whose (seat, occurrence) and request messages match the recorded trace is served from the record
+    (its inputs did not change, so the recorded output is a valid sample of it); the fork call is resampled
+    live by the policy; calls whose inputs changed run live through `router`.
+    """
+
+    def __init__(self, router: PolicyRouter, recorded: Trace, fork: tuple[str, int]):
+        self.router = router
+        self.fork = fork
+        self.max_concurrency = router.max_concurrency
+        self._recorded: dict[tuple[str | None, int], Call] = {
+            pos: call
+            for call, pos in zip(recorded.calls, seat_positions(recorded), strict=True)
+            if call.error is None
+        }
+
+    async def complete(
+        self,
+        member: Member,
+        messages: list[dict[str, Any]],
+        *,
+        sample: int = 0,
+        overrides: dict | None = None,
+        node: str | None = None,
+        seat: str | None = None,
+        trace: Trace | None = None,
+    ) -> CallResult:
+        occurrence = sum(1 for c in trace.calls if c.seat == seat) if trace is not None else 0
+        position = (seat, occurrence)
+        recorded = self._recorded.get(position)
+        if (
+            position != self.fork
+            and recorded is not None
+            and recorded.member == member.name
+            and recorded.messages == self.router.canonical_messages(member, messages)
+        ):
+            if trace is not None:
+                trace.calls.append(recorded.model_copy(update={"cached": True}))
+            return CallResult(
+                text=recorded.completion or "",
+                key=recorded.key,
+                usage=recorded.usage,
+                cost_usd=None,
+                cached=True,
+                latency_s=0.0,
+                attempts=0,
+                prompt_token_ids=recorded.prompt_token_ids,
+                completion_token_ids=recorded.completion_token_ids,
+                logprobs=recorded.logprobs,
+            )
+        return await self.router.complete(
+            member, messages, sample=sample, overrides=overrides, node=node, seat=seat, trace=trace
+        )
+
+
+class RolloutRunner:
+    """Runs `spec` on examples with the policy seated and returns `Rollout`s.
+
+    Args:
+        spec: the protocol (already restricted/validated for `pool`).
+        pool: the pool, with the policy member pointing at the in-process policy (`local/<name>`).
+        router: the call path (see `PolicyRouter`).
+        scorer: scorer name or callable (None: chosen from each example's fields).
+    """
+
+    def __init__(self, spec: GraphSpec, pool: Pool, router: PolicyRouter, scorer: Any = None):
+        from colab_graphs.compile import compile_graph
+
+        self.spec = spec
+        self.pool = pool
+        self.router = router
+        self.scorer = scorer
+        self.graph = compile_graph(spec, pool, router.client)
+
+    def _scorer_for(self, example: Example):  # noqa: ANN202
+        from colab_graphs.runner import resolve_scorer
+
+        return self.scorer if callable(self.scorer) else resolve_scorer(self.scorer, example)
+
+    async def _run(self, example: Example, client: Any) -> Rollout:
+        from colab_graphs.runner import run_example
+
+        outcome = await run_example(self.graph, self.spec, self.pool, client, example, self.scorer)
+        turns = policy_turns(outcome.trace, sorted(self.router.policy_members))
+        policy_score = None
+        if turns and not outcome.failed:
+            verdict = await apply_scorer(self._scorer_for(example), turns[-1].text, example)
+            policy_score = verdict.value
+        reward = None if outcome.failed else float(outcome.score or 0.0)
+        return Rollout(example, outcome.trace, reward, turns, policy_score)
+
+    async def arun(self, examples: Sequence[Example]) -> list[Rollout]:
+        """One rollout per entry of `examples` (repeat an example G times for a GRPO group), concurrently."""
+        return list(await asyncio.gather(*(self._run(e, self.router) for e in examples)))
+
+    async def areplay(self, rollout: Rollout, turn: PolicyTurn, samples: int) -> list[Rollout]:
+        """`samples` re-runs of `rollout` with `turn` resampled and the rest of the system re-run after it."""
+        client = ReplayClient(self.router, rollout.trace, (turn.seat, turn.occurrence))
+        return list(await asyncio.gather(*(self._run(rollout.example, client) for _ in range(samples))))
