@@ -75,6 +75,9 @@ def classify_error(exc: BaseException) -> str:
     """Map a LiteLLM / HTTP exception to a failure kind; kinds in RETRYABLE are retried."""
     name = type(exc).__name__
     status = getattr(exc, "status_code", None)
+    if _json_error_in_chain(exc):
+        # LiteLLM wraps a 200 whose body is not JSON as an InternalServerError (status 500); the cause says so.
+        return "malformed"
     if name in {"RateLimitError"} or status == 429:
         return "rate_limit"
     if name in {"Timeout", "TimeoutError", "APITimeoutError"} or isinstance(exc, asyncio.TimeoutError):
@@ -103,6 +106,23 @@ def classify_error(exc: BaseException) -> str:
     if name == "APIError":
         return "server"
     return "unknown"
+
+
+def _being_cancelled() -> bool:
+    """Whether the current task has been asked to stop (as opposed to an awaited future being cancelled)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _json_error_in_chain(exc: BaseException) -> bool:
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, json.JSONDecodeError):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def _litellm():
@@ -261,15 +281,24 @@ class ModelClient:
             if hit is not None:
                 self.stats.cached += 1
                 return self._from_cache(key, hit)
-        flight = self._inflight.get(key)
-        if flight is not None:
+        while (flight := self._inflight.get(key)) is not None:
+            try:
+                result = await asyncio.shield(flight)
+            except asyncio.CancelledError:
+                if flight.cancelled() and not _being_cancelled():
+                    # The caller that owned the flight was cancelled (a sibling branch failed, say), not
+                    # this one: take the call over rather than fail with a cancellation nobody asked for.
+                    continue
+                raise
             self.stats.cached += 1
-            result = await asyncio.shield(flight)
             return CallResult(**{**result.__dict__, "cached": True, "latency_s": 0.0})
         future: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
         try:
             result = await self._call_upstream(key, member, request, kwargs)
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
         except BaseException as exc:
             future.set_exception(exc)
             future.exception()  # mark retrieved: waiters (if any) re-raise it themselves
@@ -278,7 +307,8 @@ class ModelClient:
             future.set_result(result)
             return result
         finally:
-            self._inflight.pop(key, None)
+            if self._inflight.get(key) is future:
+                del self._inflight[key]
 
     def _from_cache(self, key: str, hit: dict[str, Any]) -> CallResult:
         return CallResult(
