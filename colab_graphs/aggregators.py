@@ -145,17 +145,24 @@ def self_reported_confidence(text: str) -> float | None:
 
 
 @router("confidence")
-def confidence(view: dict[str, Any], path_map: dict[str, str], threshold: float = 0.7, **_: Any) -> str:
+def confidence(
+    view: dict[str, Any], path_map: dict[str, str], threshold: float = 0.7, signal: str = "auto", **_: Any
+) -> str:
     """'accept' when the answer is confident, else 'defer'.
 
-    Uses the mean token probability when the seat recorded logprobs (`view['logprob']`), else the
-    self-reported confidence in the text; no signal at all defers.
+    `signal` says what confidence is read from: "logprob" (the mean token probability the seat recorded),
+    "self_reported" (a "Confidence: 0.8" statement in the text; local models always record logprobs, so a
+    self-reporting protocol must say so), or "auto" (logprob when recorded, else self-reported). No signal
+    at all defers.
     """
     import math
 
+    if signal not in ("auto", "logprob", "self_reported"):
+        raise ValueError(f"confidence router: signal must be auto, logprob or self_reported, got {signal!r}")
     logprob = view.get("logprob")
-    if logprob is not None:
+    score: float | None = None
+    if signal != "self_reported" and logprob is not None:
         score = math.exp(float(logprob))
-    else:
+    elif signal != "logprob":
         score = self_reported_confidence(str(view.get("text") or ""))
     return "accept" if score is not None and score >= threshold else "defer"

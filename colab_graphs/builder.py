@@ -145,9 +145,16 @@ class GraphBuilder:
         default: str | None = None,
         max_visits: int | None = None,
         exit: str | None = None,
+        on_target_absent: str = "skip",
+        on_source_absent: str | None = None,
         **params: Any,
     ) -> GraphBuilder:
-        """A conditional edge after `source`: router `fn` picks a `path_map` key (params incl. `key`)."""
+        """A conditional edge after `source`: router `fn` picks a `path_map` key (params incl. `key`).
+
+        `on_target_absent` and `on_source_absent` are the route's coalition rules (see `Route`): "skip" a
+        removed target (a cascade's next stage) or "remove" its path (a router's candidate); when `source`
+        itself is removed, control continues along the `on_source_absent` path key.
+        """
         self._routes.append(
             Route(
                 source=source,
@@ -157,6 +164,8 @@ class GraphBuilder:
                 default=default if default is not None else next(iter(path_map.values())),
                 max_visits=max_visits,
                 exit=exit,
+                on_target_absent=on_target_absent,
+                on_source_absent=on_source_absent,
             )
         )
         return self

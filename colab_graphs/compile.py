@@ -157,6 +157,10 @@ def _logit_fn(node: LogitSeat, order: dict[str, int], fallback: Runtime | None):
         prompt = render(node.prompt, node.name, state, reads)
         system = render(node.system, node.name, state, reads) if node.system else None
         members = [rt.pool[m] for m in node.members]
+        # The run's pool may not be the one compile_graph checked (or it had none): check it again, cheaply.
+        from colab_graphs.protocols.logit import check_seat_supports
+
+        check_seat_supports(node, rt.pool, graph=node.name)
         overrides = dict(node.settings)
         if len(members) > 1:
             # The local provider decodes with every member's next-token distribution (see models/logits.py).
@@ -239,6 +243,10 @@ def compile_graph(spec: GraphSpec, pool: Pool | None = None, client: ModelClient
     from langgraph.graph import StateGraph
 
     spec.validate_for(pool.names if pool is not None else None)
+    if pool is not None and any(isinstance(n, LogitSeat) for n in spec.nodes):
+        from colab_graphs.protocols.logit import check_pool_supports
+
+        check_pool_supports(spec, pool)  # API members cannot give next-token distributions: fail before calls
     fallback = Runtime(client or default_client(), pool) if pool is not None else None
     order = _writer_order(spec)
     builder = StateGraph(GraphState)

@@ -1,0 +1,148 @@
+"""Logit-level protocols: members decode one answer together, token by token (local members only).
+
+Logit fusion averages the members' next-token distributions; contrastive decoding prefers what a strong
+member likes more than a weak one does. Both need every member's logits at every step, so they run on the
+in-process `local/` provider (`colab_graphs.models.logits`), with members that share a vocabulary. An API
+endpoint returns text, not distributions: `check_pool_supports` says which members cannot take part.
+
+Coalitions: a logit seat keeps its present members; with one member left it is that member's plain
+generation.
+"""
+
+from __future__ import annotations
+
+from colab_graphs.builder import GraphBuilder
+from colab_graphs.pool import Pool
+from colab_graphs.protocols.prompts import ANSWER
+from colab_graphs.protocols.registry import protocol
+from colab_graphs.spec import GraphSpec, LogitSeat, SpecError
+
+LOCAL_PREFIX = "local/"
+REQUIREMENT = "local_logits"
+
+
+class LogitPoolError(SpecError):
+    """A logit-level protocol was given members that are not in-process `local/` models."""
+
+
+def unsupported_members(node: LogitSeat, pool: Pool) -> list[str]:
+    """The members of `node` whose model is not a `local/` model ([] when it runs as plain generation)."""
+    if len(node.members) < 2:
+        return []  # one member decodes alone: any endpoint can do that
+    return [m for m in node.members if not pool[m].model.startswith(LOCAL_PREFIX)]
+
+
+def _problem(node: LogitSeat, pool: Pool) -> str | None:
+    bad = unsupported_members(node, pool)
+    if not bad:
+        return None
+    listed = ", ".join(f"{m} ({pool[m].model})" for m in bad)
+    return (
+        f"logit seat {node.name!r} ({node.mode}) decodes from every member's next-token distribution, "
+        f"which only in-process models give: member(s) {listed} are not '{LOCAL_PREFIX}...' models. Use "
+        f"local models that share a vocabulary (e.g. model: local/smollm2-135m), or a text-level protocol."
+    )
+
+
+def check_pool_supports(spec: GraphSpec, pool: Pool) -> None:
+    """Raise `LogitPoolError` naming every member of a logit seat that is not a `local/` model.
+
+    `compile_graph` calls this when it is given a pool, so a run fails before its first call.
+
+    Args:
+        spec: any graph; only its `LogitSeat`s are checked.
+        pool: the pool the graph will run on.
+
+    Raises:
+        LogitPoolError: some logit seat has members whose model is an API endpoint (each named with its
+            model), which cannot return next-token distributions.
+    """
+    problems = [p for n in spec.nodes if isinstance(n, LogitSeat) and (p := _problem(n, pool))]
+    if problems:
+        raise LogitPoolError(spec.name, problems)
+
+
+def check_seat_supports(node: LogitSeat, pool: Pool, graph: str = "graph") -> None:
+    """`check_pool_supports` for one seat (for graphs that receive their pool only at run time)."""
+    problem = _problem(node, pool)
+    if problem:
+        raise LogitPoolError(graph, [problem])
+
+
+@protocol(
+    "logit_fusion",
+    family="logit",
+    description="Local members that share a vocabulary decode together from their averaged next-token "
+    "distributions.",
+    min_members=1,
+    requires=[REQUIREMENT],
+)
+def logit_fusion(members: list[str], prompt: str = ANSWER) -> GraphSpec:
+    """One answer decoded from the average of every member's next-token distribution, token by token.
+
+    Members must be `local/` models with the same vocabulary (a pool of API models is refused when the graph
+    is compiled). Sampling settings (temperature, max_tokens, ...) are the first member's. Coalitions: absent
+    members leave the average; one member left generates alone.
+
+    Args:
+        prompt: the question template.
+    """
+    b = GraphBuilder("logit_fusion", members=members, description="average next-token distributions")
+    b.logit_seat("fused", members=members, mode="fusion", prompt=prompt, writes="fused")
+    b.aggregate("final", "extract", reads={"answer": "fused"}, writes="final")
+    return b.chain("fused", "final").output("final").build()
+
+
+@protocol(
+    "contrastive_decoding",
+    family="logit",
+    description="A strong and a weak local member: tokens the strong one prefers more than the weak one win.",
+    min_members=2,
+    requires=[REQUIREMENT],
+)
+def contrastive_decoding(
+    members: list[str],
+    strong: str | None = None,
+    weak: str | None = None,
+    alpha: float = 0.1,
+    beta: float = 1.0,
+    prompt: str = ANSWER,
+) -> GraphSpec:
+    """Contrastive decoding (Li et al., 2023): score tokens by log p_strong - beta * log p_weak.
+
+    Only tokens with p_strong >= alpha * max p_strong are eligible. Members must be `local/` models with the
+    same vocabulary; members other than the strong and weak one take no part. Coalitions: with either one
+    absent, the other generates alone.
+
+    Args:
+        strong: the expert member (default: the last in pool order).
+        weak: the amateur member (default: the first in pool order).
+        alpha: plausibility cutoff in (0, 1].
+        beta: weight of the weak member's log-probability (0: the strong member's own greedy output).
+    """
+    strong = strong or members[-1]
+    weak = weak or members[0]
+    unknown = [m for m in (strong, weak) if m not in members]
+    if unknown:
+        raise ValueError(
+            f"contrastive_decoding: member(s) {', '.join(map(repr, unknown))} not in the pool "
+            f"({', '.join(members)})"
+        )
+    if strong == weak:
+        raise ValueError(f"contrastive_decoding: strong and weak are both {strong!r}; name two members")
+    if not 0.0 < alpha <= 1.0:
+        raise ValueError(f"contrastive_decoding: alpha must be in (0, 1], got {alpha!r}")
+    used = [m for m in members if m in (strong, weak)]
+    b = GraphBuilder("contrastive_decoding", members=used, description="strong minus weak")
+    # The provider takes [strong, weak] in that order; the seat's first member is the request's model.
+    b.logit_seat(
+        "contrast",
+        members=[strong, weak],
+        mode="contrastive",
+        prompt=prompt,
+        writes="contrast",
+        alpha=alpha,
+        beta=beta,
+    )
+    b.aggregate("final", "extract", reads={"answer": "contrast"}, writes="final")
+    return b.chain("contrast", "final").output("final").build()
