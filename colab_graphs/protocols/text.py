@@ -93,6 +93,7 @@ def pick_member(members: list[str], value: str | None, protocol_name: str, param
 
 
 def check_count(value: int, protocol_name: str, param: str, minimum: int = 1) -> int:
+    """`value` when it is an integer >= `minimum` (rounds, layers, top_k); ValueError naming `param` otherwise."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{protocol_name}: {param} must be an integer >= {minimum}, got {value!r}")
     return value
