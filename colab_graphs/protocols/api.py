@@ -71,8 +71,9 @@ def prompt_routing(
 
     Args:
         router: the member in the router seat (default: the first in pool order).
-        descriptions: member name -> what it is good at, shown to the router (default: names only);
-            from the CLI as JSON, e.g. -P 'descriptions={"coder": "writes Python"}'.
+        descriptions: member name -> what it is good at, shown to the router (default: names only). From
+            Python, the pool's own: `{m.name: m.description for m in pool if m.description}`; from the CLI
+            as JSON: -P 'descriptions={"coder": "writes Python"}'.
         prompt: the question template the chosen candidate answers.
         router_prompt: the router's template; `{candidates}` is the list of names and descriptions.
     """
