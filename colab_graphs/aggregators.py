@@ -37,7 +37,17 @@ def router(name: str) -> Callable[[RouterFn], RouterFn]:
     return decorate
 
 
+def _load_protocol_modules() -> None:
+    # Protocol modules register the aggregators and routers they use; a spec loaded from JSON may name them
+    # before any protocol was built in this process.
+    from colab_graphs.protocols.registry import list_protocols
+
+    list_protocols()
+
+
 def get_aggregator(name: str) -> AggregatorFn:
+    if name not in AGGREGATORS:
+        _load_protocol_modules()
     try:
         return AGGREGATORS[name]
     except KeyError:
@@ -45,6 +55,8 @@ def get_aggregator(name: str) -> AggregatorFn:
 
 
 def get_router(name: str) -> RouterFn:
+    if name not in ROUTERS:
+        _load_protocol_modules()
     try:
         return ROUTERS[name]
     except KeyError:

@@ -257,3 +257,10 @@ def test_math_works_off_the_main_thread_where_signal_timeouts_are_unavailable():
         return await asyncio.to_thread(get_scorer("math"), "\\boxed{\\frac{2}{4}}", qa("0.5"))
 
     assert asyncio.run(in_thread()).value == 1.0
+
+
+def test_extract_answer_takes_the_last_answer_statement():
+    from colab_graphs.data.scoring import extract_answer
+
+    assert extract_answer("Final answer: The answer is 3.") == "3"
+    assert extract_answer("My answer: 3. The answer is 4.") == "4"

@@ -89,7 +89,7 @@ async def apply_scorer(scorer: ScorerFn, output: str, example: Example) -> Score
 
 # --- answer extraction -------------------------------------------------------------------------------------
 
-_ANSWER_IS = re.compile(r"(?:final\s+answer|answer)\s*(?:is|:)\s*[:\-]?\s*(.+)", re.IGNORECASE)
+_ANSWER_MARK = re.compile(r"(?:final\s+answer|answer)\s*(?:is|:)\s*[:\-]?\s*", re.IGNORECASE)
 _NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 
 
@@ -121,10 +121,10 @@ def extract_answer(text: str) -> str:
     boxed = last_boxed(text)
     if boxed is not None:
         return boxed
-    matches = list(_ANSWER_IS.finditer(text))
-    if matches:
-        candidate = matches[-1].group(1).strip().splitlines()[0].strip()
-        candidate = candidate.strip(" .*`\"'")
+    # The last "answer is" / "answer:" wins ("Final answer: The answer is 3." commits to 3).
+    for mark in reversed(list(_ANSWER_MARK.finditer(text))):
+        rest = text[mark.end() :].strip()
+        candidate = rest.splitlines()[0].strip(" .*`\"'") if rest else ""
         if candidate:
             return candidate
     numbers = _NUMBER.findall(text)
