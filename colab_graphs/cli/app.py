@@ -85,10 +85,11 @@ def run(
     from rich.console import Console
 
     from colab_graphs.runner import RunError, run_dataset
+    from colab_graphs.spec import SpecError
 
     the_pool = load_pool(pool)
     examples = load_data(data, limit, seed)
-    spec = resolve_protocol(protocol, graph, the_pool.names, parse_params(param))
+    spec = resolve_protocol(protocol, graph, the_pool.names, parse_params(param), the_pool)
     client = make_client(cache_dir, no_cache, max_concurrency)
     out = out or Path("runs") / spec.name
     progress, task = _progress(len(examples), f"{spec.name}")
@@ -118,7 +119,7 @@ def run(
                     on_progress=on_progress,
                 )
             )
-    except RunError as err:
+    except (RunError, SpecError) as err:
         fail(str(err))
         raise
     console = Console()

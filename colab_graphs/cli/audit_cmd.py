@@ -59,7 +59,7 @@ def audit(
         fail("--method sampled needs --budget (number of permutations)")
     the_pool = load_pool(pool)
     examples = load_data(data, limit, seed)
-    spec = resolve_protocol(protocol, graph, the_pool.names, parse_params(param))
+    spec = resolve_protocol(protocol, graph, the_pool.names, parse_params(param), the_pool)
     client = make_client(cache_dir, no_cache, max_concurrency)
     out = out or Path("audits") / spec.name
     if overwrite and out.exists():

@@ -108,8 +108,13 @@ def load_user_graph(ref: str, members: list[str], params: dict[str, Any]) -> Gra
 
 
 def resolve_protocol(
-    protocol: str | None, graph: str | None, members: list[str], params: dict[str, Any]
+    protocol: str | None,
+    graph: str | None,
+    members: list[str],
+    params: dict[str, Any],
+    pool: Pool | None = None,
 ) -> GraphSpec:
+    """The GraphSpec a command runs. Pool member descriptions fill a protocol's `descriptions` parameter."""
     from colab_graphs.spec import SpecError
 
     if protocol and graph:
@@ -118,9 +123,14 @@ def resolve_protocol(
         if graph:
             return load_user_graph(graph, members, params)
         from colab_graphs.defaults import DEFAULT_PROTOCOL
-        from colab_graphs.protocols.registry import build_protocol
+        from colab_graphs.protocols.registry import build_protocol, get_protocol
 
-        return build_protocol(protocol or DEFAULT_PROTOCOL, members, **params)
+        name = protocol or DEFAULT_PROTOCOL
+        if pool is not None and "descriptions" in get_protocol(name).params and "descriptions" not in params:
+            described = {m.name: m.description for m in pool if m.description}
+            if described:
+                params = {**params, "descriptions": described}
+        return build_protocol(name, members, **params)
     except (KeyError, ValueError, SpecError) as err:
         fail(str(err.args[0]) if isinstance(err, KeyError) else str(err))
         raise
