@@ -1,0 +1,285 @@
+"""C-RL trainer: config, credit, rollouts with the policy seated in a live graph, the TRL hook, export, CLI.
+
+The system under test is the toy `relay` graph (colab_graphs/trainers/toy.py): two scripted collaborators
+answer over real HTTP, then the tiny random policy (an in-process `local/` model) adds its part.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from colab_graphs.builder import GraphBuilder
+from colab_graphs.spec import END, START
+from colab_graphs.trainers import system
+from colab_graphs.trainers.config import ConfigError, TrainConfig, config_from_dict, load_config
+from colab_graphs.trainers.credit import group_advantages, turn_advantages
+from colab_graphs.trainers.rollout import LoopThread, PolicyRouter, RolloutRunner
+from colab_graphs.trainers.toy import relay
+
+ROOT = Path(__file__).resolve().parents[1]
+G = 4
+
+
+# --- config --------------------------------------------------------------------------------------------------
+
+
+def test_config_unknown_field_names_file_and_field(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("protocol: majority_vote\nnum_generation: 4\n")
+    with pytest.raises(
+        ConfigError, match=r"bad\.yaml: unknown field 'num_generation' \(did you mean 'num_generations'"
+    ):
+        load_config(path)
+
+
+def test_config_wrong_type_names_field_and_expected_type() -> None:
+    with pytest.raises(ConfigError, match=r"cfg: learning_rate: expected float, got str"):
+        config_from_dict({"learning_rate": "fast"}, where="cfg")
+
+
+def test_config_batch_must_hold_whole_groups() -> None:
+    with pytest.raises(ConfigError, match="multiple of num_generations"):
+        config_from_dict({"num_generations": 4, "per_device_train_batch_size": 6})
+
+
+def test_example_configs_load() -> None:
+    for name in ("train_tiny.yaml", "train_debate.yaml"):
+        assert isinstance(load_config(ROOT / "examples" / name), TrainConfig)
+
+
+# --- credit --------------------------------------------------------------------------------------------------
+
+
+def test_uniform_advantages_are_group_relative_rewards() -> None:
+    rewards = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
+    advantages = group_advantages(rewards, 4)
+    std = 0.5  # sample std of [1, 0, 0, 0]
+    assert advantages[:4] == pytest.approx([(1 - 0.25) / (std + 1e-4)] + [(0 - 0.25) / (std + 1e-4)] * 3)
+    assert advantages[4:] == [0.0] * 4  # a group that all agree teaches nothing
+
+
+def test_failed_rollouts_are_left_out_of_their_group() -> None:
+    assert group_advantages([1.0, None, 0.0, None], 4, scale="none") == [0.5, 0.0, -0.5, 0.0]
+
+
+# --- a live system with the tiny policy seated ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory):
+    """Scripted collaborators over HTTP, the tiny policy served in process, a runner for the relay graph."""
+    from colab_graphs.data.builtin import builtin_task
+    from colab_graphs.models.cache import CallCache
+    from colab_graphs.models.client import ModelClient
+
+    config = config_from_dict(
+        {
+            "graph": "colab_graphs.trainers.toy:relay",
+            "scorer": "toy_marker",
+            "pool": {"policy": {"max_tokens": 6, "seed": 7}},
+            "scripted_members": {
+                "solver_a": {"script": "arithmetic_solver", "args": {"accuracy": 1.0, "seed": 1}},
+                "solver_b": {"script": "arithmetic_solver", "args": {"accuracy": 0.5, "seed": 2}},
+            },
+            "num_generations": G,
+            "per_device_train_batch_size": 2 * G,
+            "max_completion_length": 6,
+            "learning_rate": 2e-3,
+            "use_cpu": True,
+            "output_dir": str(tmp_path_factory.mktemp("crl")),
+        }
+    )
+    with system.scripted_server(config) as server:
+        pool = system.build_pool(config, server)
+        spec = system.build_spec(config, pool)
+        model, tokenizer = system.load_policy(config.policy_model, "cpu")
+        system.seat_policy(config, model, tokenizer)
+        client = ModelClient(CallCache(tmp_path_factory.mktemp("cache")))
+        router = PolicyRouter(client, ["policy"], system.policy_overrides(config))
+        loop = LoopThread()
+        runner = RolloutRunner(spec, pool, router, "toy_marker")
+        yield {
+            "config": config,
+            "pool": pool,
+            "spec": spec,
+            "model": model,
+            "tokenizer": tokenizer,
+            "router": router,
+            "runner": runner,
+            "loop": loop,
+            "examples": builtin_task("arithmetic", n=8),
+        }
+        loop.close()
+
+
+@pytest.fixture(scope="module")
+def trainer(live):
+    from datasets import Dataset
+
+    from colab_graphs.trainers.grpo import CRLTrainer
+    from colab_graphs.trainers.pipeline import grpo_args
+
+    config = live["config"]
+    examples = live["examples"]
+    crl = CRLTrainer(
+        runner=live["runner"],
+        examples={e.id: e for e in examples},
+        loop=live["loop"],
+        model=live["model"],
+        args=grpo_args(config, Path(config.output_dir)),
+        train_dataset=Dataset.from_list([{"prompt": e.input, "example_id": e.id} for e in examples]),
+        processing_class=live["tokenizer"],
+    )
+    system.seat_policy(config, crl.policy_module(), live["tokenizer"])
+    return crl
+
+
+@pytest.mark.slow
+def test_policy_calls_are_never_cached_or_shared(live) -> None:
+    rollouts = live["loop"].run(live["runner"].arun([live["examples"][0]] * G))
+    policy_calls = [c for r in rollouts for c in r.trace.calls if c.member == "policy"]
+    assert len(policy_calls) == G
+    assert (
+        len({c.sample for c in policy_calls}) == G
+    )  # G distinct requests: no cache, no single-flight sharing
+    assert not any(c.cached for c in policy_calls)
+    peer_calls = [c for r in rollouts for c in r.trace.calls if c.member != "policy"]
+    assert all(c.completion_token_ids is None for c in peer_calls)
+
+
+@pytest.mark.slow
+def test_generation_hook_trains_only_on_policy_tokens(trainer, live) -> None:
+    inputs = [{"prompt": e.input, "example_id": e.id} for e in live["examples"][:2] for _ in range(G)]
+    batch = trainer._generate_and_score_completions(inputs)
+    calls = [c for r in trainer.last_rollouts for c in r.trace.calls if c.member == "policy"]
+    mask = batch["completion_mask"].bool()
+    trained = Counter(
+        tuple(row[m].tolist()) for row, m in zip(batch["completion_ids"], mask, strict=True) if m.any()
+    )
+    assert trained == Counter(tuple(c.completion_token_ids) for c in calls)
+    assert int(batch["num_items_in_batch"]) == sum(len(c.completion_token_ids) for c in calls)
+    prompts = {
+        tuple(row[m].tolist())
+        for row, m in zip(batch["prompt_ids"], batch["prompt_mask"].bool(), strict=True)
+    }
+    assert prompts == {tuple(c.prompt_token_ids) for c in calls}
+
+
+@pytest.mark.slow
+def test_generation_hook_gives_each_turn_its_rollouts_group_advantage(trainer, live) -> None:
+    inputs = [{"prompt": e.input, "example_id": e.id} for e in live["examples"][2:4] for _ in range(G)]
+    batch = trainer._generate_and_score_completions(inputs)
+    rollouts = trainer.last_rollouts
+    expected = group_advantages([r.reward for r in rollouts], G)
+    by_tokens = {tuple(r.turns[0].completion_ids): a for r, a in zip(rollouts, expected, strict=True)}
+    for row, m, adv in zip(
+        batch["completion_ids"], batch["completion_mask"].bool(), batch["advantages"], strict=True
+    ):
+        assert float(adv) == pytest.approx(by_tokens[tuple(row[m].tolist())], abs=1e-5)
+
+
+@pytest.mark.slow
+def test_training_changes_the_seated_policy(trainer, live) -> None:
+    import torch
+
+    from colab_graphs.models.local import get_engine
+
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.args.max_steps = 2
+    trainer.train()
+    changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(before[n], p)]
+    assert changed, "no parameter moved"
+    # The engine that serves the policy's calls generates with the trained object itself.
+    assert get_engine(f"local/{system.POLICY_PREFIX}policy").model is trainer.policy_module()
+
+
+@pytest.mark.slow
+def test_exported_policy_folder_loads(live, tmp_path: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from colab_graphs.trainers.export import export_policy
+
+    folder = export_policy(live["model"], live["tokenizer"], tmp_path / "policy", {"steps": 0})
+    loaded = AutoModelForCausalLM.from_pretrained(folder)
+    assert AutoTokenizer.from_pretrained(folder).chat_template
+    for (name, p), (_, q) in zip(live["model"].named_parameters(), loaded.named_parameters(), strict=True):
+        assert torch.equal(p.detach().cpu(), q), name
+
+
+@pytest.mark.slow
+def test_solo_reward_runs_the_policy_alone(live) -> None:
+    solo = system.solo_spec(live["config"], live["pool"])
+    runner = RolloutRunner(solo, live["pool"], live["router"], "toy_marker")
+    rollouts = live["loop"].run(runner.arun([live["examples"][0]] * 2))
+    assert {c.member for r in rollouts for c in r.trace.calls} == {"policy"}
+    assert all(r.reward == r.policy_score for r in rollouts)
+
+
+@pytest.mark.slow
+def test_replay_gives_the_turn_that_matters_the_larger_advantage(live) -> None:
+    """The policy speaks twice; only its first turn reaches the final answer, so only it earns credit."""
+    members = live["pool"].names
+    b = GraphBuilder("draft_then_aside", members=members)
+    peers = [m for m in members if m != "policy"]
+    for m in peers:
+        b.seat(f"answer_{m}", member=m, prompt="{input}", writes=f"answer:{m}")
+    b.seat(
+        "draft", member="policy", prompt="{input}\n{answers}\nAdd the unit.", reads={"answers": "answer:*"}
+    )
+    b.seat("aside", member="policy", prompt="{input}\nSay anything.", writes="aside")
+    b.aggregate(
+        "final", "concat", reads={"answers": "answer:*", "draft": "draft"}, writes="final", separator=" "
+    )
+    b.fan(START, [f"answer_{m}" for m in peers], join="draft").edge("draft", "aside").edge("aside", "final")
+    spec = b.edge("final", END).output("final").build()
+    runner = RolloutRunner(spec, live["pool"], live["router"], "toy_marker")
+    examples = [e for e in live["examples"][:2] for _ in range(G)]
+    rollouts = live["loop"].run(runner.arun(examples))
+    credit = live["loop"].run(turn_advantages(runner, rollouts, G, "replay", samples=4))
+    assert all([t.seat for t in r.turns] == ["draft", "aside"] for r in rollouts)
+    draft = [abs(c[0]) for c in credit]
+    aside = [abs(c[1]) for c in credit]
+    assert aside == [0.0] * len(rollouts)  # resampling it never changes the outcome
+    assert sum(draft) > 0
+
+
+# --- the command ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_cli_train_tiny_writes_metrics_and_a_loadable_policy(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from colab_graphs.cli import extra
+    from colab_graphs.cli.app import app
+
+    extra.register(app)  # what `main()` does before parsing: adds train (and the other optional commands)
+    out = tmp_path / "run"
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--config",
+            str(ROOT / "examples/train_tiny.yaml"),
+            "--max-steps",
+            "2",
+            "--out",
+            str(out),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2]
+    assert all(0.0 <= x["system_reward"] <= 1.0 for x in lines)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["eval_after"]["loo"] == pytest.approx(
+        summary["eval_after"]["system"] - summary["eval_after"]["without_policy"]
+    )
+    assert (out / "policy" / "config.json").is_file()
