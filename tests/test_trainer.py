@@ -18,7 +18,6 @@ from colab_graphs.trainers import system
 from colab_graphs.trainers.config import ConfigError, TrainConfig, config_from_dict, load_config
 from colab_graphs.trainers.credit import group_advantages, turn_advantages
 from colab_graphs.trainers.rollout import LoopThread, PolicyRouter, RolloutRunner
-from colab_graphs.trainers.toy import relay
 
 ROOT = Path(__file__).resolve().parents[1]
 G = 4
