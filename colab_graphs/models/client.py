@@ -299,9 +299,6 @@ class ModelClient:
         except asyncio.CancelledError:
             future.cancel()
             raise
-        except asyncio.CancelledError:
-            future.cancel()  # CancelledError cannot be a future's exception; waiters see the cancellation
-            raise
         except BaseException as exc:
             future.set_exception(exc)
             future.exception()  # mark retrieved: waiters (if any) re-raise it themselves
