@@ -99,7 +99,7 @@ def live(tmp_path_factory: pytest.TempPathFactory):
         system.seat_policy(config, model, tokenizer)
         client = ModelClient(CallCache(tmp_path_factory.mktemp("cache")))
         router = PolicyRouter(client, ["policy"], system.policy_overrides(config))
-        loop = LoopThread()
+        loop = LoopThread.shared()
         runner = RolloutRunner(spec, pool, router, "toy_marker")
         yield {
             "config": config,
@@ -112,7 +112,6 @@ def live(tmp_path_factory: pytest.TempPathFactory):
             "loop": loop,
             "examples": builtin_task("arithmetic", n=8),
         }
-        loop.close()
 
 
 @pytest.fixture(scope="module")
@@ -282,3 +281,50 @@ def test_cli_train_tiny_writes_metrics_and_a_loadable_policy(tmp_path: Path) -> 
         summary["eval_after"]["system"] - summary["eval_after"]["without_policy"]
     )
     assert (out / "policy" / "config.json").is_file()
+
+
+@pytest.mark.slow
+def test_sft_loss_is_the_policy_completions_cross_entropy(live) -> None:
+    import torch
+
+    from colab_graphs.trainers.baselines import sft_loss
+
+    rollouts = live["loop"].run(live["runner"].arun(live["examples"][:2]))
+    turns = [t for r in rollouts for t in r.turns]
+    model = live["model"]
+    nll = []
+    with torch.no_grad():
+        for t in turns:
+            ids = torch.tensor([t.prompt_ids + t.completion_ids])
+            logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1], dim=-1)
+            targets = ids[0, 1:]
+            picked = logp[torch.arange(len(targets)), targets][len(t.prompt_ids) - 1 :]
+            nll.extend((-picked).tolist())
+        loss = sft_loss(model, turns, live["tokenizer"].pad_token_id)
+    assert float(loss) == pytest.approx(sum(nll) / len(nll), rel=1e-4)
+
+
+@pytest.mark.slow
+def test_training_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    from colab_graphs.trainers.pipeline import train
+
+    settings = {
+        "graph": "colab_graphs.trainers.toy:relay",
+        "scorer": "toy_marker",
+        "pool": {"policy": {"max_tokens": 4}},
+        "scripted_members": {"solver": {"script": "arithmetic_solver"}},
+        "limit": 8,
+        "num_generations": 2,
+        "per_device_train_batch_size": 4,
+        "max_completion_length": 4,
+        "save_steps": 1,
+        "use_cpu": True,
+        "output_dir": str(tmp_path / "run"),
+        "cache_dir": str(tmp_path / "cache"),
+    }
+    assert train(config_from_dict({**settings, "max_steps": 1}))["steps"] == 1
+    resumed = train(config_from_dict({**settings, "max_steps": 2, "resume_from_checkpoint": True}))
+    assert resumed["steps"] == 2
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2]
+    assert (tmp_path / "run" / "checkpoints" / "checkpoint-2").is_dir()

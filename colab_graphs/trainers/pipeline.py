@@ -117,59 +117,56 @@ def train(config: TrainConfig, on_step: Callable[[dict[str, Any]], None] | None 
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     split = system.load_split(config)
-    loop = LoopThread()
-    try:
-        with system.scripted_server(config) as server:
-            pool = system.build_pool(config, server)
-            spec = system.build_spec(config, pool)
-            solo = system.solo_spec(config, pool)
-            device = "cpu" if config.use_cpu else None
-            model, tokenizer = system.load_policy(config.policy_model, device)
-            system.seat_policy(config, model, tokenizer)
-            cache = None if config.no_cache else CallCache(config.cache_dir)
-            client = ModelClient(cache, max_concurrency=config.max_concurrency)
-            router = PolicyRouter(client, [config.policy_member], system.policy_overrides(config))
-            eval_router = PolicyRouter(
-                client, [config.policy_member], system.policy_overrides(config, config.eval_temperature)
+    loop = LoopThread.shared()
+    with system.scripted_server(config) as server:
+        pool = system.build_pool(config, server)
+        spec = system.build_spec(config, pool)
+        solo = system.solo_spec(config, pool)
+        device = "cpu" if config.use_cpu else None
+        model, tokenizer = system.load_policy(config.policy_model, device)
+        system.seat_policy(config, model, tokenizer)
+        cache = None if config.no_cache else CallCache(config.cache_dir)
+        client = ModelClient(cache, max_concurrency=config.max_concurrency)
+        router = PolicyRouter(client, [config.policy_member], system.policy_overrides(config))
+        eval_router = PolicyRouter(
+            client, [config.policy_member], system.policy_overrides(config, config.eval_temperature)
+        )
+
+        def run_eval(name: str) -> dict[str, Any] | None:
+            if not split.eval:
+                return None
+            result = evaluate(
+                spec, solo, pool, split.eval, eval_router, config.policy_member, loop, config.scorer
             )
+            (out / f"eval_{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+            return result
 
-            def run_eval(name: str) -> dict[str, Any] | None:
-                if not split.eval:
-                    return None
-                result = evaluate(
-                    spec, solo, pool, split.eval, eval_router, config.policy_member, loop, config.scorer
-                )
-                (out / f"eval_{name}.json").write_text(json.dumps(result, indent=2) + "\n")
-                return result
+        before = run_eval("before")
+        rollout_spec = solo if config.reward == "solo" else spec
+        runner = RolloutRunner(rollout_spec, pool, router, config.scorer)
+        metrics_path = out / "metrics.jsonl"
+        if config.reward == "sft":
+            from colab_graphs.trainers.baselines import sft_train
 
-            before = run_eval("before")
-            rollout_spec = solo if config.reward == "solo" else spec
-            runner = RolloutRunner(rollout_spec, pool, router, config.scorer)
-            metrics_path = out / "metrics.jsonl"
-            if config.reward == "sft":
-                from colab_graphs.trainers.baselines import sft_train
-
-                metrics_path.write_text("", encoding="utf-8")
-                policy = sft_train(config, model, tokenizer, runner, split.train, loop, metrics_path, on_step)
-                steps = config.max_steps
-            else:
-                policy, steps = _grpo(
-                    config, model, tokenizer, runner, split.train, loop, metrics_path, out, on_step
-                )
-            after = run_eval("after")
-            folder = export_policy(
-                policy,
-                tokenizer,
-                out / "policy",
-                {
-                    "config": dataclasses.asdict(config),
-                    "steps": steps,
-                    "eval_before": before,
-                    "eval_after": after,
-                },
+            metrics_path.write_text("", encoding="utf-8")
+            policy = sft_train(config, model, tokenizer, runner, split.train, loop, metrics_path, on_step)
+            steps = config.max_steps
+        else:
+            policy, steps = _grpo(
+                config, model, tokenizer, runner, split.train, loop, metrics_path, out, on_step
             )
-    finally:
-        loop.close()
+        after = run_eval("after")
+        folder = export_policy(
+            policy,
+            tokenizer,
+            out / "policy",
+            {
+                "config": dataclasses.asdict(config),
+                "steps": steps,
+                "eval_before": before,
+                "eval_after": after,
+            },
+        )
     summary = {
         "reward": config.reward,
         "credit": config.credit,

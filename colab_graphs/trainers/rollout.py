@@ -49,6 +49,17 @@ class LoopThread:
         )
         self._thread.start()
 
+    _shared: LoopThread | None = None
+    _shared_lock = threading.Lock()
+
+    @classmethod
+    def shared(cls) -> LoopThread:
+        """The process-wide loop thread (never closed: LiteLLM's logging worker stays bound to one loop)."""
+        with cls._shared_lock:
+            if cls._shared is None or cls._shared.loop.is_closed():
+                cls._shared = cls()
+            return cls._shared
+
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run `coro` on the loop and wait for its result (exceptions propagate)."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()

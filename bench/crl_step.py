@@ -1,0 +1,155 @@
+"""Wall time per training step: C-RL (policy seated in a live graph) vs plain TRL GRPO, same policy and budget.
+
+Both train the tiny random policy (zoo `tiny-random`) on the same prompts with the same GRPO settings: 4
+prompts x 4 generations per step, at most 6 completion tokens per turn, CPU. C-RL runs the toy `relay`
+system (two scripted collaborators over real HTTP, then the policy) for each rollout and trains on the
+policy's segment; plain GRPO generates with TRL's own `model.generate` and scores the completion alone.
+The step time is TRL's own `step_time` metric (generation + scoring + forward/backward + optimizer), the
+median over the steps after the first (warm-up).
+
+    python bench/crl_step.py [--steps 8] [--tokens 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import colab_graphs._env  # noqa: F401  (offline settings before transformers loads)
+
+
+def _settings(out: Path, tokens: int = 6) -> dict:
+    return {
+        "graph": "colab_graphs.trainers.toy:relay",
+        "scorer": "toy_marker",
+        "pool": {"policy": {"max_tokens": tokens}},
+        "scripted_members": {
+            "solver_a": {"script": "arithmetic_solver", "args": {"accuracy": 1.0, "seed": 1}},
+            "solver_b": {"script": "arithmetic_solver", "args": {"accuracy": 0.5, "seed": 2}},
+        },
+        "num_generations": 4,
+        "per_device_train_batch_size": 16,
+        "max_completion_length": tokens,
+        "learning_rate": 2e-3,
+        "use_cpu": True,
+        "output_dir": str(out),
+    }
+
+
+def step_times():  # noqa: ANN201 - a transformers TrainerCallback, defined once transformers may load
+    """A callback recording TRL's `step_time` and the policy's completion length per logged step."""
+    from transformers import TrainerCallback
+
+    class StepTimes(TrainerCallback):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+            self.tokens: list[float] = []
+
+        def on_log(self, args, state, control, logs=None, **kwargs) -> None:  # noqa: ANN001
+            logs = logs or {}
+            if "step_time" in logs:
+                self.times.append(float(logs["step_time"]))
+            for key in ("policy_tokens", "completions/mean_length"):
+                if key in logs:
+                    self.tokens.append(float(logs[key]))
+
+    return StepTimes()
+
+
+def crl(steps: int, out: Path, tokens: int) -> Any:
+    from datasets import Dataset
+
+    from colab_graphs.data.builtin import builtin_task
+    from colab_graphs.models.client import ModelClient
+    from colab_graphs.trainers import system
+    from colab_graphs.trainers.config import config_from_dict
+    from colab_graphs.trainers.grpo import CRLTrainer
+    from colab_graphs.trainers.pipeline import grpo_args
+    from colab_graphs.trainers.rollout import LoopThread, PolicyRouter, RolloutRunner
+
+    config = config_from_dict({**_settings(out, tokens), "max_steps": steps})
+    examples = builtin_task("arithmetic", n=64)
+    recorder = step_times()
+    with system.scripted_server(config) as server:
+        pool = system.build_pool(config, server)
+        spec = system.build_spec(config, pool)
+        model, tokenizer = system.load_policy(config.policy_model, "cpu")
+        router = PolicyRouter(ModelClient(None), ["policy"], system.policy_overrides(config))
+        loop = LoopThread.shared()
+        trainer = CRLTrainer(
+            runner=RolloutRunner(spec, pool, router, config.scorer),
+            examples={e.id: e for e in examples},
+            loop=loop,
+            model=model,
+            args=grpo_args(config, out),
+            train_dataset=Dataset.from_list([{"prompt": e.input, "example_id": e.id} for e in examples]),
+            processing_class=tokenizer,
+            callbacks=[recorder],
+        )
+        system.seat_policy(config, trainer.policy_module(), tokenizer)
+        trainer.train()
+    return recorder
+
+
+def plain(steps: int, out: Path, tokens: int) -> Any:
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    from colab_graphs.data.builtin import builtin_task
+    from colab_graphs.trainers import system
+    from colab_graphs.trainers.config import config_from_dict
+    from colab_graphs.trainers.pipeline import grpo_args
+    from colab_graphs.trainers.toy import MARKER
+
+    config = config_from_dict({**_settings(out, tokens), "max_steps": steps})
+    examples = builtin_task("arithmetic", n=64)
+    model, tokenizer = system.load_policy(config.policy_model, "cpu")
+
+    def marker(completions, **_):  # noqa: ANN001, ANN202 - TRL's reward function signature
+        return [float(MARKER in c[0]["content"]) for c in completions]
+
+    recorder = step_times()
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[marker],
+        args=grpo_args(config, out),
+        train_dataset=Dataset.from_list(
+            [{"prompt": [{"role": "user", "content": e.input}]} for e in examples]
+        ),
+        processing_class=tokenizer,
+        callbacks=[recorder],
+    )
+    from transformers import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)
+    trainer.train()
+    return recorder
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=6, help="max tokens per policy turn")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        results = {
+            "crl": crl(args.steps, Path(tmp) / "crl", args.tokens),
+            "plain_grpo": plain(args.steps, Path(tmp) / "plain", args.tokens),
+        }
+    report: dict = {"max_tokens_per_turn": args.tokens}
+    for name, rec in results.items():
+        report[name] = {
+            "median_step_s": round(statistics.median(rec.times[1:]), 3),
+            "first_step_s": round(rec.times[0], 3),
+            "policy_tokens_per_rollout": round(statistics.mean(rec.tokens), 2) if rec.tokens else None,
+        }
+    report["ratio"] = round(report["crl"]["median_step_s"] / report["plain_grpo"]["median_step_s"], 2)
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
