@@ -33,6 +33,18 @@ def test_results_carry_text_usage_latency_and_attempts(scripted_server, pool_for
     assert result.cost_usd is None  # LiteLLM has no price for a scripted model: null, not 0
 
 
+def test_cost_is_recorded_for_priced_models(scripted_server, arun) -> None:
+    import litellm
+
+    server = scripted_server({"gpt-4o-mini": "The answer is 4."})
+    pool = Pool.from_dict({"m": {"model": "openai/gpt-4o-mini", "api_base": server.base_url, "api_key": "k"}})
+    result = arun(fast_client().complete(pool["m"], ask()))
+    prompt_price, completion_price = litellm.cost_per_token(
+        "gpt-4o-mini", prompt_tokens=5, completion_tokens=4
+    )
+    assert result.cost_usd == pytest.approx(prompt_price + completion_price) and result.cost_usd > 0
+
+
 def test_second_client_on_the_same_cache_makes_no_requests(scripted_server, pool_for, arun, tmp_path) -> None:
     server = scripted_server({"a": echo()})
     member = pool_for(server, ["a"])["a"]
