@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,6 +171,10 @@ async def run_dataset(
 ) -> tuple[list[ExampleOutcome], dict[str, Any]]:
     """Run `spec` over `examples`; write results/traces/summary under `out` when given. Returns (outcomes, summary)."""
     started = time.perf_counter()
+    dupes = sorted(i for i, k in Counter(e.id for e in examples).items() if k > 1)
+    if dupes:
+        # Results, traces and resume are keyed by id: a repeated id would silently overwrite an outcome.
+        raise RunError(f"example ids must be unique; repeated: {', '.join(dupes[:10])}")
     graph = compile_graph(spec, pool, client)
     fingerprint = run_fingerprint(spec, pool, examples, scorer)
     out_dir = Path(out) if out is not None else None

@@ -201,3 +201,12 @@ def test_a_template_error_stops_the_run_with_its_message(scripted_server, pool_f
     pool = pool_for(server, ["a"])
     with pytest.raises(RunError, match="template variable 'topic'"):
         arun(run_dataset(solo(pool.names, prompt="{topic}"), pool, examples(1), client=client()))
+
+
+def test_repeated_example_ids_are_refused(scripted_server, pool_for, arun) -> None:
+    server = scripted_server({"a": "x"})
+    pool = pool_for(server, ["a"])
+    data = [*examples(2), Example(id="q1", input="again", answer="1")]
+    with pytest.raises(RunError, match="repeated: q1"):
+        arun(run_dataset(solo(pool.names), pool, data, client=client()))
+    assert server.requests == []
