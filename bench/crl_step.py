@@ -5,7 +5,8 @@ prompts x 4 generations per step, at most 6 completion tokens per turn, CPU. C-R
 system (two scripted collaborators over real HTTP, then the policy) for each rollout and trains on the
 policy's segment; plain GRPO generates with TRL's own `model.generate` and scores the completion alone.
 The step time is TRL's own `step_time` metric (generation + scoring + forward/backward + optimizer), the
-median over the steps after the first (warm-up).
+median over the steps after the first (warm-up); the process CPU time per step is reported beside it,
+because on a shared machine wall time swings with other load (the C-RL step spans more threads).
 
     python bench/crl_step.py [--steps 8] [--tokens 6]
 """
@@ -16,6 +17,7 @@ import argparse
 import json
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +50,16 @@ def step_times():  # noqa: ANN201 - a transformers TrainerCallback, defined once
         def __init__(self) -> None:
             self.times: list[float] = []
             self.tokens: list[float] = []
+            self.cpu: list[float] = []
+            self._cpu_mark = time.process_time()
 
         def on_log(self, args, state, control, logs=None, **kwargs) -> None:  # noqa: ANN001
             logs = logs or {}
             if "step_time" in logs:
                 self.times.append(float(logs["step_time"]))
+                now = time.process_time()
+                self.cpu.append(now - self._cpu_mark)
+                self._cpu_mark = now
             for key in ("policy_tokens", "completions/mean_length"):
                 if key in logs:
                     self.tokens.append(float(logs[key]))
@@ -145,6 +152,7 @@ def main() -> None:
         report[name] = {
             "median_step_s": round(statistics.median(rec.times[1:]), 3),
             "first_step_s": round(rec.times[0], 3),
+            "median_cpu_s_per_step": round(statistics.median(rec.cpu[1:]), 3),
             "policy_tokens_per_rollout": round(statistics.mean(rec.tokens), 2) if rec.tokens else None,
         }
     report["ratio"] = round(report["crl"]["median_step_s"] / report["plain_grpo"]["median_step_s"], 2)

@@ -150,6 +150,27 @@ def test_policy_calls_are_never_cached_or_shared(live) -> None:
 
 
 @pytest.mark.slow
+def test_direct_policy_transport_matches_the_litellm_path(live) -> None:
+    from colab_graphs.models.client import ModelClient
+    from colab_graphs.trainers.rollout import InProcessPolicyClient
+
+    member = live["pool"]["policy"]
+    messages = [{"role": "user", "content": "What is 2 + 2?"}]
+    greedy = {"temperature": 0, "max_tokens": 5}
+
+    async def both():
+        direct = await InProcessPolicyClient(None).complete(member, messages, overrides=greedy)
+        via_litellm = await ModelClient(None).complete(member, messages, overrides=greedy)
+        return direct, via_litellm
+
+    direct, via_litellm = live["loop"].run(both())
+    assert direct.text == via_litellm.text
+    assert direct.prompt_token_ids == via_litellm.prompt_token_ids
+    assert direct.completion_token_ids == via_litellm.completion_token_ids
+    assert direct.logprobs == pytest.approx(via_litellm.logprobs, abs=1e-5)
+
+
+@pytest.mark.slow
 def test_generation_hook_trains_only_on_policy_tokens(trainer, live) -> None:
     inputs = [{"prompt": e.input, "example_id": e.id} for e in live["examples"][:2] for _ in range(G)]
     batch = trainer._generate_and_score_completions(inputs)

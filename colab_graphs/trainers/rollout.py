@@ -6,7 +6,9 @@ through a `PolicyRouter`:
 
 - policy calls use a client **without cache**, each with a fresh `sample` index (a rollout counter), so no
   call is ever served from a cache or shared with a concurrent identical request (single-flight): the G
-  rollouts of a prompt are G independent samples, and no step sees an older policy's answer;
+  rollouts of a prompt are G independent samples, and no step sees an older policy's answer. That client
+  (`InProcessPolicyClient`) hands `local/` requests straight to the provider's batching engine instead of
+  through LiteLLM's dispatch: same request building, same tokens, less overhead per turn;
 - every other member's call goes through the normal call path (cache -> single-flight -> limits -> LiteLLM).
 
 Each policy call recorded in a trace carries the exact ``prompt_token_ids`` / ``completion_token_ids`` /
@@ -21,16 +23,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+import time
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from colab_graphs.data.example import Example
 from colab_graphs.data.scoring import apply_scorer
-from colab_graphs.models.client import CallResult, ModelClient
+from colab_graphs.models.client import CallError, CallResult, ModelClient
 from colab_graphs.pool import Member, Pool
 from colab_graphs.spec import GraphSpec
-from colab_graphs.trace import Call, Trace
+from colab_graphs.trace import Call, Trace, Usage
 
 T = TypeVar("T")
 
@@ -72,6 +75,50 @@ class LoopThread:
         self.loop.close()
 
 
+class InProcessPolicyClient(ModelClient):
+    """The call path for the policy: `ModelClient` (single-flight, limits, trace record) whose upstream for a
+    `local/` model is the in-process engine itself.
+
+    The policy is this process's own model, so LiteLLM's dispatch adds nothing but per-call overhead (about
+    as much CPU as decoding a short turn of a tiny model); the request is built and decoded by the same
+    provider functions `local/` uses under LiteLLM (`build_request`, the batching engine), so text, token ids
+    and logprobs are the same. Logit-level requests and non-local models go through LiteLLM as usual.
+    """
+
+    async def _call_upstream(self, key: str, member: Member, request: dict, kwargs: dict) -> CallResult:
+        from colab_graphs.models.local import DETAILS_KEY, build_request, get_engine
+
+        model = str(kwargs["model"])
+        if not model.startswith("local/") or DETAILS_KEY in kwargs or kwargs.get("metadata"):
+            return await super()._call_upstream(key, member, request, kwargs)
+        self.stats.made += 1
+        self.stats.attempts += 1
+        started = time.perf_counter()
+        try:
+            engine = get_engine(model)
+            params = {k: v for k, v in kwargs.items() if k not in ("model", "messages")}
+            result = await engine.agenerate(build_request(engine, kwargs["messages"], params))
+        except Exception as exc:  # noqa: BLE001 - reported as a failed call, like any upstream failure
+            self.stats.failed += 1
+            raise CallError("local", f"{type(exc).__name__}: {exc}", member.name, 1) from None
+        usage = Usage(prompt_tokens=len(result.prompt_ids), completion_tokens=len(result.completion_ids))
+        self.stats.prompt_tokens += usage.prompt_tokens
+        self.stats.completion_tokens += usage.completion_tokens
+        self.stats.cost_usd = None  # as through LiteLLM: a local model has no price
+        return CallResult(
+            text=result.text,
+            key=key,
+            usage=usage,
+            cost_usd=None,
+            cached=False,
+            latency_s=time.perf_counter() - started,
+            attempts=1,
+            prompt_token_ids=list(result.prompt_ids),
+            completion_token_ids=list(result.completion_ids),
+            logprobs=list(result.logprobs),
+        )
+
+
 class PolicyRouter:
     """The call path of a rollout: policy calls uncached with fresh sample indices, others the normal way.
 
@@ -85,7 +132,9 @@ class PolicyRouter:
 
     def __init__(self, client: ModelClient, policy_members: Sequence[str], policy_overrides: dict[str, Any]):
         self.client = client
-        self.policy_client = ModelClient(None, max_concurrency=client.max_concurrency, retries=client.retries)
+        self.policy_client = InProcessPolicyClient(
+            None, max_concurrency=client.max_concurrency, retries=client.retries
+        )
         self.policy_members = frozenset(policy_members)
         self.policy_overrides = dict(policy_overrides)
         self._samples = itertools.count(1)
