@@ -331,3 +331,16 @@ def test_smollm2_batched_greedy_equals_batch_of_one():
     singles = [engine.generate_batch([r])[0] for r in requests]
     batched = engine.generate_batch(requests)
     assert [b.completion_ids for b in batched] == [s.completion_ids for s in singles]
+
+
+def test_unload_stops_the_worker_and_a_later_call_loads_again(tiny):
+    from colab_graphs.models.local import unload
+
+    engine = set_local_model("tiny-temporary", tiny.model, tiny.tokenizer)
+    engine.generate(GenerationRequest(_prompts(tiny, 1)[0], max_tokens=2, temperature=0))
+    worker = engine._worker
+    unload("tiny-temporary")
+    worker.join(timeout=10)
+    assert not worker.is_alive()
+    with pytest.raises(FileNotFoundError, match="tiny-temporary"):
+        get_engine("tiny-temporary")

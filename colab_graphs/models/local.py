@@ -43,6 +43,7 @@ DETAILS_KEY = "colab_graphs"
 
 _engines: dict[tuple[str, str], LocalEngine] = {}
 _named: dict[str, LocalEngine] = {}
+_by_ref: dict[tuple[str, str], LocalEngine] = {}
 _load_lock = threading.Lock()
 
 
@@ -66,6 +67,8 @@ def get_engine(model_ref: str, dtype: str = "float32") -> LocalEngine:
     ref = model_ref.removeprefix(f"{PROVIDER}/")
     if ref in _named:
         return _named[ref]
+    if (ref, dtype) in _by_ref:  # skip resolving again (a hub id would hit the HF cache on every call)
+        return _by_ref[ref, dtype]
     from colab_graphs.models.zoo import resolve
 
     path = str(resolve(ref))
@@ -81,6 +84,7 @@ def get_engine(model_ref: str, dtype: str = "float32") -> LocalEngine:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
             model.to(_default_device()).eval()
             _engines[key] = LocalEngine(model, tokenizer, name=ref)
+        _by_ref[ref, dtype] = _engines[key]
         return _engines[key]
 
 
@@ -104,13 +108,15 @@ def unload(model_ref: str | None = None) -> None:
     """Forget loaded engines (all of them, or those for ``model_ref``) so their memory can be freed."""
     with _load_lock:
         if model_ref is None:
-            _engines.clear()
-            _named.clear()
-            return
-        ref = model_ref.removeprefix(f"{PROVIDER}/")
-        _named.pop(ref, None)
-        for key in [k for k, e in _engines.items() if e.name == ref]:
-            del _engines[key]
+            gone = [*_engines.values(), *_named.values()]
+        else:
+            ref = model_ref.removeprefix(f"{PROVIDER}/")
+            gone = [e for e in (*_engines.values(), *_named.values()) if e.name == ref]
+        for table in (_engines, _named, _by_ref):
+            for key in [k for k, e in table.items() if e in gone]:
+                del table[key]
+        for engine in gone:
+            engine.close()
 
 
 def local_call_details(response: Any) -> dict[str, list] | None:

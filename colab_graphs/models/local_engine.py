@@ -32,6 +32,9 @@ FALLBACK_CHAT_TEMPLATE = (
 )
 
 
+_STOP: Any = object()
+
+
 @dataclass
 class GenerationRequest:
     """One completion to generate.
@@ -172,7 +175,7 @@ class LocalEngine:
         self.batch_wait_ms = batch_wait_ms
         self.max_batch_size = max_batch_size
         self.batches_run = 0
-        self._queue: queue.Queue[tuple[GenerationRequest, Future[GenerationResult]]] = queue.Queue()
+        self._queue: queue.Queue[Any] = queue.Queue()
         self._worker: threading.Thread | None = None
         self._start_lock = threading.Lock()
         # Serialises forward passes of this model (the batch worker and logit-level decoding).
@@ -233,18 +236,30 @@ class LocalEngine:
                 )
                 self._worker.start()
 
+    def close(self) -> None:
+        """Stop the worker thread after the queued requests, so the model can be freed."""
+        with self._start_lock:
+            if self._worker is not None and self._worker.is_alive():
+                self._queue.put(_STOP)
+            self._worker = None
+
     def _serve(self) -> None:
         while True:
-            batch = [self._queue.get()]
+            first = self._queue.get()
+            if first is _STOP:
+                return
+            batch = [first]
             deadline = time.monotonic() + self.batch_wait_ms / 1000
             while len(batch) < self.max_batch_size:
                 remaining = deadline - time.monotonic()
                 try:
-                    batch.append(
-                        self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
-                    )
+                    item = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
                 except queue.Empty:
                     break
+                if item is _STOP:
+                    self._queue.put(_STOP)  # finish this batch first, then stop
+                    break
+                batch.append(item)
             live = [(req, fut) for req, fut in batch if fut.set_running_or_notify_cancel()]
             if not live:
                 continue
