@@ -41,6 +41,11 @@ def arun() -> Iterator[Callable[[Awaitable[T]], T]]:
     """
     loop = asyncio.new_event_loop()
     yield loop.run_until_complete
+    # As asyncio.run does: cancel what is left (LiteLLM's logging worker) before closing the loop.
+    pending = asyncio.all_tasks(loop)
+    for task in pending:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
     loop.run_until_complete(loop.shutdown_asyncgens())
     loop.close()
 

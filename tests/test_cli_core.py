@@ -182,3 +182,29 @@ def test_cache_stats_and_clear(workspace, monkeypatch: pytest.MonkeyPatch) -> No
 def test_cache_clear_asks_first(workspace) -> None:
     result = CliRunner().invoke(app, ["cache", "clear", "--cache-dir", str(workspace["cache"])], input="n\n")
     assert result.exit_code == 1 and "delete all entries" in result.output
+
+
+def test_run_a_user_graph_from_a_python_file(workspace) -> None:
+    graph_file = workspace["tmp"] / "my_graph.py"
+    graph_file.write_text(
+        "from colab_graphs import GraphBuilder\n\n\n"
+        "def two_step(members, hint='Think.'):\n"
+        "    b = GraphBuilder('two_step', members=members[:2])\n"
+        "    b.seat('draft', member=members[0], prompt=hint + ' {input}', writes='draft')\n"
+        "    b.seat('check', member=members[1], prompt='{input} Draft: {d}', reads={'d': 'draft'}, writes='out')\n"
+        "    return b.chain('draft', 'check').output('out').build()\n"
+    )
+    args = run_args(workspace, "", "user", "--limit", "2", "-P", "hint=Careful.")
+    args[1:3] = ["--graph", f"{graph_file}:two_step"]
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    _, traces, summary = read_outputs(workspace["tmp"] / "user")
+    assert summary["protocol"] == "two_step" and summary["n"] == 2
+    assert traces[0]["calls"][0]["messages"][0]["content"].startswith("Careful. What is 0 + 1?")
+    assert [c["member"] for c in traces[0]["calls"]] == ["a", "b"]
+
+
+def test_show_prints_mermaid(workspace) -> None:
+    result = invoke("show", "majority_vote", "--pool", workspace["pool"], "--format", "mermaid")
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("flowchart TD") and '"answer_c\\n[c]"' in result.output

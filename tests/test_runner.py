@@ -210,3 +210,17 @@ def test_repeated_example_ids_are_refused(scripted_server, pool_for, arun) -> No
     with pytest.raises(RunError, match="repeated: q1"):
         arun(run_dataset(solo(pool.names), pool, data, client=client()))
     assert server.requests == []
+
+
+def test_a_torn_last_trace_line_is_recomputed_on_resume(scripted_server, pool_for, arun, tmp_path) -> None:
+    server = scripted_server({"a": arithmetic_solver()})
+    pool = pool_for(server, ["a"])
+    spec, data = solo(pool.names), examples(3)
+    arun(run_dataset(spec, pool, data, client=client(), out=tmp_path))
+    traces = tmp_path / "traces.jsonl"
+    text = traces.read_text()
+    traces.write_text(text[: len(text) - 40])  # killed while writing the last line
+    server.reset()
+    _, summary = arun(run_dataset(spec, pool, data, client=client(), out=tmp_path))
+    assert [r.messages[-1]["content"].split("\n")[0] for r in server.requests] == [data[2].input]
+    assert [t.example_id for t in read_traces(traces)] == ["q0", "q1", "q2"] and summary["n"] == 3
