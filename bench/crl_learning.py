@@ -8,6 +8,19 @@ only `reward` changes. Reported: the held-out system score before/after (greedy 
 leave-one-out value after, and the mean sampled system reward over the first and last 3 training steps.
 
     python bench/crl_learning.py [--steps 12] [--seeds 0 1]
+
+Measured (2 shared CPU cores, 12 steps of 4 prompts x 4 rollouts, lr 2e-3, seeds 0/1/2; held-out n=16):
+
+    reward   eval system before -> after          train reward first 3 steps -> last 3
+    system   0.0 -> 0.750 / 0.688 / 0.750         0.27->0.92  0.17->0.77  0.21->0.67
+    solo     0.0 -> 0.0   / 0.0   / 0.0           0.0 (the policy alone never holds the number: no signal)
+    sft      0.0 -> 0.688 / 0.750 / 0.750         0.10->0.60  0.10->1.00  0.27->0.92
+
+C-RL raises the system score where solo RL cannot move (by construction of the task: the policy's own
+correctness is always 0). Collaborative fine-tuning on successful rollouts does as well as C-RL here: the
+behaviour is one marker token, which rejection-sampled SFT picks up as fast as GRPO. The eval after C-RL
+equals the policy seat's LOO (the collaborators alone score 0). tests/test_trainer.py runs the C-RL vs
+solo comparison (8 steps) as a slow test.
 """
 
 from __future__ import annotations

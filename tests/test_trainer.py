@@ -349,3 +349,26 @@ def test_training_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 2]
     assert (tmp_path / "run" / "checkpoints" / "checkpoint-2").is_dir()
+
+
+@pytest.mark.slow
+def test_crl_teaches_cooperation_that_solo_rl_cannot(tmp_path: Path) -> None:
+    """The toy relay: the system needs the policy's marker; alone the policy never scores, so solo RL is flat."""
+    from colab_graphs.trainers.pipeline import train
+
+    def run(reward: str) -> dict:
+        config = load_config(
+            ROOT / "examples" / "train_tiny.yaml",
+            reward=reward,
+            max_steps=8,
+            save_steps=0,
+            output_dir=str(tmp_path / reward),
+            cache_dir=str(tmp_path / "cache"),
+        )
+        return train(config)
+
+    crl, solo = run("system"), run("solo")
+    assert crl["eval_before"]["system"] == solo["eval_before"]["system"] == 0.0
+    assert crl["eval_after"]["system"] >= 0.25
+    assert crl["eval_after"]["loo"] >= 0.25  # the gain is the policy seat's contribution
+    assert solo["eval_after"]["system"] < crl["eval_after"]["system"]

@@ -147,7 +147,7 @@ class CRLTrainer(GRPOTrainer):
         self.credit = credit
         self.replay_samples = replay_samples
         self.metrics_path = Path(metrics_path) if metrics_path is not None else None
-        self.loop = loop or LoopThread()
+        self.loop = loop or LoopThread.shared()
         self.last_rollouts: list[Rollout] = []
         self.last_batch: dict[str, torch.Tensor] | None = None
         self._step_started = time.perf_counter()
@@ -163,7 +163,11 @@ class CRLTrainer(GRPOTrainer):
         ids = [row["example_id"] for row in inputs]
         for start in range(0, len(ids), group):
             if len(set(ids[start : start + group])) != 1:
-                raise RuntimeError(f"generation batch is not in groups of {group} rollouts per prompt: {ids}")
+                # Group statistics are computed per process: a group split across processes cannot be scored.
+                raise RuntimeError(
+                    f"this process's generation batch is not in whole groups of {group} rollouts per prompt "
+                    f"({ids}); make per_device_train_batch_size a multiple of num_generations"
+                )
         examples = [self.examples[i] for i in ids]
         with eval_mode(self.model):
             rollouts = self.loop.run(self.runner.arun(examples))

@@ -9,6 +9,17 @@
 
 Outputs under `output_dir`: `metrics.jsonl` (a line per step), `checkpoints/` (TRL's, when `save_steps`),
 `eval_before.json`, `eval_after.json`, `policy/` (a Hugging Face folder), `summary.json`.
+
+`metrics.jsonl` fields: `step`, `loss`, `system_reward` (mean reward of the step's rollouts: the system's
+score; under `reward: solo` the rollouts are the policy alone, so it is the policy's own score),
+`policy_correct` (the scorer applied to the policy's last turn), `policy_turns`, `policy_tokens` (per
+rollout), `system_tokens` (all members' tokens per rollout, cached calls excluded), `segments`, `step_time`,
+`wall_s`, and TRL's own (grad_norm, entropy, clip ratios, learning_rate).
+
+Scaling out: multi-GPU runs go through TRL's own launch (`accelerate launch -m colab_graphs.cli.app train
+...`), each process running the rollouts of its slice (whole groups per process). Collaborators served by
+vLLM are ordinary pool members (`hosted_vllm/...` with `api_base`); the policy itself always generates in
+process with its live weights, so TRL's `use_vllm` does not apply to it.
 """
 
 from __future__ import annotations
