@@ -40,12 +40,8 @@ def _prompts(engine, n: int) -> list[list[int]]:
     return [engine.render([{"role": "user", "content": "hello " * i + "What is 2+2?"}]) for i in range(n)]
 
 
-def _run(coro):
-    return asyncio.run(coro)
-
-
-def test_tiny_random_generates_through_litellm_acompletion(litellm):
-    response = _run(
+def test_tiny_random_generates_through_litellm_acompletion(litellm, arun):
+    response = arun(
         litellm.acompletion(model=f"local/{TINY}", messages=QUESTION, max_tokens=8, temperature=0)
     )
     assert response.choices[0].message.role == "assistant"
@@ -53,15 +49,15 @@ def test_tiny_random_generates_through_litellm_acompletion(litellm):
     assert response.choices[0].finish_reason in {"stop", "length"}
 
 
-def test_sync_litellm_completion_matches_async(litellm):
+def test_sync_litellm_completion_matches_async(litellm, arun):
     kwargs = {"model": f"local/{TINY}", "messages": QUESTION, "max_tokens": 8, "temperature": 0}
     sync = litellm.completion(**kwargs)
-    async_ = _run(litellm.acompletion(**kwargs))
+    async_ = arun(litellm.acompletion(**kwargs))
     assert sync.choices[0].message.content == async_.choices[0].message.content
 
 
-def test_response_carries_usage_and_exact_token_ids(litellm, tiny):
-    response = _run(
+def test_response_carries_usage_and_exact_token_ids(litellm, tiny, arun):
+    response = arun(
         litellm.acompletion(model=f"local/{TINY}", messages=QUESTION, max_tokens=6, temperature=0)
     )
     details = local_call_details(response)
@@ -73,10 +69,10 @@ def test_response_carries_usage_and_exact_token_ids(litellm, tiny):
     assert all(lp <= 0 for lp in details["logprobs"])
 
 
-def test_token_details_survive_model_dump_and_rebuild(litellm):
+def test_token_details_survive_model_dump_and_rebuild(litellm, arun):
     from litellm import ModelResponse
 
-    response = _run(
+    response = arun(
         litellm.acompletion(model=f"local/{TINY}", messages=QUESTION, max_tokens=4, temperature=0)
     )
     dumped = response.model_dump()
@@ -84,8 +80,8 @@ def test_token_details_survive_model_dump_and_rebuild(litellm):
     assert local_call_details(ModelResponse(**dumped)) == local_call_details(response)
 
 
-def test_openai_logprobs_returned_when_asked(litellm):
-    response = _run(
+def test_openai_logprobs_returned_when_asked(litellm, arun):
+    response = arun(
         litellm.acompletion(
             model=f"local/{TINY}",
             messages=QUESTION,
@@ -116,7 +112,7 @@ def test_batched_greedy_equals_batch_of_one(tiny):
         assert b.logprobs == pytest.approx(s.logprobs, abs=1e-4)
 
 
-def test_concurrent_requests_are_batched_and_match_sequential(litellm, tiny):
+def test_concurrent_requests_are_batched_and_match_sequential(litellm, tiny, arun):
     messages = [[{"role": "user", "content": f"Count to {i}"}] for i in range(6)]
     sequential = [
         tiny.generate_batch([build_request(tiny, m, {"temperature": 0, "max_tokens": 10})])[0]
@@ -132,7 +128,7 @@ def test_concurrent_requests_are_batched_and_match_sequential(litellm, tiny):
             ]
         )
 
-    responses = _run(all_at_once())
+    responses = arun(all_at_once())
     assert tiny.batches_run - before < len(messages)
     assert [local_call_details(r)["completion_token_ids"] for r in responses] == [
         s.completion_ids for s in sequential
@@ -201,20 +197,20 @@ def test_failed_request_raises_to_its_caller(tiny):
         tiny.generate(GenerationRequest([], max_tokens=3))
 
 
-def test_set_local_model_serves_and_swaps_weights(litellm, tiny):
+def test_set_local_model_serves_and_swaps_weights(litellm, tiny, arun):
     import torch
 
     model = copy.deepcopy(tiny.model)
     set_local_model("policy-under-training", model, tiny.tokenizer)
     kwargs = {"model": "local/policy-under-training", "messages": QUESTION, "max_tokens": 8, "temperature": 0}
-    before = local_call_details(_run(litellm.acompletion(**kwargs)))["completion_token_ids"]
+    before = local_call_details(arun(litellm.acompletion(**kwargs)))["completion_token_ids"]
     assert (
         before
         == tiny.generate(build_request(tiny, QUESTION, {"temperature": 0, "max_tokens": 8})).completion_ids
     )
     with torch.no_grad():
         model.lm_head.weight.mul_(-1.0)  # an in-place update, as a trainer step does
-    after = local_call_details(_run(litellm.acompletion(**kwargs)))["completion_token_ids"]
+    after = local_call_details(arun(litellm.acompletion(**kwargs)))["completion_token_ids"]
     assert after != before
     assert get_engine("local/policy-under-training").model is model
 
@@ -260,9 +256,9 @@ def test_contrastive_with_mismatched_vocabularies_names_both_models(tiny):
         contrastive_decoding(TINY, "tiny-other-vocab", QUESTION, max_tokens=4)
 
 
-def test_logit_mode_reaches_the_provider_as_a_keyword(litellm):
+def test_logit_mode_reaches_the_provider_as_a_keyword(litellm, arun):
     direct = logit_fusion([TINY, TINY], QUESTION, max_tokens=8, temperature=0)
-    response = _run(
+    response = arun(
         litellm.acompletion(
             model=f"local/{TINY}",
             messages=QUESTION,
@@ -274,13 +270,13 @@ def test_logit_mode_reaches_the_provider_as_a_keyword(litellm):
     assert local_call_details(response)["completion_token_ids"] == direct.completion_ids
 
 
-def test_logit_mode_reaches_the_provider_through_metadata(litellm, tiny):
+def test_logit_mode_reaches_the_provider_through_metadata(litellm, tiny, arun):
     set_local_model("tiny-weak", copy.deepcopy(tiny.model), tiny.tokenizer)
     direct = contrastive_decoding(
         TINY, "tiny-weak", QUESTION, alpha=0.2, beta=0.5, max_tokens=8, temperature=0
     )
     settings = {"logit_mode": "contrastive", "members": [TINY, "tiny-weak"], "alpha": 0.2, "beta": 0.5}
-    response = _run(
+    response = arun(
         litellm.acompletion(
             model=f"local/{TINY}",
             messages=QUESTION,
@@ -292,9 +288,9 @@ def test_logit_mode_reaches_the_provider_through_metadata(litellm, tiny):
     assert local_call_details(response)["completion_token_ids"] == direct.completion_ids
 
 
-def test_unknown_logit_mode_is_a_clear_error(litellm):
+def test_unknown_logit_mode_is_a_clear_error(litellm, arun):
     with pytest.raises(Exception, match="logit_mode must be 'fusion' or 'contrastive'"):
-        _run(
+        arun(
             litellm.acompletion(
                 model=f"local/{TINY}",
                 messages=QUESTION,
@@ -305,8 +301,8 @@ def test_unknown_logit_mode_is_a_clear_error(litellm):
 
 
 @pytest.mark.slow
-def test_smollm2_answers_with_real_text(litellm):
-    response = _run(
+def test_smollm2_answers_with_real_text(litellm, arun):
+    response = arun(
         litellm.acompletion(model="local/smollm2-135m", messages=QUESTION, max_tokens=30, temperature=0)
     )
     text = response.choices[0].message.content

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import operator
 import urllib.error
@@ -67,7 +66,7 @@ def test_litellm_over_http_matches_in_process_generation(server, greedy):
     assert response.usage.completion_tokens == 10
 
 
-def test_litellm_streaming_over_http_reassembles_the_text(server, greedy):
+def test_litellm_streaming_over_http_reassembles_the_text(server, greedy, arun):
     import litellm
 
     async def collect() -> tuple[list[str], str | None]:
@@ -86,7 +85,7 @@ def test_litellm_streaming_over_http_reassembles_the_text(server, greedy):
             finish = chunk.choices[0].finish_reason or finish
         return pieces, finish
 
-    pieces, finish = asyncio.run(collect())
+    pieces, finish = arun(collect())
     assert len([p for p in pieces if p]) > 1
     assert "".join(pieces) == greedy
     assert finish == "length"
@@ -119,7 +118,7 @@ def test_langchain_chat_model_invokes_a_local_model(greedy):
     assert message.usage_metadata["output_tokens"] == 10
 
 
-def test_langchain_chat_model_reaches_a_served_model(server, greedy):
+def test_langchain_chat_model_reaches_a_served_model(server, greedy, arun):
     llm = LiteLLMChatModel.from_settings(
         {
             "model": "openai/tiny",
@@ -129,7 +128,7 @@ def test_langchain_chat_model_reaches_a_served_model(server, greedy):
             "max_tokens": 10,
         }
     )
-    assert asyncio.run(llm.ainvoke([("human", "What is 2+2?")])).content == greedy
+    assert arun(llm.ainvoke([("human", "What is 2+2?")])).content == greedy
 
 
 def test_langchain_chat_model_runs_inside_a_langgraph_graph(greedy):
@@ -148,3 +147,14 @@ def test_langchain_chat_model_runs_inside_a_langgraph_graph(greedy):
     out = graph.compile().invoke({"messages": [HumanMessage("What is 2+2?")]})
     assert [m.type for m in out["messages"]] == ["human", "ai"]
     assert out["messages"][-1].content == greedy
+
+
+def test_concurrent_http_clients_share_batches(server, greedy):
+    from concurrent.futures import ThreadPoolExecutor
+
+    body = {"model": "tiny", "messages": QUESTION, "temperature": 0, "max_tokens": 10}
+    before = server.engine.batches_run
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(lambda _: _http(f"{server.base_url}/chat/completions", body), range(4)))
+    assert [payload["choices"][0]["message"]["content"] for _, payload in replies] == [greedy] * 4
+    assert server.engine.batches_run - before < 4
