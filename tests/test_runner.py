@@ -117,12 +117,17 @@ def test_a_failed_call_fails_its_example_and_is_not_scored(scripted_server, pool
     assert failed_trace.failed and failed_trace.calls[0].error_type == "server"
 
 
-def test_a_member_that_is_down_fails_every_example(scripted_server, pool_for, arun) -> None:
+def test_a_member_that_is_down_fails_every_example(scripted_server, pool_for, arun, tmp_path) -> None:
     server = scripted_server({"a": arithmetic_solver(), "b": arithmetic_solver(seed=1)}, down_models=["c"])
     pool = pool_for(server, ["a", "b", "c"])
-    outcomes, summary = arun(run_dataset(majority_vote(pool.names), pool, examples(2), client=client()))
-    assert all(o.failed and o.score is None for o in outcomes)
+    spec = majority_vote(pool.names)
+    _, summary = arun(run_dataset(spec, pool, examples(2), client=client(), out=tmp_path))
+    results = read_jsonl(tmp_path / "results.jsonl")
+    assert [(r["failed"], r["score"], r["answer"]) for r in results] == [(True, None, None)] * 2
+    assert all("c: server after 3 attempt(s)" in r["error"] for r in results)
     assert summary["failed"] == 2 and summary["score"] is None and summary["scored"] == 0
+    # three attempts per example at the down member; a and b answered (or were cancelled) meanwhile
+    assert sum(r.model == "c" for r in server.requests) == 6
 
 
 def test_secrets_reach_no_output_file_nor_the_cache(scripted_server, pool_for, arun, tmp_path) -> None:
