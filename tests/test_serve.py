@@ -158,3 +158,23 @@ def test_concurrent_http_clients_share_batches(server, greedy):
         replies = list(pool.map(lambda _: _http(f"{server.base_url}/chat/completions", body), range(4)))
     assert [payload["choices"][0]["message"]["content"] for _, payload in replies] == [greedy] * 4
     assert server.engine.batches_run - before < 4
+
+
+def test_token_ids_survive_the_http_round_trip(server):
+    import litellm
+
+    from colab_graphs.models.local import local_call_details
+
+    engine = get_engine("tiny-random")
+    in_process = engine.generate(build_request(engine, QUESTION, {"temperature": 0, "max_tokens": 6}))
+    response = litellm.completion(
+        model="openai/tiny",
+        api_base=server.base_url,
+        api_key="none",
+        messages=QUESTION,
+        temperature=0,
+        max_tokens=6,
+    )
+    details = local_call_details(response)
+    assert details["prompt_token_ids"] == in_process.prompt_ids
+    assert details["completion_token_ids"] == in_process.completion_ids

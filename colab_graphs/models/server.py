@@ -6,8 +6,10 @@ concurrent clients are decoded together. Any LiteLLM user reaches it with::
 
     litellm.completion(model="openai/<served-name>", api_base="http://127.0.0.1:8000/v1", api_key="x", ...)
 
-(``hosted_vllm/<served-name>`` works the same way). Responses also carry the exact token ids as
-``choices[0].provider_specific_fields["colab_graphs"]``, like the in-process provider.
+(``hosted_vllm/<served-name>`` works the same way). Each choice also carries the exact token ids and
+logprobs under the key ``colab_graphs``, which LiteLLM hands back as
+``choices[0].provider_specific_fields["colab_graphs"]``, so ``local_call_details`` reads them as it does
+for the in-process provider.
 
 On a GPU machine, vLLM serves the same folder much faster. It cannot share this environment (it pins its
 own torch and transformers), so install it in its own environment and point it at the folder that
@@ -130,7 +132,12 @@ class _Handler(BaseHTTPRequestHandler):
             response = to_model_response(
                 state.served_name, state.engine.tokenizer, result, bool(body.get("logprobs"))
             )
-            self._json(200, response.model_dump())
+            payload = response.model_dump()
+            for choice in payload["choices"]:
+                # LiteLLM files unknown choice keys under provider_specific_fields: send them flat so the
+                # client sees the same provider_specific_fields["colab_graphs"] as in-process callers.
+                choice.update(choice.pop("provider_specific_fields", None) or {})
+            self._json(200, payload)
 
     def _stream(self, request: Any, body: dict[str, Any]) -> None:
         pieces: queue.Queue[str | None] = queue.Queue()
