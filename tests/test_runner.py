@@ -229,3 +229,12 @@ def test_a_torn_last_trace_line_is_recomputed_on_resume(scripted_server, pool_fo
     _, summary = arun(run_dataset(spec, pool, data, client=client(), out=tmp_path))
     assert [r.messages[-1]["content"].split("\n")[0] for r in server.requests] == [data[2].input]
     assert [t.example_id for t in read_traces(traces)] == ["q0", "q1", "q2"] and summary["n"] == 3
+
+
+def test_a_corrupt_trace_line_is_named_by_file_and_line(tmp_path) -> None:
+    path = tmp_path / "traces.jsonl"
+    path.write_text('{"example_id": "1", "protocol": "p"}\n\n{"example_id": \n')
+    reader = read_traces(path)
+    assert next(reader).example_id == "1"
+    with pytest.raises(ValueError, match=rf"{path}:3: not a valid trace record"):
+        next(reader)
