@@ -20,7 +20,7 @@ C-RL raises the system score where solo RL cannot move (by construction of the t
 correctness is always 0). Collaborative fine-tuning on successful rollouts does as well as C-RL here: the
 behaviour is one marker token, which rejection-sampled SFT picks up as fast as GRPO. The eval after C-RL
 equals the policy seat's LOO (the collaborators alone score 0). tests/test_trainer.py runs the C-RL vs
-solo comparison (8 steps) as a slow test.
+solo comparison (12 steps, seeded sampling) as a slow test.
 """
 
 from __future__ import annotations

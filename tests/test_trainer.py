@@ -65,6 +65,22 @@ def test_failed_rollouts_are_left_out_of_their_group() -> None:
     assert group_advantages([1.0, None, 0.0, None], 4, scale="none") == [0.5, 0.0, -0.5, 0.0]
 
 
+def test_a_step_whose_rollouts_all_failed_is_an_error() -> None:
+    from colab_graphs.data.example import Example
+    from colab_graphs.trace import Trace
+    from colab_graphs.trainers.rollout import Rollout, RolloutError, check_rollouts
+
+    example = Example(id="1", input="What is 1 + 0?", answer="1")
+    error = "solver: connection after 7 attempt(s)"
+    failed = Rollout(example, Trace(example_id="1", protocol="relay", failed=True, error=error), None)
+    scored = Rollout(example, Trace(example_id="1", protocol="relay"), 1.0)
+    check_rollouts([failed, scored])  # some failures are tolerated (and counted in the metrics)
+    with pytest.raises(
+        RolloutError, match="all 2 rollouts of this step failed; first error: solver: connection"
+    ):
+        check_rollouts([failed, failed])
+
+
 # --- a live system with the tiny policy seated ---------------------------------------------------------------
 
 
@@ -360,8 +376,9 @@ def test_crl_teaches_cooperation_that_solo_rl_cannot(tmp_path: Path) -> None:
         config = load_config(
             ROOT / "examples" / "train_tiny.yaml",
             reward=reward,
-            max_steps=8,
+            max_steps=12,
             save_steps=0,
+            pool={"policy": {"max_tokens": 6, "seed": 3}},  # seeded sampling: a reproducible run
             output_dir=str(tmp_path / reward),
             cache_dir=str(tmp_path / "cache"),
         )

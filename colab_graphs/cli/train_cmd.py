@@ -65,6 +65,7 @@ def train(
     if config is None:
         fail("--config is required (see examples/train_tiny.yaml)")
     from colab_graphs.trainers.config import ConfigError, load_config
+    from colab_graphs.trainers.rollout import RolloutError
 
     try:
         cfg = load_config(
@@ -80,6 +81,9 @@ def train(
         summary = run_training(cfg, on_step=_print_step)
     except ConfigError as err:
         fail(str(err))
+        raise
+    except RolloutError as err:
+        fail(f"{err} (check the pool: are the collaborators' servers up?)", code=1)
         raise
     from rich.console import Console
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from colab_graphs.data.example import Example
 from colab_graphs.trainers.config import TrainConfig
-from colab_graphs.trainers.rollout import LoopThread, PolicyTurn, RolloutRunner
+from colab_graphs.trainers.rollout import LoopThread, PolicyTurn, RolloutRunner, check_rollouts
 
 
 def sft_loss(model: Any, turns: Sequence[PolicyTurn], pad_id: int) -> Any:
@@ -73,6 +73,7 @@ def sft_train(
         chosen = [e for e in next(batches) for _ in range(config.num_generations)]
         with eval_mode(model):
             rollouts = loop.run(runner.arun(chosen))
+        check_rollouts(rollouts)
         kept = [t for r in rollouts if not r.failed and r.reward >= config.sft_min_reward for t in r.turns]  # type: ignore[operator]
         loss_value = None
         if kept:

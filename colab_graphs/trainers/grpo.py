@@ -27,7 +27,7 @@ from trl import GRPOTrainer
 
 from colab_graphs.data.example import Example
 from colab_graphs.trainers.credit import turn_advantages
-from colab_graphs.trainers.rollout import LoopThread, PolicyTurn, Rollout, RolloutRunner
+from colab_graphs.trainers.rollout import LoopThread, PolicyTurn, Rollout, RolloutRunner, check_rollouts
 
 TRL_VERSION = "1.16.0"
 
@@ -171,6 +171,7 @@ class CRLTrainer(GRPOTrainer):
         examples = [self.examples[i] for i in ids]
         with eval_mode(self.model):
             rollouts = self.loop.run(self.runner.arun(examples))
+            check_rollouts(rollouts)
             credit = self.loop.run(
                 turn_advantages(
                     self.runner, rollouts, group, self.credit, self.replay_samples, self.args.scale_rewards

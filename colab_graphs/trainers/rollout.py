@@ -215,6 +215,21 @@ class Rollout:
         return self.reward is None
 
 
+class RolloutError(RuntimeError):
+    """Every rollout of a step failed: the system cannot be run as configured (an unreachable member, ...)."""
+
+
+def check_rollouts(rollouts: Sequence[Rollout]) -> None:
+    """Raise `RolloutError` when every rollout failed (some failures are tolerated and counted in metrics).
+
+    Failed calls are not answers: training on a step where the system never ran would only hide the fault.
+    """
+    if rollouts and all(r.failed for r in rollouts):
+        raise RolloutError(
+            f"all {len(rollouts)} rollouts of this step failed; first error: {rollouts[0].trace.error}"
+        )
+
+
 def seat_positions(trace: Trace) -> list[tuple[str | None, int]]:
     """(seat, occurrence) of every call in `trace`: a call's identity that survives concurrent scheduling."""
     seen: dict[str | None, int] = {}
