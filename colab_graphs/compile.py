@@ -6,11 +6,13 @@ graph (it reads `input` and writes `answer`). Model calls go through the `ModelC
 client and pool given at compile time.
 """
 
+import asyncio
 import math
+import threading
 from dataclasses import dataclass
 from typing import Annotated, Any, TypedDict
 
-from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables import RunnableConfig, RunnableLambda
 
 from colab_graphs.aggregators import get_aggregator, get_router
 from colab_graphs.models.client import ModelClient
@@ -127,6 +129,29 @@ def _messages(system: str | None, prompt: str) -> list[dict[str, str]]:
     return msgs
 
 
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_lock = threading.Lock()
+
+
+def _background_loop() -> asyncio.AbstractEventLoop:
+    """One event loop in a daemon thread, where model nodes run when a graph is invoked synchronously."""
+    global _loop
+    with _loop_lock:
+        if _loop is None:
+            _loop = asyncio.new_event_loop()
+            threading.Thread(target=_loop.run_forever, name="colab-graphs-loop", daemon=True).start()
+    return _loop
+
+
+def _node(afn) -> RunnableLambda:
+    """A node usable from `ainvoke` (runs `afn` on the caller's loop) and `invoke` (on a background loop)."""
+
+    def run_sync(state: GraphState, config: RunnableConfig | None = None) -> dict[str, Any]:
+        return asyncio.run_coroutine_threadsafe(afn(state, config), _background_loop()).result()
+
+    return RunnableLambda(run_sync, afunc=afn, name=getattr(afn, "__name__", None))
+
+
 def _seat_fn(seat: Seat, order: dict[str, int], fallback: Runtime | None):
     async def run(state: GraphState, config: RunnableConfig | None = None) -> dict[str, Any]:
         rt = _runtime(config, fallback)
@@ -187,7 +212,7 @@ def _logit_fn(node: LogitSeat, order: dict[str, int], fallback: Runtime | None):
 def _aggregate_fn(node: Aggregate, order: dict[str, int]):
     fn = get_aggregator(node.fn)
 
-    async def run(state: GraphState) -> dict[str, Any]:
+    def run(state: GraphState) -> dict[str, Any]:
         reads = resolve_reads(node.reads, state, order)
         return {"values": {node.writes: fn(reads, **node.params)}, "visits": {node.name: 1}}
 
@@ -222,7 +247,7 @@ def _target(name: str | None) -> str:
 
 
 def _finish(output_key: str):
-    async def run(state: GraphState) -> dict[str, Any]:
+    def run(state: GraphState) -> dict[str, Any]:
         return {"answer": str((state.get("values") or {}).get(output_key, ""))}
 
     return run
@@ -252,9 +277,9 @@ def compile_graph(spec: GraphSpec, pool: Pool | None = None, client: ModelClient
     builder = StateGraph(GraphState)
     for node in spec.nodes:
         if isinstance(node, Seat):
-            builder.add_node(node.name, _seat_fn(node, order, fallback))
+            builder.add_node(node.name, _node(_seat_fn(node, order, fallback)))
         elif isinstance(node, LogitSeat):
-            builder.add_node(node.name, _logit_fn(node, order, fallback))
+            builder.add_node(node.name, _node(_logit_fn(node, order, fallback)))
         else:
             builder.add_node(node.name, _aggregate_fn(node, order))
     builder.add_node(FINISH, _finish(spec.output))
