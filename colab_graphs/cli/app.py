@@ -46,6 +46,12 @@ CacheDirOpt = Annotated[
 NoCacheOpt = Annotated[bool, typer.Option("--no-cache", help="Do not read or write the call cache.")]
 LimitOpt = Annotated[int | None, typer.Option("--limit", help="Use only the first K examples.")]
 ParamOpt = Annotated[list[str] | None, typer.Option("-P", "--param", help="Protocol parameter key=value.")]
+RetriesOpt = Annotated[
+    int,
+    typer.Option(
+        "--retries", help="Retries per call on 429/5xx/timeouts/malformed replies (backoff doubles)."
+    ),
+]
 SeedOpt = Annotated[
     int | None, typer.Option("--seed", help="Shuffle the data with this seed before --limit.")
 ]
@@ -79,6 +85,7 @@ def run(
     limit: LimitOpt = None,
     param: ParamOpt = None,
     seed: SeedOpt = None,
+    retries: RetriesOpt = 6,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Discard an earlier run in --out.")] = False,
 ) -> None:
     """Run a protocol over a dataset; write results.jsonl, traces.jsonl and summary.json."""
@@ -90,7 +97,7 @@ def run(
     the_pool = load_pool(pool)
     examples = load_data(data, limit, seed)
     spec = resolve_protocol(protocol, graph, the_pool.names, parse_params(param), the_pool)
-    client = make_client(cache_dir, no_cache, max_concurrency)
+    client = make_client(cache_dir, no_cache, max_concurrency, retries=retries)
     out = out or Path("runs") / spec.name
     progress, task = _progress(len(examples), f"{spec.name}")
     scores: list[float] = []

@@ -20,6 +20,7 @@ from colab_graphs.cli.app import (
     ParamOpt,
     PoolOpt,
     ProtocolOpt,
+    RetriesOpt,
     ScorerOpt,
     SeedOpt,
     _progress,
@@ -42,6 +43,7 @@ def audit(
     limit: LimitOpt = None,
     param: ParamOpt = None,
     seed: SeedOpt = None,
+    retries: RetriesOpt = 6,
     force: Annotated[bool, typer.Option("--force", help="Allow exact Shapley over many members.")] = False,
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Discard an earlier audit in --out.")
@@ -60,7 +62,7 @@ def audit(
     the_pool = load_pool(pool)
     examples = load_data(data, limit, seed)
     spec = resolve_protocol(protocol, graph, the_pool.names, parse_params(param), the_pool)
-    client = make_client(cache_dir, no_cache, max_concurrency)
+    client = make_client(cache_dir, no_cache, max_concurrency, retries=retries)
     out = out or Path("audits") / spec.name
     if overwrite and out.exists():
         shutil.rmtree(out)
