@@ -208,3 +208,11 @@ def test_show_prints_mermaid(workspace) -> None:
     result = invoke("show", "majority_vote", "--pool", workspace["pool"], "--format", "mermaid")
     assert result.exit_code == 0, result.output
     assert result.output.startswith("flowchart TD") and '"answer_c\\n[c]"' in result.output
+
+
+def test_retries_option_bounds_attempts_on_a_failing_server(workspace, scripted_server) -> None:
+    server = scripted_server({"a": arithmetic_solver(accuracy=1.0)}, fail_first=5, fail_first_kind="500")
+    write_pool(workspace["pool"], server, ["a"])
+    result = invoke(*run_args(workspace, "solo", "retries", "--limit", "1", "--retries", "1"))
+    assert result.exit_code == 3
+    assert len(server.requests) == 2  # the first attempt and one retry, then the example is failed
