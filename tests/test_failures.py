@@ -89,7 +89,12 @@ def reference(arun, tmp_path_factory):
         client = ModelClient(CallCache(base / "run-cache"), max_concurrency=CONCURRENCY)
         outcomes, summary = arun(run_dataset(debate(), pool_of(server), EXAMPLES, client=client))
     results = [o.result_line() for o in outcomes]
-    return {"audit": report_values(report), "results": results, "score": summary["score"]}
+    return {
+        "audit": report_values(report),
+        "results": results,
+        "score": summary["score"],
+        "run_distinct": summary["calls"]["made"],  # a fresh cache: every distinct request made once
+    }
 
 
 # Injected faults
@@ -254,8 +259,10 @@ def cached_requests(cache_dir: Path) -> set[tuple[str, str, str]]:
     return {(r["model"].split("/", 1)[1], canonical(r["messages"]), canonical(r["settings"])) for r in rows}
 
 
-def assert_no_request_repeated_beyond_the_kill(server: ScriptedServer, before, stored) -> None:
+def assert_no_request_repeated_beyond_the_kill(server: ScriptedServer, before, stored, distinct: int) -> None:
     after = server.request_counts(successful_only=True)
+    # Killed and resumed, it asked for exactly the requests an uninterrupted run asks for.
+    assert len(after) == distinct
     stored_keys = [k for k in after if tuple(k) in stored]
     in_flight = [k for k in before if tuple(k) not in stored]
     # Answers stored before the kill are never asked for again.
@@ -274,7 +281,7 @@ def test_a_killed_audit_resumes_to_the_uninterrupted_report(reference, scripted_
     assert rerun.returncode == 0, rerun.stderr
     report = read_report(tmp_path / "out")
     assert report_values(report) == reference["audit"]
-    assert_no_request_repeated_beyond_the_kill(server, before, stored)
+    assert_no_request_repeated_beyond_the_kill(server, before, stored, reference["audit"]["unique"])
 
 
 @pytest.mark.parametrize("seed", KILL_SEEDS[:2])
@@ -287,7 +294,7 @@ def test_a_killed_run_resumes_to_the_uninterrupted_results(reference, scripted_s
     assert results == reference["results"]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["score"] == reference["score"] and summary["failed"] == 0
-    assert_no_request_repeated_beyond_the_kill(server, before, stored)
+    assert_no_request_repeated_beyond_the_kill(server, before, stored, reference["run_distinct"])
 
 
 # A member that is down
