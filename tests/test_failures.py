@@ -1,10 +1,12 @@
 """Failures: injected faults, SIGKILL and resume, and a member that is down, against a real HTTP server.
 
-Kill tests start the real CLI entry point (`colab_graphs.cli.app.main`, what the `colab-graphs` script runs) in
-a child process against a scripted server with latency, SIGKILL it after a seeded random number of answered
-requests, run the same command again, and compare with an uninterrupted run. Children fork from a
+Kill tests start the real CLI entry point (`colab_graphs.cli.app.main`, what the `colab-graphs` script runs)
+in a child process against a scripted server with latency, SIGKILL it after a seeded random number of
+answered requests, run the same command again, and compare with an uninterrupted run. Children fork from a
 multiprocessing fork server that has imported the CLI, LiteLLM and LangGraph once: a fresh interpreter pays
-about 7 s of CPU for those imports, which would dominate these tests on a 2-core machine. What a resume can promise about repeated requests:
+about 7 s of CPU for those imports, which would dominate these tests on a 2-core machine.
+
+What a resume can promise about repeated requests:
 
 - every call whose answer reached the call cache before the kill is never sent again;
 - a request the server answered but the killed client never stored (in flight at the kill) is sent again by
@@ -75,9 +77,10 @@ def report_values(report) -> dict:
     }
 
 
-def audit(arun, server: ScriptedServer, cache_dir: Path, out: Path | None = None, **kwargs):
-    client = ModelClient(CallCache(cache_dir), max_concurrency=CONCURRENCY, backoff_s=0.01, **kwargs)
-    return arun(run_audit(debate(), pool_of(server), EXAMPLES, client=client, out=out, method="loo"))
+def audit(arun, server: ScriptedServer, cache_dir: Path):
+    """A LOO audit of the debate in-process, with a fresh client whose retries wait 10 ms first."""
+    client = ModelClient(CallCache(cache_dir), max_concurrency=CONCURRENCY, backoff_s=0.01)
+    return arun(run_audit(debate(), pool_of(server), EXAMPLES, client=client, method="loo"))
 
 
 @pytest.fixture(scope="module")
@@ -249,7 +252,7 @@ def settled_counts(server: ScriptedServer) -> collections.Counter:
 
 
 def cached_requests(cache_dir: Path) -> set[tuple[str, str, str]]:
-    """The requests whose answers are in the call cache, as the server names them (model, messages, params)."""
+    """Requests whose answers are in the call cache, as the server names them (model, messages, params)."""
     with sqlite3.connect(cache_dir / "calls.sqlite") as db:
         rows = [json.loads(r) for (r,) in db.execute("SELECT request FROM calls")]
 
