@@ -143,13 +143,22 @@ def _background_loop() -> asyncio.AbstractEventLoop:
     return _loop
 
 
-def _node(afn) -> RunnableLambda:
-    """A node usable from `ainvoke` (runs `afn` on the caller's loop) and `invoke` (on a background loop)."""
+def _node(afn, fn=None):
+    """A node that runs `afn` under `ainvoke` and `fn` under `invoke`.
 
-    def run_sync(state: GraphState, config: RunnableConfig | None = None) -> dict[str, Any]:
-        return asyncio.run_coroutine_threadsafe(afn(state, config), _background_loop()).result()
+    Without `fn`, `invoke` runs `afn` on a background loop (model seats). Built as LangGraph builds nodes from
+    plain functions (no tracing callbacks, no thread hop for pure-Python nodes under `ainvoke`).
+    """
+    if fn is None:
 
-    return RunnableLambda(run_sync, afunc=afn, name=getattr(afn, "__name__", None))
+        def fn(state: GraphState, config: RunnableConfig | None = None) -> dict[str, Any]:
+            return asyncio.run_coroutine_threadsafe(afn(state, config), _background_loop()).result()
+
+    try:
+        from langgraph._internal._runnable import RunnableCallable
+    except ImportError:  # a LangGraph that moved it: the public wrapper works, with tracing overhead
+        return RunnableLambda(fn, afunc=afn)
+    return RunnableCallable(fn, afn, name=getattr(afn, "__name__", None), trace=False)
 
 
 def _seat_fn(seat: Seat, order: dict[str, int], fallback: Runtime | None):
@@ -216,7 +225,10 @@ def _aggregate_fn(node: Aggregate, order: dict[str, int]):
         reads = resolve_reads(node.reads, state, order)
         return {"values": {node.writes: fn(reads, **node.params)}, "visits": {node.name: 1}}
 
-    return run
+    async def arun(state: GraphState) -> dict[str, Any]:
+        return run(state)
+
+    return _node(arun, run)
 
 
 def _route_fn(route, order: dict[str, int]):
@@ -250,7 +262,10 @@ def _finish(output_key: str):
     def run(state: GraphState) -> dict[str, Any]:
         return {"answer": str((state.get("values") or {}).get(output_key, ""))}
 
-    return run
+    async def arun(state: GraphState) -> dict[str, Any]:
+        return run(state)
+
+    return _node(arun, run)
 
 
 def compile_graph(spec: GraphSpec, pool: Pool | None = None, client: ModelClient | None = None):
