@@ -304,5 +304,5 @@ def test_cli_exact_over_too_many_members_is_a_clear_error(tmp_path):
     done = cli("audit", "--protocol", "majority_vote", "--pool", pool, "--data", data, "--method", "exact",
                "--cache-dir", tmp_path / "cache", "--out", tmp_path / "out")  # fmt: skip
     assert done.returncode == 2
-    assert "exact Shapley over 13 players" in done.stderr
+    assert "exact Shapley over 13 players" in done.stderr and "--force" in done.stderr
     assert not (tmp_path / "out" / "report.json").exists()

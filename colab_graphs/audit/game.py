@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import json
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,6 +90,9 @@ class CoalitionGame:
         self.store = Path(store) if store is not None else None
         self.max_in_flight = max_in_flight or max(4 * client.max_concurrency, 8)
         self.plays: dict[tuple[str, str], Play] = {}
+        # When this audit first started (kept across resumes): cache entries written since then are calls this
+        # audit made, even where a resumed run found them in the cache.
+        self.started_at = time.time()
         self._graphs: dict[str, tuple[GraphSpec | None, Any]] = {}
         if self.store is not None:
             self._open_store()
@@ -113,12 +117,17 @@ class CoalitionGame:
         self.store.mkdir(parents=True, exist_ok=True)
         manifest, path = self.store / MANIFEST_FILE, self.store / GAME_FILE
         fp = self.fingerprint()
-        if manifest.exists() and json.loads(manifest.read_text()).get("fingerprint") != fp:
-            raise ValueError(
-                f"{self.store} holds an audit of a different protocol, pool, dataset or scorer; use another "
-                "--out or --overwrite"
-            )
-        manifest.write_text(json.dumps({"fingerprint": fp, "protocol": self.spec.name}) + "\n")
+        if manifest.exists():
+            previous = json.loads(manifest.read_text())
+            if previous.get("fingerprint") != fp:
+                raise ValueError(
+                    f"{self.store} holds an audit of a different protocol, pool, dataset or scorer; use another "
+                    "--out or --overwrite"
+                )
+            self.started_at = float(previous.get("started_at", self.started_at))
+        manifest.write_text(
+            json.dumps({"fingerprint": fp, "protocol": self.spec.name, "started_at": self.started_at}) + "\n"
+        )
         if not path.exists():
             return
         good: list[str] = []
@@ -239,8 +248,13 @@ class CoalitionGame:
 
     def accounting(self) -> dict[str, Any]:
         """Calls made / distinct / cached / failed / naive, and tokens and cost per member and per coalition."""
-        made = cached = failed = naive = 0
-        keys: set[str] = set()
+        cached = failed = naive = 0
+        keys: set[str] = {c[0] for play in self.plays.values() for c in play.calls}
+        made_keys: set[str] = set()
+        # A call made by an earlier, killed run of this audit whose play never finished is a cache hit on
+        # resume; the cache's write time still says this audit made it.
+        cache = self.client.cache
+        made_before_resume = cache.written_since(keys, self.started_at) if cache is not None else set()
         per_member: dict[str, dict[str, Any]] = {}
         per_coalition: dict[str, dict[str, Any]] = {}
         for (cid, _), play in self.plays.items():
@@ -257,18 +271,16 @@ class CoalitionGame:
             )
             for key, member, was_cached, was_failed, p_tok, c_tok, cost in play.calls:
                 naive += 1
-                keys.add(key)
                 pc["calls"] += 1
                 pc["prompt"] += p_tok
                 pc["completion"] += c_tok
                 if was_failed:
                     failed += 1
-                    made += 1
                     continue
-                if was_cached:
+                if key in made_keys or (was_cached and key not in made_before_resume):
                     cached += 1
                     continue
-                made += 1
+                made_keys.add(key)
                 pm = per_member.setdefault(
                     member, {"calls": 0, "prompt": 0, "completion": 0, "cost_usd": 0.0}
                 )
@@ -277,6 +289,7 @@ class CoalitionGame:
                 pm["completion"] += c_tok
                 pm["cost_usd"] = None if cost is None or pm["cost_usd"] is None else pm["cost_usd"] + cost
                 pc["cost_usd"] = None if cost is None or pc["cost_usd"] is None else pc["cost_usd"] + cost
+        made = len(made_keys) + failed
         return {
             "calls": {"made": made, "unique": len(keys), "cached": cached, "failed": failed, "naive": naive},
             "per_member": per_member,

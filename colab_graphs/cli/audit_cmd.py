@@ -97,8 +97,11 @@ def audit(
                     on_progress=on_progress,
                 )
             )
-    except (AuditError, SpecError, ValueError) as err:
-        fail(str(err))
+    except AuditError as err:  # every example failed: a failed audit, not a usage error
+        fail(str(err), code=3)
+        raise
+    except (SpecError, ValueError) as err:
+        fail(str(err).replace("or force=True", "or pass --force"))
         raise
     _print_report(report, out)
     if report.failed_examples:

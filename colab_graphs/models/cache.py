@@ -55,6 +55,12 @@ class CallCache:
             row = self._conn.execute("SELECT response FROM calls WHERE key = ?", (key,)).fetchone()
         return json.loads(row[0]) if row else None
 
+    def written_since(self, keys: set[str], since: float) -> set[str]:
+        """Which of `keys` were stored at or after time `since` (seconds since the epoch)."""
+        with self._lock:
+            rows = self._conn.execute("SELECT key FROM calls WHERE created >= ?", (since,)).fetchall()
+        return {k for (k,) in rows if k in keys}
+
     def put(self, key: str, model: str, request: dict[str, Any], response: dict[str, Any]) -> None:
         with self._lock:
             self._conn.execute(
