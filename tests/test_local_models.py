@@ -192,6 +192,22 @@ def test_streaming_callback_sees_the_whole_text(tiny):
     assert "".join(pieces) == result.text
 
 
+def test_text_without_stop_strings_is_the_decoded_completion(tiny):
+    requests = [GenerationRequest(p, max_tokens=7, temperature=1.0, seed=3) for p in _prompts(tiny, 3)]
+    for result in tiny.generate_batch(requests):
+        assert result.text == tiny.tokenizer.decode(result.completion_ids, skip_special_tokens=True)
+
+
+def test_rendering_follows_a_swapped_tokenizer(tiny):
+    engine = set_local_model("tiny-render-swap", tiny.model, tiny.tokenizer)
+    with_template = engine.render(QUESTION)
+    assert engine.render(QUESTION) == with_template  # remembered, same ids
+    plain = copy.deepcopy(tiny.tokenizer)
+    plain.chat_template = None
+    set_local_model("tiny-render-swap", tiny.model, plain)
+    assert plain.decode(engine.render(QUESTION)) == "User: What is 2+2?\nAssistant:"
+
+
 def test_failed_request_raises_to_its_caller(tiny):
     with pytest.raises(ValueError, match="at least one prompt token"):
         tiny.generate(GenerationRequest([], max_tokens=3))

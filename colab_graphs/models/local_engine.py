@@ -13,6 +13,7 @@ and top-p), the OpenAI convention.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import queue
 import threading
@@ -33,6 +34,7 @@ FALLBACK_CHAT_TEMPLATE = (
 
 
 _STOP: Any = object()
+_RENDER_CACHE_SIZE = 256  # prompts remembered per engine (a few steps of GRPO groups)
 
 
 @dataclass
@@ -75,10 +77,15 @@ class GenerationResult:
 class _Row:
     """Decoding state of one request inside a batch."""
 
-    def __init__(self, req: GenerationRequest, engine: LocalEngine) -> None:
+    def __init__(
+        self, req: GenerationRequest, engine: LocalEngine, eos_ids: frozenset[int] | None = None
+    ) -> None:
         import torch
 
         self.req = req
+        self.eos_ids = frozenset(engine.eos_ids) if eos_ids is None else eos_ids
+        # Text is needed per token only to find stop strings or to stream; otherwise decode once at the end.
+        self.live_text = bool(req.stop) or req.on_text is not None
         self.ids: list[int] = []
         self.logprobs: list[float] = []
         self.top: list[list[tuple[int, float]]] = []
@@ -89,11 +96,15 @@ class _Row:
         seed = req.seed if req.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
         self.generator = torch.Generator(device=engine.device).manual_seed(seed)
 
-    def choose(self, logits: Any) -> int:
-        """Pick the next token from this row's fp32 logits and record its logprob."""
+    def choose(self, logits: Any, logp: Any = None) -> int:
+        """Pick the next token from this row's fp32 logits and record its logprob.
+
+        ``logp`` is ``log_softmax(logits)`` when the caller computed it for the whole batch.
+        """
         import torch
 
-        logp = torch.log_softmax(logits, dim=-1)
+        if logp is None:
+            logp = torch.log_softmax(logits, dim=-1)
         if self.req.temperature <= 0:
             token = int(torch.argmax(logits))
         else:
@@ -114,10 +125,15 @@ class _Row:
 
     def update(self, token: int) -> None:
         """Decode, check end conditions, and stream the text that can no longer change."""
-        engine = self.engine
-        if token in engine.eos_ids:
+        if token in self.eos_ids:
             self.finish = "stop"
-        self.text = engine.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if not self.live_text:
+            if self.finish is None and len(self.ids) >= self.req.max_tokens:
+                self.finish = "length"
+            if self.finish is not None:
+                self.text = self.engine.tokenizer.decode(self.ids, skip_special_tokens=True)
+            return
+        self.text = self.engine.tokenizer.decode(self.ids, skip_special_tokens=True)
         for s in self.req.stop:
             cut = self.text.find(s)
             if s and cut >= 0:
@@ -180,6 +196,8 @@ class LocalEngine:
         self._start_lock = threading.Lock()
         # Serialises forward passes of this model (the batch worker and logit-level decoding).
         self.lock = threading.Lock()
+        self._rendered: dict[tuple, tuple[Any, tuple[int, ...]]] = {}
+        self._render_lock = threading.Lock()
 
     @property
     def device(self) -> Any:
@@ -202,16 +220,35 @@ class LocalEngine:
         return pad if pad is not None else min(self.eos_ids, default=0)
 
     def render(self, messages: list[dict[str, Any]]) -> list[int]:
-        """Token ids of ``messages`` rendered with the model's chat template (or the plain fallback)."""
-        template = None if getattr(self.tokenizer, "chat_template", None) else FALLBACK_CHAT_TEMPLATE
-        text = self.tokenizer.apply_chat_template(
-            [{"role": m["role"], "content": _content_text(m.get("content"))} for m in messages],
+        """Token ids of ``messages`` rendered with the model's chat template (or the plain fallback).
+
+        Recent renderings are remembered: the rollouts of one GRPO group often send the policy the very same
+        messages, and templating plus tokenising costs about as much as decoding a short turn of a tiny model.
+        """
+        tokenizer = self.tokenizer
+        plain = [(m["role"], _content_text(m.get("content"))) for m in messages]
+        key = (id(tokenizer), getattr(tokenizer, "chat_template", None), tuple(plain))
+        hit = self._rendered.get(key)
+        if hit is not None and hit[0] is tokenizer:  # the same tokenizer object, not a reused id
+            return list(hit[1])
+        ids = self._render(tokenizer, plain)
+        with self._render_lock:  # rendering runs on event loops and worker threads alike
+            if len(self._rendered) >= _RENDER_CACHE_SIZE:
+                self._rendered.pop(next(iter(self._rendered)))  # oldest first (dicts keep insertion order)
+            self._rendered[key] = (tokenizer, tuple(ids))
+        return ids
+
+    @staticmethod
+    def _render(tokenizer: Any, plain: list[tuple[str, str]]) -> list[int]:
+        template = None if getattr(tokenizer, "chat_template", None) else FALLBACK_CHAT_TEMPLATE
+        text = tokenizer.apply_chat_template(
+            [{"role": role, "content": content} for role, content in plain],
             chat_template=template,
             tokenize=False,
             add_generation_prompt=True,
         )
         # The template already holds any BOS it wants; adding special tokens again would double it.
-        return list(self.tokenizer(text, add_special_tokens=template is not None)["input_ids"])
+        return list(tokenizer(text, add_special_tokens=template is not None)["input_ids"])
 
     def submit(self, request: GenerationRequest) -> Future[GenerationResult]:
         """Queue a request from any thread; the future resolves when its batch finishes."""
@@ -281,8 +318,10 @@ class LocalEngine:
                 raise ValueError("a generation request needs at least one prompt token")
         with self.lock, torch.inference_mode():
             self.batches_run += 1
-            rows = [_Row(req, self) for req in requests]
+            eos_ids = frozenset(self.eos_ids)
+            rows = [_Row(req, self, eos_ids) for req in requests]
             model, device = self.model, self.device
+            cache_name = cache_kwarg(model)
             width = max(len(r.prompt_ids) for r in requests)
             input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
             mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -298,8 +337,10 @@ class LocalEngine:
             next_pos = positions[:, -1:] + 1
             while True:
                 tokens = []
+                # One log_softmax for the batch (row-wise, so each row's values equal its batch-1 values).
+                logps = torch.log_softmax(logits, dim=-1)
                 for slot, idx in enumerate(active):
-                    token = rows[idx].choose(logits[slot])
+                    token = rows[idx].choose(logits[slot], logps[slot])
                     rows[idx].update(token)
                     tokens.append(token)
                 keep = [slot for slot, idx in enumerate(active) if rows[idx].finish is None]
@@ -319,7 +360,7 @@ class LocalEngine:
                     attention_mask=mask,
                     position_ids=next_pos,
                     use_cache=True,
-                    **{cache_kwarg(model): cache},
+                    **{cache_name: cache},
                 )
                 cache, logits = output_cache(out), out.logits[:, -1, :].float()
                 next_pos = next_pos + 1
@@ -328,9 +369,16 @@ class LocalEngine:
 
 def cache_kwarg(model: Any) -> str:
     """Name of the KV-cache argument of ``model.forward`` (``cache`` from transformers 5.2x on)."""
+    forward = model.forward
+    # Keyed on the function itself (a trainer may wrap an instance's forward), looked up once, not per step.
+    return _cache_kwarg_of(getattr(forward, "__func__", forward))
+
+
+@functools.lru_cache(maxsize=64)
+def _cache_kwarg_of(forward: Callable[..., Any]) -> str:
     import inspect
 
-    params = inspect.signature(model.forward).parameters
+    params = inspect.signature(forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 
