@@ -170,13 +170,7 @@ class CRLTrainer(GRPOTrainer):
                 )
         examples = [self.examples[i] for i in ids]
         with eval_mode(self.model):
-            rollouts = self.loop.run(self.runner.arun(examples))
-            check_rollouts(rollouts)
-            credit = self.loop.run(
-                turn_advantages(
-                    self.runner, rollouts, group, self.credit, self.replay_samples, self.args.scale_rewards
-                )
-            )
+            rollouts, credit = self.loop.run(self._rollouts_and_credit(examples, group))
         segments = [
             (t, a)
             for r, advs in zip(rollouts, credit, strict=True)
@@ -195,6 +189,17 @@ class CRLTrainer(GRPOTrainer):
                 batch["prompt_mask"].sum() + batch["completion_mask"].sum()
             )
         return batch
+
+    async def _rollouts_and_credit(
+        self, examples: list[Example], group: int
+    ) -> tuple[list[Rollout], list[list[float]]]:
+        """Run the rollouts and assign credit in one trip to the rollout loop (each trip costs a thread hop)."""
+        rollouts = await self.runner.arun(examples)
+        check_rollouts(rollouts)
+        credit = await turn_advantages(
+            self.runner, rollouts, group, self.credit, self.replay_samples, self.args.scale_rewards
+        )
+        return rollouts, credit
 
     def _extra_logps(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Old-policy logps when a generation batch spans several updates; reference logps when beta > 0."""
