@@ -208,6 +208,21 @@ def test_rendering_follows_a_swapped_tokenizer(tiny):
     assert plain.decode(engine.render(QUESTION)) == "User: What is 2+2?\nAssistant:"
 
 
+def test_expected_callers_join_one_batch(tiny):
+    import time
+
+    prompts = _prompts(tiny, 2)
+    engine = set_local_model("tiny-expecting", tiny.model, tiny.tokenizer)
+    before = engine.batches_run
+    with engine.expecting(1):  # one caller announced it may still send a request
+        first = engine.submit(GenerationRequest(prompts[0], max_tokens=2, temperature=0))
+        time.sleep(0.03)  # far past batch_wait_ms: without the hint the first request runs alone
+        with engine.expecting(-1):
+            second = engine.submit(GenerationRequest(prompts[1], max_tokens=2, temperature=0))
+            first.result(), second.result()
+    assert engine.batches_run - before == 1
+
+
 def test_failed_request_raises_to_its_caller(tiny):
     with pytest.raises(ValueError, match="at least one prompt token"):
         tiny.generate(GenerationRequest([], max_tokens=3))

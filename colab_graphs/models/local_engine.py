@@ -13,12 +13,13 @@ and top-p), the OpenAI convention.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -190,6 +191,13 @@ class LocalEngine:
             batch_wait_ms = float(os.environ.get("COLAB_GRAPHS_BATCH_WAIT_MS", "5"))
         self.batch_wait_ms = batch_wait_ms
         self.max_batch_size = max_batch_size
+        # Callers that announced they may still send a request (a trainer's rollouts that are running but not
+        # inside a policy call; see `expecting`): while there are any, the worker keeps collecting for up to
+        # `expect_wait_ms`, so a step's turns decode as one batch rather than as several that each pay every
+        # decoding step.
+        self.expected = 0
+        self.expect_wait_ms = 100.0
+        self._expect_lock = threading.Lock()
         self.batches_run = 0
         self._queue: queue.Queue[Any] = queue.Queue()
         self._worker: threading.Thread | None = None
@@ -250,6 +258,21 @@ class LocalEngine:
         # The template already holds any BOS it wants; adding special tokens again would double it.
         return list(tokenizer(text, add_special_tokens=template is not None)["input_ids"])
 
+    @contextlib.contextmanager
+    def expecting(self, n: int) -> Iterator[None]:
+        """Tell the worker that ``n`` more callers may send requests while the block runs (counts add up;
+        a caller about to wait for its own request enters ``expecting(-1)`` so it is not waited for).
+
+        A hint only: it changes how requests are grouped into batches, never what any request generates.
+        """
+        with self._expect_lock:
+            self.expected += n
+        try:
+            yield
+        finally:
+            with self._expect_lock:
+                self.expected -= n
+
     def submit(self, request: GenerationRequest) -> Future[GenerationResult]:
         """Queue a request from any thread; the future resolves when its batch finishes."""
         self._ensure_worker()
@@ -286,12 +309,20 @@ class LocalEngine:
             if first is _STOP:
                 return
             batch = [first]
-            deadline = time.monotonic() + self.batch_wait_ms / 1000
+            started = time.monotonic()
             while len(batch) < self.max_batch_size:
-                remaining = deadline - time.monotonic()
+                wait_ms = self.batch_wait_ms
+                hinted = self.expected > 0
+                if hinted:
+                    wait_ms = max(wait_ms, self.expect_wait_ms)
+                left = started + wait_ms / 1000 - time.monotonic()
+                # While hinted, look at the hint again every 2 ms: the callers it counts may finish instead.
+                timeout = min(left, 0.002) if hinted else left
                 try:
-                    item = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
+                    item = self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
                 except queue.Empty:
+                    if hinted and left > 0.002:
+                        continue
                     break
                 if item is _STOP:
                     self._queue.put(_STOP)  # finish this batch first, then stop

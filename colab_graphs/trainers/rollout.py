@@ -21,6 +21,7 @@ from the recorded trace, the forked turn is resampled, and everything downstream
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import threading
 import time
@@ -97,7 +98,8 @@ class InProcessPolicyClient(ModelClient):
         try:
             engine = get_engine(model)
             params = {k: v for k, v in kwargs.items() if k not in ("model", "messages")}
-            result = await engine.agenerate(build_request(engine, kwargs["messages"], params))
+            with engine.expecting(-1):  # this rollout waits on the engine now: the batch need not wait for it
+                result = await engine.agenerate(build_request(engine, kwargs["messages"], params))
         except Exception as exc:  # noqa: BLE001 - reported as a failed call, like any upstream failure
             self.stats.failed += 1
             raise CallError("local", f"{type(exc).__name__}: {exc}", member.name, 1) from None
@@ -350,10 +352,23 @@ class RolloutRunner:
 
         return self.scorer if callable(self.scorer) else resolve_scorer(self.scorer, example)
 
+    def _policy_engines(self) -> list[Any]:
+        """The in-process engines serving the policy members (the batching hint goes to them)."""
+        from colab_graphs.models.local import get_engine
+
+        models = {str(self.pool[m].settings.get("model", "")) for m in self.router.policy_members}
+        return [get_engine(m) for m in sorted(models) if m.startswith("local/")]
+
     async def _run(self, example: Example, client: Any) -> Rollout:
         from colab_graphs.runner import run_example
 
-        outcome = await run_example(self.graph, self.spec, self.pool, client, example, self.scorer)
+        # While this rollout runs, the policy engine may expect a request from it: the G x B rollouts of a
+        # step reach their policy turns at slightly different times (their collaborators answer one by one),
+        # and one batch of all their turns costs one pass per decoding step instead of one per batch.
+        with contextlib.ExitStack() as hints:
+            for engine in self._policy_engines():
+                hints.enter_context(engine.expecting(1))
+            outcome = await run_example(self.graph, self.spec, self.pool, client, example, self.scorer)
         turns = policy_turns(outcome.trace, sorted(self.router.policy_members))
         policy_score = None
         if turns and not outcome.failed:
