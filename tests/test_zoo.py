@@ -107,3 +107,27 @@ def test_gemma3_base_model_generates_text_with_the_fallback_template():
     result = engine.generate(build_request(engine, prompt, {"temperature": 0, "max_tokens": 12}))
     assert engine.tokenizer.decode(result.prompt_ids).endswith("User: Name three colours.\nAssistant:")
     assert len(result.text.split()) >= 2
+
+
+def test_concurrent_fetches_of_one_model_build_it_once(tmp_path, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from colab_graphs.models import zoo
+
+    monkeypatch.setenv("COLAB_GRAPHS_HOME", str(tmp_path))
+    entry = zoo.get_entry("tiny-random")
+    builds = []
+    original = entry.build
+
+    def counting_build(folder):
+        builds.append(folder)
+        original(folder)
+
+    object.__setattr__(entry, "build", counting_build)  # ZooEntry is frozen
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            folders = list(pool.map(lambda _: zoo.fetch("tiny-random"), range(4)))
+    finally:
+        object.__setattr__(entry, "build", original)
+    assert len(set(folders)) == 1 and entry.is_cached()
+    assert len(builds) == 1

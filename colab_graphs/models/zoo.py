@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -21,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -206,12 +208,29 @@ def fetch(name: str) -> Path:
     if entry.is_cached():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    # One conversion at a time per model, across threads (three pool members on one model) and processes.
+    with _fetch_locks.setdefault(name, threading.Lock()), open(target.parent / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if entry.is_cached():
+            return target
+        return _materialise(entry, target)
+
+
+_fetch_locks: dict[str, threading.Lock] = {}
+
+
+def _materialise(entry: ZooEntry, target: Path) -> Path:
+    name = entry.name
     # Build in a sibling temp folder and rename: a crashed or concurrent fetch never leaves a half folder.
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     staging.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary user folder
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    verbosity = hf_logging.get_verbosity()
+    # The GGUF load report lists lm_head as missing: the models tie it to the embeddings, as the saved config
+    # says, so the warning is noise for a newcomer's first run.
+    hf_logging.set_verbosity_error()
     try:
         if entry.build is not None:
             entry.build(staging)
@@ -233,6 +252,7 @@ def fetch(name: str) -> Path:
             if not entry.is_cached():  # lost a race only if someone else finished
                 raise
     finally:
+        hf_logging.set_verbosity(verbosity)
         shutil.rmtree(staging, ignore_errors=True)
     return target
 
