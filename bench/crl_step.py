@@ -10,20 +10,22 @@ because on a shared machine wall time swings with other load (the C-RL step span
 
     python bench/crl_step.py [--steps 8] [--tokens 6]
 
-Measured on 2 CPU cores shared with other jobs (load average 6-7, so wall times swing run to run):
+Measured on 2 CPU cores shared with other jobs (load average 3-5, so wall times swing run to run; 10
+steps, two runs each, before = commit 61d12c7, after = the engine/batching changes that followed):
 
-    tokens/turn   C-RL step (cpu)    plain GRPO step (cpu)   ratio (wall)
-    6             0.55 s (0.22 s)    0.10 s (0.044 s)        5.3x   (another run: 0.74 s vs 0.26 s, 2.8x)
-    64            1.28 s (0.63 s)    0.72 s (0.25 s)         1.8x
+    tokens/turn   C-RL step before -> after     plain GRPO step   ratio before -> after
+    6             0.22-0.32 s -> 0.25-0.28 s     0.045-0.058 s     5.0-6.1x -> 4.5-4.7x
+    64            0.60-0.75 s -> 0.40-0.55 s     0.23-0.28 s       2.6-2.7x -> 1.7-2.1x
 
-The tiny policy (2 layers, hidden 64) makes a turn nearly free, so the fixed cost of running the system
-dominates: per step 16 graph runs (LangGraph), 8 collaborator calls over HTTP through LiteLLM (shared by
-the 4 rollouts of a prompt through single-flight), trace records, scoring, and the policy's segments carry
-longer prompts (they quote the collaborators). That cost is constant per rollout, so the ratio falls as
-turns grow (1.8x at 64 tokens) and falls further with a real policy, whose decoding dominates; the
-1.5x target is not met at these tiny budgets on this machine. Policy calls skip LiteLLM's dispatch
-(`InProcessPolicyClient`); the local engine's per-token text decoding (the whole text re-decoded at every
-step) is the next cost to remove, in colab_graphs/models/local_engine.py.
+At 64 tokens the policy's turns now decode as one batch per step (the rollouts announce themselves to the
+engine, `LocalEngine.expecting`), instead of two (the collaborators' answers arrive one by one, so the
+first group's turns started alone and every later one paid all decoding steps again). At 6 tokens the
+fixed cost of running the system dominates: per step 16 graph runs (LangGraph, about 30-45 ms unprofiled),
+8 collaborator calls over HTTP through LiteLLM (about 45-75 ms; LiteLLM's cost lookup for an unpriced model
+is a third of it), the policy's turns (about 20 ms) and a longer training pass than plain GRPO (the
+policy's segments quote the collaborators: about 80 ms vs 40 ms). None of that is per-token, so the
+ratio falls as turns grow and falls further with a real policy, whose decoding dominates; the 1.5x target
+is not met at these tiny budgets on this machine.
 """
 
 from __future__ import annotations
