@@ -143,7 +143,7 @@ def _print_report(report, out: Path) -> None:
     )
     for name, corr in report.rank_correlation.items():
         console.print(
-            f"rank correlation individual vs {name}: spearman {corr.spearman}, kendall {corr.kendall}"
+            f"rank correlation, individual vs {name}: spearman {fmt(corr.spearman)}, kendall {fmt(corr.kendall)}"
         )
     if report.failed_examples:
         console.print(f"[yellow]{len(report.failed_examples)} example(s) failed and were left out[/]")
