@@ -21,7 +21,6 @@ from colab_graphs.spec import END, START, Aggregate, GraphSpec, LogitSeat, Seat,
 from colab_graphs.trace import Trace
 
 RUNTIME_KEY = "colab_graphs"
-FINISH = "_finish"
 
 
 def _merge(left: dict | None, right: dict | None) -> dict:
@@ -161,7 +160,18 @@ def _node(afn, fn=None):
     return RunnableCallable(fn, afn, name=getattr(afn, "__name__", None), trace=False)
 
 
-def _seat_fn(seat: Seat, order: dict[str, int], fallback: Runtime | None):
+def _update(node_name: str, written: dict[str, Any], output_key: str) -> dict[str, Any]:
+    """A node's state update; the node that writes the protocol's output also sets `answer`.
+
+    Setting `answer` where the output is written (one writer per key) saves the graph a final superstep.
+    """
+    update: dict[str, Any] = {"values": written, "visits": {node_name: 1}}
+    if output_key in written:
+        update["answer"] = str(written[output_key])
+    return update
+
+
+def _seat_fn(seat: Seat, order: dict[str, int], fallback: Runtime | None, output_key: str):
     async def run(state: GraphState, config: RunnableConfig | None = None) -> dict[str, Any]:
         rt = _runtime(config, fallback)
         reads = resolve_reads(seat.reads, state, order)
@@ -179,12 +189,12 @@ def _seat_fn(seat: Seat, order: dict[str, int], fallback: Runtime | None):
         written: dict[str, Any] = {seat.writes: result.text}
         if result.logprobs:
             written[seat.writes + "#logprob"] = sum(result.logprobs) / len(result.logprobs)
-        return {"values": written, "visits": {seat.name: 1}}
+        return _update(seat.name, written, output_key)
 
     return run
 
 
-def _logit_fn(node: LogitSeat, order: dict[str, int], fallback: Runtime | None):
+def _logit_fn(node: LogitSeat, order: dict[str, int], fallback: Runtime | None, output_key: str):
     async def run(state: GraphState, config: RunnableConfig | None = None) -> dict[str, Any]:
         rt = _runtime(config, fallback)
         reads = resolve_reads(node.reads, state, order)
@@ -213,17 +223,17 @@ def _logit_fn(node: LogitSeat, order: dict[str, int], fallback: Runtime | None):
             seat=node.name,
             trace=rt.trace,
         )
-        return {"values": {node.writes: result.text}, "visits": {node.name: 1}}
+        return _update(node.name, {node.writes: result.text}, output_key)
 
     return run
 
 
-def _aggregate_fn(node: Aggregate, order: dict[str, int]):
+def _aggregate_fn(node: Aggregate, order: dict[str, int], output_key: str):
     fn = get_aggregator(node.fn)
 
     def run(state: GraphState) -> dict[str, Any]:
         reads = resolve_reads(node.reads, state, order)
-        return {"values": {node.writes: fn(reads, **node.params)}, "visits": {node.name: 1}}
+        return _update(node.name, {node.writes: fn(reads, **node.params)}, output_key)
 
     async def arun(state: GraphState) -> dict[str, Any]:
         return run(state)
@@ -255,17 +265,7 @@ def _route_fn(route, order: dict[str, int]):
 
 
 def _target(name: str | None) -> str:
-    return FINISH if name in (END, None) else name
-
-
-def _finish(output_key: str):
-    def run(state: GraphState) -> dict[str, Any]:
-        return {"answer": str((state.get("values") or {}).get(output_key, ""))}
-
-    async def arun(state: GraphState) -> dict[str, Any]:
-        return run(state)
-
-    return _node(arun, run)
+    return "__end__" if name in (END, None) else name
 
 
 def compile_graph(spec: GraphSpec, pool: Pool | None = None, client: ModelClient | None = None):
@@ -292,12 +292,11 @@ def compile_graph(spec: GraphSpec, pool: Pool | None = None, client: ModelClient
     builder = StateGraph(GraphState)
     for node in spec.nodes:
         if isinstance(node, Seat):
-            builder.add_node(node.name, _node(_seat_fn(node, order, fallback)))
+            builder.add_node(node.name, _node(_seat_fn(node, order, fallback, spec.output)))
         elif isinstance(node, LogitSeat):
-            builder.add_node(node.name, _node(_logit_fn(node, order, fallback)))
+            builder.add_node(node.name, _node(_logit_fn(node, order, fallback, spec.output)))
         else:
-            builder.add_node(node.name, _aggregate_fn(node, order))
-    builder.add_node(FINISH, _finish(spec.output))
+            builder.add_node(node.name, _aggregate_fn(node, order, spec.output))
     for edge in spec.edges:
         sources = [START if s == START else s for s in edge.sources]
         target = _target(edge.target)
@@ -305,5 +304,4 @@ def compile_graph(spec: GraphSpec, pool: Pool | None = None, client: ModelClient
     for route in spec.routes:
         targets = {_target(t) for t in [*route.path_map.values(), route.default, route.exit] if t}
         builder.add_conditional_edges(route.source, _route_fn(route, order), {t: t for t in sorted(targets)})
-    builder.add_edge(FINISH, "__end__")
     return builder.compile(name=spec.name)

@@ -211,7 +211,7 @@ def find_problems(spec: GraphSpec, pool_names: list[str] | None = None) -> list[
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         problems.append(f"duplicate node name(s): {', '.join(dupes)}")
-    for reserved in (START, END, "_finish"):
+    for reserved in (START, END):
         if reserved in names:
             problems.append(f"node name {reserved!r} is reserved")
     known = set(names) | {START, END}

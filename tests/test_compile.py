@@ -35,7 +35,7 @@ def test_compiled_graph_is_a_langgraph_object(scripted_server, pool_for) -> None
     )
     graph = compile_graph(spec, pool_for(server, ["a"]), ModelClient())
     assert isinstance(graph, CompiledStateGraph)
-    assert {"s", "_finish"} <= set(graph.get_graph().nodes)
+    assert set(graph.get_graph().nodes) == {"__start__", "s", "__end__"}  # no extra nodes of ours
 
 
 def test_chain_passes_each_seat_its_reads(scripted_server, pool_for, arun) -> None:

@@ -104,10 +104,10 @@ def test_duplicate_writers_are_named() -> None:
 def test_duplicate_node_names_and_reserved_names_are_named() -> None:
     b = GraphBuilder("g", members=["a"])
     b.seat("s", member="a", prompt="{input}", writes="x").seat("s", member="a", prompt="{input}", writes="y")
-    b.seat("_finish", member="a", prompt="{input}", writes="z")
+    b.seat("__end__", member="a", prompt="{input}", writes="z")
     b.chain("s").output("x")
     found = problems_of(b)
-    assert "duplicate node name(s): s" in found and "node name '_finish' is reserved" in found
+    assert "duplicate node name(s): s" in found and "node name '__end__' is reserved" in found
 
 
 def test_edges_to_unknown_nodes_are_named() -> None:
