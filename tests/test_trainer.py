@@ -396,3 +396,31 @@ def test_crl_teaches_cooperation_that_solo_rl_cannot(tmp_path: Path) -> None:
     assert crl["eval_after"]["system"] >= 0.25
     assert crl["eval_after"]["loo"] >= 0.25  # the gain is the policy seat's contribution
     assert solo["eval_after"]["system"] < crl["eval_after"]["system"]
+
+
+@pytest.mark.slow
+def test_lora_training_exports_a_merged_policy_that_differs_from_the_start(tmp_path: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from colab_graphs.trainers.pipeline import train
+
+    config = load_config(
+        ROOT / "examples" / "train_tiny.yaml",
+        lora=True,
+        lora_r=4,
+        lora_alpha=8,
+        max_steps=2,
+        save_steps=0,
+        eval_size=2,
+        output_dir=str(tmp_path / "lora"),
+        cache_dir=str(tmp_path / "cache"),
+    )
+    train(config)
+    folder = tmp_path / "lora" / "policy"
+    trained = AutoModelForCausalLM.from_pretrained(folder)
+    assert not any("lora" in name for name in trained.state_dict())  # merged: a plain model folder
+    start_model, _ = system.load_policy(config.policy_model, "cpu")
+    start = start_model.state_dict()
+    changed = [n for n, p in trained.state_dict().items() if n in start and not torch.equal(p, start[n])]
+    assert changed, "LoRA training left every weight of the exported policy unchanged"
