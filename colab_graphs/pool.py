@@ -13,6 +13,7 @@ reads about it) and `system_prompt` (a persona prepended to every call it makes)
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -149,8 +150,14 @@ def make_member(name: str, settings: Mapping[str, Any], where: str = "pool") -> 
         )
     unknown = sorted(set(settings) - LITELLM_KWARGS - MEMBER_KEYS)
     if unknown:
+        hints = [
+            f"{k} (did you mean {close[0]}?)"
+            if (close := difflib.get_close_matches(k, LITELLM_KWARGS | MEMBER_KEYS, 1))
+            else k
+            for k in unknown
+        ]
         raise PoolError(
-            f"{where}: member {name!r} has unknown key(s) {', '.join(unknown)}; allowed: LiteLLM completion "
+            f"{where}: member {name!r} has unknown key(s) {', '.join(hints)}; allowed: LiteLLM completion "
             f"arguments (model, api_base, api_key, temperature, max_tokens, seed, ...) and "
             f"{', '.join(sorted(MEMBER_KEYS))}"
         )

@@ -151,3 +151,10 @@ def test_subset_keeps_pool_order() -> None:
 def test_bad_member_name_is_rejected() -> None:
     with pytest.raises(PoolError, match="member name"):
         Pool.from_dict({"has space": {"model": "openai/x"}})
+
+
+def test_a_misspelt_key_suggests_the_setting_meant(tmp_path) -> None:
+    path = tmp_path / "pool.yaml"
+    path.write_text("models:\n  a: {model: openai/a, temprature: 0}\n")
+    with pytest.raises(PoolError, match=r"temprature \(did you mean temperature\?\)"):
+        Pool.from_yaml(path)
