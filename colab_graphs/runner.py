@@ -86,12 +86,15 @@ async def run_example(
 
 
 def run_fingerprint(spec: GraphSpec, pool: Pool, examples: Sequence[Example], scorer: str | None) -> str:
-    """What must match for a resumed run to continue an earlier one."""
+    """What must match for a resumed run (or audit) to continue an earlier one: protocol, pool, data, scorer.
+
+    Whole examples, not only ids: an edited example under the same id must not reuse a stored result.
+    """
     blob = json.dumps(
         {
             "spec": spec.to_dict(),
             "pool": pool.to_public_dict(),
-            "examples": [e.id for e in examples],
+            "examples": [e.model_dump() for e in examples],
             "scorer": scorer,
         },
         sort_keys=True,

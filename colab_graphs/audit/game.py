@@ -12,7 +12,6 @@ command reads it back and only runs what is missing (whose finished calls the ca
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import time
@@ -29,7 +28,7 @@ from colab_graphs.data.example import Example
 from colab_graphs.data.scoring import apply_scorer
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
-from colab_graphs.runner import resolve_scorer, run_example
+from colab_graphs.runner import resolve_scorer, run_example, run_fingerprint
 from colab_graphs.spec import GraphSpec
 
 Coalition = frozenset[str]
@@ -100,17 +99,7 @@ class CoalitionGame:
     # --- persistence ---------------------------------------------------------------------------------------
 
     def fingerprint(self) -> str:
-        blob = json.dumps(
-            {
-                "spec": self.spec.to_dict(),
-                "pool": self.pool.to_public_dict(),
-                "examples": [e.model_dump() for e in self.examples],
-                "scorer": self.scorer,
-            },
-            sort_keys=True,
-            default=str,
-        )
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return run_fingerprint(self.spec, self.pool, self.examples, self.scorer)
 
     def _open_store(self) -> None:
         assert self.store is not None
