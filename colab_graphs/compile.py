@@ -17,10 +17,11 @@ from langchain_core.runnables import RunnableConfig, RunnableLambda
 from colab_graphs.aggregators import get_aggregator, get_router
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
-from colab_graphs.spec import END, START, Aggregate, GraphSpec, LogitSeat, Seat, is_pattern
+from colab_graphs.spec import END, START, Aggregate, Edge, GraphSpec, LogitSeat, Seat, is_pattern
 from colab_graphs.trace import Trace
 
 RUNTIME_KEY = "colab_graphs"
+FUSED_NODE = "protocol"  # the one node of a fused protocol (see compile_graph(fuse=True))
 
 
 def _merge(left: dict | None, right: dict | None) -> dict:
@@ -228,17 +229,99 @@ def _logit_fn(node: LogitSeat, order: dict[str, int], fallback: Runtime | None, 
     return run
 
 
-def _aggregate_fn(node: Aggregate, order: dict[str, int], output_key: str):
+def _aggregate_fns(node: Aggregate, order: dict[str, int], output_key: str):
+    """(sync, async) functions of an aggregate node."""
     fn = get_aggregator(node.fn)
 
-    def run(state: GraphState) -> dict[str, Any]:
+    def run(state: GraphState, config: RunnableConfig | None = None) -> dict[str, Any]:
         reads = resolve_reads(node.reads, state, order)
         return _update(node.name, {node.writes: fn(reads, **node.params)}, output_key)
 
-    async def arun(state: GraphState) -> dict[str, Any]:
+    async def arun(state: GraphState, config: RunnableConfig | None = None) -> dict[str, Any]:
         return run(state)
 
-    return _node(arun, run)
+    return run, arun
+
+
+def fusion_levels(spec: GraphSpec) -> list[list[str]] | None:
+    """The nodes by superstep when the whole protocol can run as one LangGraph node; None when it cannot.
+
+    It can when there is no route and every node has exactly one incoming edge (a join counts as one): then
+    each node runs exactly once, in superstep 1 + the latest superstep among its edge's sources (START's is
+    0), and running the levels in order, each level's nodes concurrently on the state as it stood when the
+    level began, is what LangGraph's supersteps do. Routed protocols (cascades, loops) are compiled node by
+    node.
+    """
+    if spec.routes or len(spec.nodes) < 2:
+        return None
+    incoming: dict[str, list[Edge]] = {n: [] for n in spec.node_names}
+    for edge in spec.edges:
+        if edge.target != END:
+            incoming[edge.target].append(edge)
+    if any(len(edges) != 1 for edges in incoming.values()):
+        return None
+    level: dict[str, int] = {START: 0}
+
+    def level_of(name: str, path: tuple[str, ...]) -> int:
+        if name not in level:
+            if name in path:  # a cycle (validation rejects unbounded ones; be safe anyway)
+                raise _NotFusable
+            level[name] = 1 + max(level_of(s, (*path, name)) for s in incoming[name][0].sources)
+        return level[name]
+
+    try:
+        for name in spec.node_names:
+            level_of(name, ())
+    except _NotFusable:
+        return None
+    levels: list[list[str]] = [[] for _ in range(max(level.values()))]
+    for name in spec.node_names:  # declaration order within a level
+        levels[level[name] - 1].append(name)
+    return levels
+
+
+class _NotFusable(Exception):
+    pass
+
+
+def _apply(state: dict[str, Any], update: dict[str, Any]) -> None:
+    """Apply a node's update to a state dict with the graph's reducers."""
+    state["values"] = _merge(state.get("values"), update.get("values"))
+    state["visits"] = _add_counts(state.get("visits"), update.get("visits"))
+    if "answer" in update:
+        state["answer"] = update["answer"]
+
+
+async def _all_or_cancel(coros: list[Any]) -> list[Any]:
+    """Run concurrently; on the first failure cancel the rest (as a LangGraph superstep does) and raise it."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+def _fused_fn(levels: list[list[str]], fns: dict[str, Any]):
+    """One node that runs the protocol's levels in order, each level's nodes concurrently."""
+
+    async def run(state: GraphState, config: RunnableConfig | None = None) -> dict[str, Any]:
+        local: dict[str, Any] = dict(state)
+        total: dict[str, Any] = {"values": {}, "visits": {}}
+        for names in levels:
+            view = dict(local)  # every node of a level reads the state as the level began
+            if len(names) == 1:
+                updates = [await fns[names[0]](view, config)]
+            else:
+                updates = await _all_or_cancel([fns[n](view, config) for n in names])
+            for update in updates:
+                _apply(local, update)
+                _apply(total, update)
+        return total
+
+    return run
 
 
 def _route_fn(route, order: dict[str, int]):
@@ -268,13 +351,19 @@ def _target(name: str | None) -> str:
     return "__end__" if name in (END, None) else name
 
 
-def compile_graph(spec: GraphSpec, pool: Pool | None = None, client: ModelClient | None = None):
+def compile_graph(
+    spec: GraphSpec, pool: Pool | None = None, client: ModelClient | None = None, *, fuse: bool = False
+):
     """Compile `spec` into a LangGraph `CompiledStateGraph`.
 
     Args:
         spec: the protocol (validated here).
         pool: members by name; needed unless every run passes a runtime in its config.
         client: the call path; defaults to a process-wide client with the default cache.
+        fuse: run a protocol without routes as one LangGraph node that runs its nodes level by level (same
+            calls, same trace, same answer; see `fusion_levels`). LangGraph's per-node machinery is most of
+            the framework's CPU per run, so the runner, audits and training fuse; leave it off to stream or
+            draw the graph node by node.
 
     Example:
         >>> graph = compile_graph(spec, pool)                             # doctest: +SKIP
@@ -290,13 +379,28 @@ def compile_graph(spec: GraphSpec, pool: Pool | None = None, client: ModelClient
     fallback = Runtime(client or default_client(), pool) if pool is not None else None
     order = _writer_order(spec)
     builder = StateGraph(GraphState)
+    afns: dict[str, Any] = {}
+    nodes: dict[str, Any] = {}
     for node in spec.nodes:
         if isinstance(node, Seat):
-            builder.add_node(node.name, _node(_seat_fn(node, order, fallback, spec.output)))
+            afns[node.name] = _seat_fn(node, order, fallback, spec.output)
+            nodes[node.name] = _node(afns[node.name])
         elif isinstance(node, LogitSeat):
-            builder.add_node(node.name, _node(_logit_fn(node, order, fallback, spec.output)))
+            afns[node.name] = _logit_fn(node, order, fallback, spec.output)
+            nodes[node.name] = _node(afns[node.name])
         else:
-            builder.add_node(node.name, _aggregate_fn(node, order, spec.output))
+            fn, afns[node.name] = _aggregate_fns(node, order, spec.output)
+            nodes[node.name] = _node(afns[node.name], fn)
+    levels = fusion_levels(spec) if fuse else None
+    if levels is not None:
+        run = _fused_fn(levels, afns)
+        run.__name__ = FUSED_NODE
+        builder.add_node(FUSED_NODE, _node(run))
+        builder.add_edge(START, FUSED_NODE)
+        builder.add_edge(FUSED_NODE, "__end__")
+        return builder.compile(name=spec.name)
+    for name, runnable in nodes.items():
+        builder.add_node(name, runnable)
     for edge in spec.edges:
         sources = [START if s == START else s for s in edge.sources]
         target = _target(edge.target)

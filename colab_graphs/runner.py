@@ -178,7 +178,7 @@ async def run_dataset(
     if dupes:
         # Results, traces and resume are keyed by id: a repeated id would silently overwrite an outcome.
         raise RunError(f"example ids must be unique; repeated: {', '.join(dupes[:10])}")
-    graph = compile_graph(spec, pool, client)
+    graph = compile_graph(spec, pool, client, fuse=True)
     fingerprint = run_fingerprint(spec, pool, examples, scorer)
     out_dir = Path(out) if out is not None else None
     finished: dict[str, ExampleOutcome] = {}

@@ -150,7 +150,7 @@ class CoalitionGame:
                 spec: GraphSpec | None = build_protocol("solo", self.pool.names, member=members[0])
             else:
                 spec = restrict(self.spec, members)
-            graph = compile_graph(spec, self.pool, self.client) if spec is not None else None
+            graph = compile_graph(spec, self.pool, self.client, fuse=True) if spec is not None else None
             self._graphs[cid] = (spec, graph)
         return self._graphs[cid]
 

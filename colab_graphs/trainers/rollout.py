@@ -345,7 +345,7 @@ class RolloutRunner:
         self.pool = pool
         self.router = router
         self.scorer = scorer
-        self.graph = compile_graph(spec, pool, router.client)
+        self.graph = compile_graph(spec, pool, router.client, fuse=True)
 
     def _scorer_for(self, example: Example):  # noqa: ANN202
         from colab_graphs.runner import resolve_scorer
