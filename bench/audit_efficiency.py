@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import cProfile
 import datetime
+import gc
 import io
 import json
 import os
@@ -239,6 +240,10 @@ async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
                 base_url,
                 1,
             )
+            # As `colab-graphs audit` does (cli/common.py: freeze_startup_heap): the startup heap is frozen
+            # out of the cyclic collector's sight. Every phase below, the floor included, runs with it.
+            gc.collect()
+            gc.freeze()
             plans = [
                 ("majority_vote", build_protocol("majority_vote", members), args.vote_examples),
                 ("debate", build_protocol("debate", members[:4], rounds=2), args.debate_examples),

@@ -58,6 +58,24 @@ def test_second_client_on_the_same_cache_makes_no_requests(scripted_server, pool
     assert again.stats.as_dict() == {"made": 0, "unique": 3, "cached": 3, "failed": 0, "attempts": 0}
 
 
+def test_cache_memory_copy_is_bounded_independent_and_cleared(tmp_path, monkeypatch) -> None:
+    """Stored calls are also kept in memory (fewer SQLite reads); that copy must never change what is read."""
+    from colab_graphs.models import cache as cache_module
+
+    monkeypatch.setattr(cache_module, "MEMORY_ENTRIES", 2)
+    cache = CallCache(tmp_path / "c")
+    for i in range(3):
+        cache.put(f"k{i}", "m", {"q": i}, {"text": f"a{i}", "ids": [i]})
+    assert list(cache._recent) == ["k1", "k2"]  # the oldest dropped from memory...
+    assert cache.get("k0") == {"text": "a0", "ids": [0]}  # ...but still on disk
+    hit = cache.get("k1")
+    hit["ids"].append(99)  # a caller mutating its copy does not change the stored entry
+    assert cache.get("k1") == {"text": "a1", "ids": [1]}
+    assert CallCache(tmp_path / "c").get("k2") == {"text": "a2", "ids": [2]}  # another process sees it
+    assert cache.clear() == 3
+    assert cache.get("k1") is None and cache.get("k2") is None
+
+
 def test_cache_key_ignores_where_and_how_a_model_is_reached(scripted_server, arun, tmp_cache) -> None:
     one, two = scripted_server({"a": "from one"}), scripted_server({"a": "from two"})
     client = fast_client(tmp_cache)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_FILENAME = "calls.sqlite"
+MEMORY_ENTRIES = 50_000  # stored calls also kept in memory (a few hundred bytes to a few KB each)
 
 
 def default_cache_dir() -> Path:
@@ -42,6 +43,7 @@ class CallCache:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / DEFAULT_FILENAME
         self._lock = threading.Lock()
+        self._recent: dict[str, str] = {}  # key -> stored response JSON, the most recent MEMORY_ENTRIES
         self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
@@ -51,9 +53,26 @@ class CallCache:
         )
 
     def get(self, key: str) -> dict[str, Any] | None:
-        with self._lock:
-            row = self._conn.execute("SELECT response FROM calls WHERE key = ?", (key,)).fetchone()
-        return json.loads(row[0]) if row else None
+        blob = self._recent.get(key)
+        if blob is None:
+            with self._lock:
+                row = self._conn.execute("SELECT response FROM calls WHERE key = ?", (key,)).fetchone()
+            if row is None:
+                return None
+            blob = row[0]
+            self._remember(key, blob)
+        return json.loads(blob)
+
+    def _remember(self, key: str, blob: str) -> None:
+        """Keep the entry in memory too: an audit reads each stored call once per coalition that shares it.
+
+        A SQLite read releases the GIL, and getting it back behind LiteLLM's worker threads cost a vote
+        audit about 1 s of its main thread (BENCHMARKS.md). Entries never change once written, so a copy in
+        memory is always right; the oldest are dropped beyond `MEMORY_ENTRIES`.
+        """
+        self._recent[key] = blob
+        if len(self._recent) > MEMORY_ENTRIES:
+            del self._recent[next(iter(self._recent))]
 
     def written_since(self, keys: set[str], since: float) -> set[str]:
         """Which of `keys` were stored at or after time `since` (seconds since the epoch)."""
@@ -62,11 +81,13 @@ class CallCache:
         return {k for (k,) in rows if k in keys}
 
     def put(self, key: str, model: str, request: dict[str, Any], response: dict[str, Any]) -> None:
+        blob = json.dumps(response)
         with self._lock:
             self._conn.execute(
                 "INSERT OR REPLACE INTO calls (key, model, created, request, response) VALUES (?, ?, ?, ?, ?)",
-                (key, model, time.time(), json.dumps(request, default=str), json.dumps(response)),
+                (key, model, time.time(), json.dumps(request, default=str), blob),
             )
+        self._remember(key, blob)
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -82,6 +103,7 @@ class CallCache:
             else:
                 cur = self._conn.execute("DELETE FROM calls WHERE model = ?", (model,))
             self._conn.execute("VACUUM")
+            self._recent.clear()
         return cur.rowcount
 
     def close(self) -> None:
