@@ -8,7 +8,9 @@ The step time is TRL's own `step_time` metric (generation + scoring + forward/ba
 median over the steps after the first (warm-up); the process CPU time per step is reported beside it,
 because on a shared machine wall time swings with other load (the C-RL step spans more threads).
 
-    python bench/crl_step.py [--steps 8] [--tokens 6]
+    python bench/crl_step.py [--steps 8] [--tokens 6] [--policy tiny-random|smollm2-135m|FOLDER]
+
+With `--policy smollm2-135m` (the zoo's offline SmolLM2-135M) a step takes ~25-35 s on 2 CPU cores.
 
 Measured on 2 CPU cores shared with other jobs (load average 3-5, so wall times swing run to run; 10
 steps, two runs each, before = commit 61d12c7, after = the engine/batching changes that followed):
@@ -41,8 +43,9 @@ from typing import Any
 import colab_graphs._env  # noqa: F401  (offline settings before transformers loads)
 
 
-def _settings(out: Path, tokens: int = 6) -> dict:
+def _settings(out: Path, tokens: int = 6, policy: str = "tiny-random") -> dict:
     return {
+        "policy_model": policy,
         "graph": "colab_graphs.trainers.toy:relay",
         "scorer": "toy_marker",
         "pool": {"policy": {"max_tokens": tokens}},
@@ -84,7 +87,7 @@ def step_times():  # noqa: ANN201 - a transformers TrainerCallback, defined once
     return StepTimes()
 
 
-def crl(steps: int, out: Path, tokens: int) -> Any:
+def crl(steps: int, out: Path, tokens: int, policy: str = "tiny-random") -> Any:
     from datasets import Dataset
 
     from colab_graphs.data.builtin import builtin_task
@@ -95,7 +98,7 @@ def crl(steps: int, out: Path, tokens: int) -> Any:
     from colab_graphs.trainers.pipeline import grpo_args
     from colab_graphs.trainers.rollout import LoopThread, PolicyRouter, RolloutRunner
 
-    config = config_from_dict({**_settings(out, tokens), "max_steps": steps})
+    config = config_from_dict({**_settings(out, tokens, policy), "max_steps": steps})
     examples = builtin_task("arithmetic", n=64)
     recorder = step_times()
     with system.scripted_server(config) as server:
@@ -119,7 +122,7 @@ def crl(steps: int, out: Path, tokens: int) -> Any:
     return recorder
 
 
-def plain(steps: int, out: Path, tokens: int) -> Any:
+def plain(steps: int, out: Path, tokens: int, policy: str = "tiny-random") -> Any:
     from datasets import Dataset
     from trl import GRPOTrainer
 
@@ -129,7 +132,7 @@ def plain(steps: int, out: Path, tokens: int) -> Any:
     from colab_graphs.trainers.pipeline import grpo_args
     from colab_graphs.trainers.toy import MARKER
 
-    config = config_from_dict({**_settings(out, tokens), "max_steps": steps})
+    config = config_from_dict({**_settings(out, tokens, policy), "max_steps": steps})
     examples = builtin_task("arithmetic", n=64)
     model, tokenizer = system.load_policy(config.policy_model, "cpu")
 
@@ -158,13 +161,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=6, help="max tokens per policy turn")
+    parser.add_argument(
+        "--policy", default="tiny-random", help="zoo name or folder of the policy (e.g. smollm2-135m)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         results = {
-            "crl": crl(args.steps, Path(tmp) / "crl", args.tokens),
-            "plain_grpo": plain(args.steps, Path(tmp) / "plain", args.tokens),
+            "crl": crl(args.steps, Path(tmp) / "crl", args.tokens, args.policy),
+            "plain_grpo": plain(args.steps, Path(tmp) / "plain", args.tokens, args.policy),
         }
-    report: dict = {"max_tokens_per_turn": args.tokens}
+    report: dict = {"policy": args.policy, "max_tokens_per_turn": args.tokens}
     for name, rec in results.items():
         report[name] = {
             "median_step_s": round(statistics.median(rec.times[1:]), 3),
