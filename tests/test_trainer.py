@@ -367,6 +367,68 @@ def test_training_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     assert (tmp_path / "run" / "checkpoints" / "checkpoint-2").is_dir()
 
 
+def test_sft_checkpoint_restores_weights_optimizer_and_rng(tmp_path: Path) -> None:
+    import torch
+
+    from colab_graphs.trainers.baselines import load_sft_checkpoint, save_sft_checkpoint
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    save_sft_checkpoint(tmp_path / "checkpoint-3", model, optimizer, 3)
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    draw = torch.rand(3)  # what the RNG gives right after the save
+
+    fresh = torch.nn.Linear(4, 3)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.1)
+    assert load_sft_checkpoint(tmp_path / "checkpoint-3", fresh, fresh_opt) == 3
+    assert all(torch.equal(saved[k], v) for k, v in fresh.state_dict().items())
+    assert fresh_opt.state_dict()["state"][0]["step"] == optimizer.state_dict()["state"][0]["step"]
+    assert torch.equal(torch.rand(3), draw)
+    assert not (tmp_path / "checkpoint-3.tmp").exists()
+    with pytest.raises(ConfigError, match="not a reward=sft checkpoint"):
+        load_sft_checkpoint(tmp_path, fresh, fresh_opt)
+
+
+@pytest.mark.slow
+def test_sft_baseline_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    from colab_graphs.trainers.pipeline import train
+
+    settings = {
+        "graph": "colab_graphs.trainers.toy:relay",
+        "scorer": "toy_marker",
+        "reward": "sft",
+        "sft_min_reward": 0.0,  # keep every turn, so each step updates the weights
+        "pool": {"policy": {"max_tokens": 4}},
+        "scripted_members": {"solver": {"script": "arithmetic_solver"}},
+        "limit": 8,
+        "num_generations": 2,
+        "per_device_train_batch_size": 4,
+        "max_completion_length": 4,
+        "learning_rate": 1e-2,
+        "save_steps": 1,
+        "use_cpu": True,
+        "output_dir": str(tmp_path / "run"),
+        "cache_dir": str(tmp_path / "cache"),
+    }
+    assert train(config_from_dict({**settings, "max_steps": 1}))["steps"] == 1
+    one = tmp_path / "run" / "checkpoints" / "checkpoint-1"
+    assert (one / "sft_state.pt").is_file()
+    resumed = train(config_from_dict({**settings, "max_steps": 2, "resume_from_checkpoint": True}))
+    assert resumed["steps"] == 2
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2]  # step 1 was not trained again
+    assert (tmp_path / "run" / "checkpoints" / "checkpoint-2" / "sft_state.pt").is_file()
+    with pytest.raises(ConfigError, match="no checkpoint"):
+        train(
+            config_from_dict(
+                {**settings, "output_dir": str(tmp_path / "other"), "resume_from_checkpoint": True}
+            )
+        )
+
+
 @pytest.mark.slow
 def test_crl_teaches_cooperation_that_solo_rl_cannot(tmp_path: Path) -> None:
     """The toy relay: the system needs the policy's marker; alone the policy never scores, so solo RL is flat."""

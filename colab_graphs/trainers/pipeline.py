@@ -91,19 +91,29 @@ def _peft_config(config: TrainConfig) -> Any:
     )
 
 
-def _trim_metrics(path: Path, checkpoint: str | bool | None, checkpoints: Path) -> None:
-    """On resume, keep the metric lines up to the checkpoint's step; otherwise start the file afresh."""
+def _checkpoint(checkpoint: str | bool | None, checkpoints: Path) -> Path | None:
+    """The checkpoint folder to resume from: the given one, the newest under `checkpoints` (True), or None."""
     if not checkpoint:
-        path.write_text("", encoding="utf-8")
-        return
+        return None
     if checkpoint is True:
         from transformers.trainer_utils import get_last_checkpoint
 
-        found = get_last_checkpoint(str(checkpoints))
+        found = get_last_checkpoint(str(checkpoints)) if checkpoints.is_dir() else None
         if found is None:
             raise ConfigError(f"resume_from_checkpoint: no checkpoint in {checkpoints}")
-        checkpoint = found
-    step = int(Path(str(checkpoint)).name.rsplit("-", 1)[-1])
+        return Path(found)
+    if not Path(str(checkpoint)).is_dir():
+        raise ConfigError(f"resume_from_checkpoint: {checkpoint} is not a folder")
+    return Path(str(checkpoint))
+
+
+def _trim_metrics(path: Path, checkpoint: str | bool | None, checkpoints: Path) -> None:
+    """On resume, keep the metric lines up to the checkpoint's step; otherwise start the file afresh."""
+    folder = _checkpoint(checkpoint, checkpoints)
+    if folder is None:
+        path.write_text("", encoding="utf-8")
+        return
+    step = int(folder.name.rsplit("-", 1)[-1])
     if path.exists():
         keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
         path.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
@@ -127,6 +137,8 @@ def train(config: TrainConfig, on_step: Callable[[dict[str, Any]], None] | None 
     started = time.perf_counter()
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # A missing checkpoint fails before any work.
+    _checkpoint(config.resume_from_checkpoint, out / "checkpoints")
     split = system.load_split(config)
     loop = LoopThread.shared()
     with system.scripted_server(config) as server:
@@ -159,8 +171,20 @@ def train(config: TrainConfig, on_step: Callable[[dict[str, Any]], None] | None 
         if config.reward == "sft":
             from colab_graphs.trainers.baselines import sft_train
 
-            metrics_path.write_text("", encoding="utf-8")
-            policy = sft_train(config, model, tokenizer, runner, split.train, loop, metrics_path, on_step)
+            checkpoints = out / "checkpoints"
+            _trim_metrics(metrics_path, config.resume_from_checkpoint, checkpoints)
+            policy = sft_train(
+                config,
+                model,
+                tokenizer,
+                runner,
+                split.train,
+                loop,
+                metrics_path,
+                on_step,
+                checkpoints=checkpoints,
+                resume=_checkpoint(config.resume_from_checkpoint, checkpoints),
+            )
             steps = config.max_steps
         else:
             policy, steps = _grpo(
