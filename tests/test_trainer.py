@@ -341,11 +341,9 @@ def test_sft_loss_is_the_policy_completions_cross_entropy(live) -> None:
     assert float(loss) == pytest.approx(sum(nll) / len(nll), rel=1e-4)
 
 
-@pytest.mark.slow
-def test_training_resumes_from_its_checkpoint(tmp_path: Path) -> None:
-    from colab_graphs.trainers.pipeline import train
-
-    settings = {
+def _checkpointed_run(tmp_path: Path, **overrides: object) -> dict:
+    """A tiny relay training run that checkpoints every step, under tmp_path/run."""
+    return {
         "graph": "colab_graphs.trainers.toy:relay",
         "scorer": "toy_marker",
         "pool": {"policy": {"max_tokens": 4}},
@@ -358,7 +356,15 @@ def test_training_resumes_from_its_checkpoint(tmp_path: Path) -> None:
         "use_cpu": True,
         "output_dir": str(tmp_path / "run"),
         "cache_dir": str(tmp_path / "cache"),
+        **overrides,
     }
+
+
+@pytest.mark.slow
+def test_training_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    from colab_graphs.trainers.pipeline import train
+
+    settings = _checkpointed_run(tmp_path)
     assert train(config_from_dict({**settings, "max_steps": 1}))["steps"] == 1
     resumed = train(config_from_dict({**settings, "max_steps": 2, "resume_from_checkpoint": True}))
     assert resumed["steps"] == 2
@@ -396,23 +402,8 @@ def test_sft_checkpoint_restores_weights_optimizer_and_rng(tmp_path: Path) -> No
 def test_sft_baseline_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     from colab_graphs.trainers.pipeline import train
 
-    settings = {
-        "graph": "colab_graphs.trainers.toy:relay",
-        "scorer": "toy_marker",
-        "reward": "sft",
-        "sft_min_reward": 0.0,  # keep every turn, so each step updates the weights
-        "pool": {"policy": {"max_tokens": 4}},
-        "scripted_members": {"solver": {"script": "arithmetic_solver"}},
-        "limit": 8,
-        "num_generations": 2,
-        "per_device_train_batch_size": 4,
-        "max_completion_length": 4,
-        "learning_rate": 1e-2,
-        "save_steps": 1,
-        "use_cpu": True,
-        "output_dir": str(tmp_path / "run"),
-        "cache_dir": str(tmp_path / "cache"),
-    }
+    # sft_min_reward 0 keeps every turn, so each step updates the weights.
+    settings = _checkpointed_run(tmp_path, reward="sft", sft_min_reward=0.0, learning_rate=1e-2)
     assert train(config_from_dict({**settings, "max_steps": 1}))["steps"] == 1
     one = tmp_path / "run" / "checkpoints" / "checkpoint-1"
     assert (one / "sft_state.pt").is_file()
