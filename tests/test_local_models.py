@@ -167,6 +167,45 @@ def test_tiny_top_p_keeps_only_the_most_likely_token(tiny):
     assert nucleus.completion_ids == greedy.completion_ids
 
 
+def test_unseeded_rows_sample_in_one_draw_from_each_rows_own_distribution(tiny):
+    """Unseeded rows with the same settings share one batched draw; its frequencies are each row's softmax."""
+    import torch
+
+    from colab_graphs.models.local_engine import _Row, sample_together
+
+    def rows(**settings):
+        return [_Row(GenerationRequest([1], **settings), tiny) for _ in range(2)]
+
+    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]]))
+    generator = torch.Generator().manual_seed(0)
+    draws = torch.stack([sample_together(rows(temperature=1.0), logits, generator) for _ in range(4000)])
+    for row, expected in enumerate(([0.7, 0.2, 0.1], [0.1, 0.1, 0.8])):
+        freq = torch.bincount(draws[:, row], minlength=3).float() / len(draws)
+        assert torch.allclose(freq, torch.tensor(expected), atol=0.03), (row, freq)
+    nucleus = torch.stack(
+        [sample_together(rows(temperature=1.0, top_p=0.75), logits, generator) for _ in range(200)]
+    )
+    assert set(nucleus[:, 0].tolist()) <= {0, 1} and set(nucleus[:, 1].tolist()) == {2}  # top_p row-wise
+    assert sample_together(rows(temperature=0), logits, generator).tolist() == [0, 2]
+    seeded = [_Row(GenerationRequest([1], temperature=1.0, seed=3), tiny), *rows(temperature=1.0)]
+    assert sample_together(seeded, torch.cat([logits, logits[:1]]), generator) is None  # own generator
+    mixed = [*rows(temperature=1.0), *rows(temperature=0.5)]
+    assert sample_together(mixed, torch.cat([logits, logits]), generator) is None
+
+
+def test_a_batched_draw_records_each_tokens_logprob(tiny):
+    import torch
+
+    prompts = _prompts(tiny, 3)
+    results = tiny.generate_batch([GenerationRequest(p, max_tokens=6, temperature=1.0) for p in prompts])
+    for prompt, result in zip(prompts, results, strict=True):
+        ids = torch.tensor([prompt + result.completion_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(tiny.model(ids).logits[0].float(), dim=-1)
+        expected = [float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(result.completion_ids)]
+        assert result.logprobs == pytest.approx(expected, abs=1e-4)
+
+
 def test_stop_string_cuts_text_and_ends_generation(tiny):
     prompt = _prompts(tiny, 1)[0]
     full = tiny.generate_batch([GenerationRequest(prompt, max_tokens=16, temperature=0)])[0]

@@ -117,12 +117,18 @@ class _Row:
                 sorted_p[drop] = 0.0
                 probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
             token = int(torch.multinomial(probs, 1, generator=self.generator))
+        self.record(token, float(logp[token]), logp)
+        return token
+
+    def record(self, token: int, logprob: float, logp: Any) -> None:
+        """Append the chosen token, its logprob and (when asked) the top alternatives from ``logp``."""
+        import torch
+
         self.ids.append(token)
-        self.logprobs.append(float(logp[token]))
+        self.logprobs.append(logprob)
         if self.req.top_logprobs:
             values, indices = torch.topk(logp, self.req.top_logprobs)
             self.top.append([(int(i), float(v)) for i, v in zip(indices, values, strict=True)])
-        return token
 
     def update(self, token: int) -> None:
         """Decode, check end conditions, and stream the text that can no longer change."""
@@ -160,6 +166,31 @@ class _Row:
             finish_reason=self.finish or "length",
             top_logprobs=self.top,
         )
+
+
+def sample_together(rows: Sequence[_Row], logits: Any, generator: Any) -> Any | None:
+    """Every row's next token from one batched draw, or None when the rows need drawing one by one.
+
+    One draw serves rows that all decode greedily, or that all sample with the same temperature and top_p
+    and asked for no seed (a seeded request draws from its own generator, so its tokens do not depend on
+    what it was batched with). The distribution is each row's own either way; the batched draw saves the
+    per-row tensor calls that cost more than a small model's forward pass.
+    """
+    import torch
+
+    reqs = [r.req for r in rows]
+    if all(q.temperature <= 0 for q in reqs):
+        return torch.argmax(logits, dim=-1)
+    first = reqs[0]
+    if any(q.seed is not None or q.temperature != first.temperature or q.top_p != first.top_p for q in reqs):
+        return None
+    probs = torch.softmax(logits / first.temperature, dim=-1)
+    if first.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, descending=True, dim=-1)
+        drop = torch.cumsum(sorted_p, dim=-1) - sorted_p >= first.top_p  # as _Row.choose, row-wise
+        sorted_p[drop] = 0.0
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
 class LocalEngine:
@@ -206,10 +237,21 @@ class LocalEngine:
         self.lock = threading.Lock()
         self._rendered: dict[tuple, tuple[Any, tuple[int, ...]]] = {}
         self._render_lock = threading.Lock()
+        self._generator_obj: Any = None  # draws for unseeded rows sampled together (see sample_together)
 
     @property
     def device(self) -> Any:
         return self.model.device
+
+    @property
+    def _generator(self) -> Any:
+        import torch
+
+        device = self.device
+        if self._generator_obj is None or self._generator_obj.device != device:
+            seed = int.from_bytes(os.urandom(8), "little") >> 1
+            self._generator_obj = torch.Generator(device=device).manual_seed(seed)
+        return self._generator_obj
 
     @property
     def eos_ids(self) -> set[int]:
@@ -370,10 +412,19 @@ class LocalEngine:
                 tokens = []
                 # One log_softmax for the batch (row-wise, so each row's values equal its batch-1 values).
                 logps = torch.log_softmax(logits, dim=-1)
-                for slot, idx in enumerate(active):
-                    token = rows[idx].choose(logits[slot], logps[slot])
-                    rows[idx].update(token)
-                    tokens.append(token)
+                drawn = sample_together([rows[i] for i in active], logits, self._generator)
+                if drawn is None:
+                    for slot, idx in enumerate(active):
+                        token = rows[idx].choose(logits[slot], logps[slot])
+                        rows[idx].update(token)
+                        tokens.append(token)
+                else:
+                    chosen = drawn.tolist()
+                    picked = logps.gather(-1, drawn.unsqueeze(-1)).squeeze(-1).tolist()
+                    for slot, idx in enumerate(active):
+                        rows[idx].record(chosen[slot], picked[slot], logps[slot])
+                        rows[idx].update(chosen[slot])
+                        tokens.append(chosen[slot])
                 keep = [slot for slot, idx in enumerate(active) if rows[idx].finish is None]
                 if not keep:
                     break
