@@ -69,6 +69,7 @@ def step_times():  # noqa: ANN201 - a transformers TrainerCallback, defined once
     class StepTimes(TrainerCallback):
         def __init__(self) -> None:
             self.times: list[float] = []
+            self.generation: list[float] = []  # seconds in _generate_and_score_completions, per call
             self.tokens: list[float] = []
             self.cpu: list[float] = []
             self._cpu_mark = time.process_time()
@@ -85,6 +86,20 @@ def step_times():  # noqa: ANN201 - a transformers TrainerCallback, defined once
                     self.tokens.append(float(logs[key]))
 
     return StepTimes()
+
+
+def time_generation(trainer: Any, recorder: Any) -> None:
+    """Record how long each step's rollouts + scoring take (the rest of the step is the training pass)."""
+    inner = trainer._generate_and_score_completions
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            recorder.generation.append(time.perf_counter() - started)
+
+    trainer._generate_and_score_completions = timed
 
 
 def crl(steps: int, out: Path, tokens: int, policy: str = "tiny-random") -> Any:
@@ -118,6 +133,7 @@ def crl(steps: int, out: Path, tokens: int, policy: str = "tiny-random") -> Any:
             callbacks=[recorder],
         )
         system.seat_policy(config, trainer.policy_module(), tokenizer)
+        time_generation(trainer, recorder)
         trainer.train()
     return recorder
 
@@ -153,6 +169,7 @@ def plain(steps: int, out: Path, tokens: int, policy: str = "tiny-random") -> An
     from transformers import PrinterCallback
 
     trainer.remove_callback(PrinterCallback)
+    time_generation(trainer, recorder)
     trainer.train()
     return recorder
 
@@ -176,6 +193,11 @@ def main() -> None:
             "median_step_s": round(statistics.median(rec.times[1:]), 3),
             "first_step_s": round(rec.times[0], 3),
             "median_cpu_s_per_step": round(statistics.median(rec.cpu[1:]), 3),
+            # rollouts + scoring (C-RL: the whole system's runs), and what is left: loss, backward, optimizer
+            "median_generation_s": round(statistics.median(rec.generation[1:]), 3),
+            "median_train_s": round(
+                statistics.median(t - g for t, g in zip(rec.times[1:], rec.generation[1:], strict=False)), 3
+            ),
             "policy_tokens_per_rollout": round(statistics.mean(rec.tokens), 2) if rec.tokens else None,
         }
     report["ratio"] = round(report["crl"]["median_step_s"] / report["plain_grpo"]["median_step_s"], 2)
