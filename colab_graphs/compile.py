@@ -262,26 +262,17 @@ def fusion_levels(spec: GraphSpec) -> list[list[str]] | None:
         return None
     level: dict[str, int] = {START: 0}
 
-    def level_of(name: str, path: tuple[str, ...]) -> int:
+    def level_of(name: str) -> int:  # without routes there is no cycle (validation rejects unbounded loops)
         if name not in level:
-            if name in path:  # a cycle (validation rejects unbounded ones; be safe anyway)
-                raise _NotFusable
-            level[name] = 1 + max(level_of(s, (*path, name)) for s in incoming[name][0].sources)
+            level[name] = 1 + max(level_of(s) for s in incoming[name][0].sources)
         return level[name]
 
-    try:
-        for name in spec.node_names:
-            level_of(name, ())
-    except _NotFusable:
-        return None
+    for name in spec.node_names:
+        level_of(name)
     levels: list[list[str]] = [[] for _ in range(max(level.values()))]
     for name in spec.node_names:  # declaration order within a level
         levels[level[name] - 1].append(name)
     return levels
-
-
-class _NotFusable(Exception):
-    pass
 
 
 def _apply(state: dict[str, Any], update: dict[str, Any]) -> None:
@@ -379,18 +370,15 @@ def compile_graph(
     fallback = Runtime(client or default_client(), pool) if pool is not None else None
     order = _writer_order(spec)
     builder = StateGraph(GraphState)
-    afns: dict[str, Any] = {}
-    nodes: dict[str, Any] = {}
+    afns: dict[str, Any] = {}  # every node's async function
+    syncs: dict[str, Any] = {}  # pure-Python nodes' sync functions (model seats have none)
     for node in spec.nodes:
         if isinstance(node, Seat):
             afns[node.name] = _seat_fn(node, order, fallback, spec.output)
-            nodes[node.name] = _node(afns[node.name])
         elif isinstance(node, LogitSeat):
             afns[node.name] = _logit_fn(node, order, fallback, spec.output)
-            nodes[node.name] = _node(afns[node.name])
         else:
-            fn, afns[node.name] = _aggregate_fns(node, order, spec.output)
-            nodes[node.name] = _node(afns[node.name], fn)
+            syncs[node.name], afns[node.name] = _aggregate_fns(node, order, spec.output)
     levels = fusion_levels(spec) if fuse else None
     if levels is not None:
         run = _fused_fn(levels, afns)
@@ -399,8 +387,8 @@ def compile_graph(
         builder.add_edge(START, FUSED_NODE)
         builder.add_edge(FUSED_NODE, "__end__")
         return builder.compile(name=spec.name)
-    for name, runnable in nodes.items():
-        builder.add_node(name, runnable)
+    for name, afn in afns.items():
+        builder.add_node(name, _node(afn, syncs.get(name)))
     for edge in spec.edges:
         sources = [START if s == START else s for s in edge.sources]
         target = _target(edge.target)

@@ -107,9 +107,8 @@ def _checkpoint(checkpoint: str | bool | None, checkpoints: Path) -> Path | None
     return Path(str(checkpoint))
 
 
-def _trim_metrics(path: Path, checkpoint: str | bool | None, checkpoints: Path) -> None:
-    """On resume, keep the metric lines up to the checkpoint's step; otherwise start the file afresh."""
-    folder = _checkpoint(checkpoint, checkpoints)
+def _trim_metrics(path: Path, folder: Path | None) -> None:
+    """On resume (from `folder`), keep the metric lines up to its step; otherwise start the file afresh."""
     if folder is None:
         path.write_text("", encoding="utf-8")
         return
@@ -137,8 +136,8 @@ def train(config: TrainConfig, on_step: Callable[[dict[str, Any]], None] | None 
     started = time.perf_counter()
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    # A missing checkpoint fails before any work.
-    _checkpoint(config.resume_from_checkpoint, out / "checkpoints")
+    checkpoints = out / "checkpoints"
+    resume = _checkpoint(config.resume_from_checkpoint, checkpoints)  # a missing one fails before any work
     split = system.load_split(config)
     loop = LoopThread.shared()
     with system.scripted_server(config) as server:
@@ -171,8 +170,7 @@ def train(config: TrainConfig, on_step: Callable[[dict[str, Any]], None] | None 
         if config.reward == "sft":
             from colab_graphs.trainers.baselines import sft_train
 
-            checkpoints = out / "checkpoints"
-            _trim_metrics(metrics_path, config.resume_from_checkpoint, checkpoints)
+            _trim_metrics(metrics_path, resume)
             policy = sft_train(
                 config,
                 model,
@@ -183,12 +181,12 @@ def train(config: TrainConfig, on_step: Callable[[dict[str, Any]], None] | None 
                 metrics_path,
                 on_step,
                 checkpoints=checkpoints,
-                resume=_checkpoint(config.resume_from_checkpoint, checkpoints),
+                resume=resume,
             )
             steps = config.max_steps
         else:
             policy, steps = _grpo(
-                config, model, tokenizer, runner, split.train, loop, metrics_path, out, on_step
+                config, model, tokenizer, runner, split.train, loop, metrics_path, out, on_step, resume
             )
         after = run_eval("after")
         folder = export_policy(
@@ -218,7 +216,7 @@ def train(config: TrainConfig, on_step: Callable[[dict[str, Any]], None] | None 
     return summary
 
 
-def _grpo(config, model, tokenizer, runner, examples, loop, metrics_path: Path, out: Path, on_step):  # noqa: ANN001, ANN202
+def _grpo(config, model, tokenizer, runner, examples, loop, metrics_path: Path, out: Path, on_step, resume):  # noqa: ANN001, ANN202
     from datasets import Dataset
 
     from colab_graphs.trainers import system
@@ -242,6 +240,6 @@ def _grpo(config, model, tokenizer, runner, examples, loop, metrics_path: Path, 
     )
     # TRL may wrap the model (LoRA): the rollouts must generate with exactly what is trained.
     system.seat_policy(config, trainer.policy_module(), tokenizer)
-    _trim_metrics(metrics_path, config.resume_from_checkpoint, out / "checkpoints")
-    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint or None)
+    _trim_metrics(metrics_path, resume)
+    trainer.train(resume_from_checkpoint=str(resume) if resume is not None else None)
     return trainer.accelerator.unwrap_model(trainer.model), trainer.state.global_step
