@@ -6,12 +6,31 @@
   the same for every rollout of a prompt, so it cancels in R_r - mean_g R_g: C-RL needs no extra rollouts.
 - `replay` (turn-level): for each policy turn t of rollout r, fork the trace at t, resample t K times and
   re-run the rest of the system from there (`RolloutRunner.areplay`); the turn's advantage is the rollout's
-  reward minus the mean reward of those K re-runs, A_{r,t} = (R_r - mean_k R'_{r,t,k}) / scale, with the
-  same scale as `uniform`. A turn whose resamples all end the same as the rollout (a turn that does not
-  matter) gets 0; a turn that decided the outcome gets the whole difference.
+  reward minus the mean reward of those K re-runs, A_{r,t} = (R_r - mean_k R'_{r,t,k}) / s.
+  A turn whose resamples all end the same as the rollout (a turn that does not matter) gets 0; a turn that
+  decided the outcome gets the whole difference.
   Cost: K x (policy turns per rollout) extra system runs per rollout, on top of the G rollouts per prompt;
   calls upstream of the fork (and any call whose inputs the fork did not change) are served from the
   recorded trace, so a replay costs only the calls downstream of the fork.
+
+The replay scale s (`replay_scales`). The numerator R_r - mean_k R'_{r,t,k} is an unbiased estimate of the
+turn's advantage Q(s_t, a_t) - V(s_t): R_r continues from the action the policy took, the re-runs from fresh
+draws at the same state. Dividing by the *group's* reward std, as `uniform` does, is wrong here: replays see
+variance the group did not (four rollouts that all scored 1 while a resampled turn scores 0), so the std is 0
+and the advantage was 1/1e-4 = 10,000. Instead s is the sample std of every outcome observed from the prompt,
+the G rollouts and all their re-runs pooled (`scale="batch"`: pooled over the batch; `"none"`: 1):
+
+- bounded: n outcomes with range d have a std of at least d / sqrt(2 (n - 1)), and a numerator is at most d,
+  so |A| <= sqrt(2 (n - 1)) whatever the rewards (n = 20 for G = 4, two turns, K = 2: at most 6.2);
+- zero exactly when nothing varies: if every pooled outcome is equal the numerator is 0 as well, and the
+  advantage is 0 (no division by ~0, no epsilon that decides the step);
+- unbiased in direction: s is one positive number per prompt, shared by all its turns and rollouts, so it
+  never flips the sign of a turn's credit nor reorders turns within a prompt; it sets the prompt's step size
+  as GRPO's group scaling does. With `scale_rewards: none` the advantage is the unbiased estimate itself.
+
+Falling back to the batch std (or 1) only when the group std is ~0, as first proposed, leaves the blow-up for
+a group std that is small but not ~0 (continuous rewards), and mixes two scales in one batch; pooling uses
+every outcome the replays paid for and needs no threshold.
 """
 
 from __future__ import annotations
@@ -70,11 +89,51 @@ def group_advantages(rewards: Sequence[float | None], group_size: int, scale: st
 
 
 def replay_advantage(reward: float, resampled: Sequence[float | None], scale: float) -> float | None:
-    """Turn-level credit: (reward - mean of the resampled outcomes) / scale; None when every resample failed."""
+    """Turn-level credit: (reward - mean of the resampled outcomes) / scale; None when every resample failed.
+
+    A zero scale means no outcome varied (see `replay_scales`), so the numerator is 0 too: the credit is 0.
+    """
     present = [r for r in resampled if r is not None]
     if not present:
         return None
-    return (reward - sum(present) / len(present)) / scale
+    difference = reward - sum(present) / len(present)
+    return difference / scale if scale > 0 else 0.0
+
+
+def replay_scales(
+    rewards: Sequence[float | None],
+    replayed: Sequence[Sequence[float | None]],
+    group_size: int,
+    scale: str = "group",
+) -> list[float]:
+    """The replay denominator of each rollout: the std of all outcomes observed from its prompt, pooled.
+
+    Args:
+        rewards: each rollout's reward (None: failed), G consecutive rollouts per prompt.
+        replayed: per rollout, the rewards of all its re-runs (every turn, every resample).
+        group_size: G.
+        scale: "group" (pool per prompt), "batch" (pool over the batch) or "none" (1).
+
+    Example:
+        >>> # Four rollouts that all scored 1: the group std is 0, the replays' outcomes still set a scale.
+        >>> [round(s, 3) for s in replay_scales([1, 1, 1, 1], [[0, 1], [1, 1], [1, 1], [1, 1]], 4)]
+        [0.289, 0.289, 0.289, 0.289]
+    """
+    if scale == "none":
+        return [1.0] * len(rewards)
+    if scale not in ("group", "batch"):
+        raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}")
+    width = len(rewards) if scale == "batch" else group_size
+    out = []
+    for start in range(0, len(rewards), width):
+        pooled = [
+            x
+            for i in range(start, min(start + width, len(rewards)))
+            for x in [rewards[i], *replayed[i]]
+            if x is not None
+        ]
+        out.extend([_std(pooled)] * len(rewards[start : start + width]))
+    return out
 
 
 async def turn_advantages(
@@ -103,7 +162,6 @@ async def turn_advantages(
         return [[uniform[i]] * len(r.turns) for i, r in enumerate(rollouts)]
     if credit != "replay":
         raise ValueError(f"credit must be 'uniform' or 'replay', got {credit!r}")
-    scales = reward_scales(rewards, group_size, scale)
     jobs = [
         (i, t, runner.areplay(r, turn, samples))
         for i, r in enumerate(rollouts)
@@ -111,9 +169,16 @@ async def turn_advantages(
         for t, turn in enumerate(r.turns)
     ]
     results = await asyncio.gather(*(job for _, _, job in jobs))
+    outcomes: dict[tuple[int, int], list[float | None]] = {
+        (i, t): [x.reward for x in replays] for (i, t, _), replays in zip(jobs, results, strict=True)
+    }
+    replayed: list[list[float | None]] = [[] for _ in rollouts]
+    for (i, _), resampled in outcomes.items():
+        replayed[i].extend(resampled)
+    scales = replay_scales(rewards, replayed, group_size, scale)
     out = [[0.0] * len(r.turns) for r in rollouts]
-    for (i, t, _), replays in zip(jobs, results, strict=True):
-        value = replay_advantage(rollouts[i].reward, [x.reward for x in replays], scales[i])  # type: ignore[arg-type]
+    for (i, t), resampled in outcomes.items():
+        value = replay_advantage(rollouts[i].reward, resampled, scales[i])  # type: ignore[arg-type]
         # Every re-run failed: nothing is known about this turn alone, so it keeps its rollout's credit.
         out[i][t] = uniform[i] if value is None else value
     return out
