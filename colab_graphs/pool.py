@@ -9,6 +9,22 @@ Pool file (YAML)::
 Order of the mapping is pool order (it breaks vote ties and orders seats). Values `${ENV_VAR}` are read from the
 environment. Besides `litellm.acompletion` keyword arguments a member may carry `description` (what a router
 reads about it) and `system_prompt` (a persona prepended to every call it makes).
+
+A member served by several deployments (vLLM replicas, API keys, regions) lists them; its calls then go through
+LiteLLM's `Router` (load balancing, per-deployment rpm/tpm, cooldown and retry on another deployment)::
+
+    models:
+      qwen:
+        model: hosted_vllm/Qwen2.5-7B-Instruct
+        temperature: 0
+        deployments:
+          - {api_base: http://gpu-a:8000/v1}
+          - {api_base: http://gpu-b:8000/v1, rpm: 600}
+        router: {routing_strategy: least-busy, cooldown_time: 30}
+
+A deployment overrides only where and how to connect (`api_base`, `api_key`, `model` as that deployment names
+it, ...) and its routing limits (`rpm`, `tpm`, `weight`, `order`, `max_parallel_requests`); what shapes the
+answer stays the member's, so the member's request (the cache key) is the same whichever deployment answers.
 """
 
 from __future__ import annotations
@@ -61,7 +77,7 @@ LITELLM_KWARGS = frozenset(
         "deployment_id",
     }
 )
-MEMBER_KEYS = frozenset({"description", "system_prompt"})
+MEMBER_KEYS = frozenset({"description", "system_prompt", "deployments", "router"})
 # Settings that say where and how to connect, not what to generate: never part of a cache key, never traced.
 CONNECTION_KEYS = frozenset(
     {
@@ -83,6 +99,27 @@ CONNECTION_KEYS = frozenset(
     }
 )
 SECRET_KEYS = frozenset({"api_key", "extra_headers"})
+# What a deployment may set besides connection settings: the Router's per-deployment limits and weights.
+DEPLOYMENT_ROUTING_KEYS = frozenset({"rpm", "tpm", "weight", "order", "max_parallel_requests"})
+DEPLOYMENT_KEYS = CONNECTION_KEYS | {"model"} | DEPLOYMENT_ROUTING_KEYS
+# `litellm.Router(...)` settings a pool file may give (the Router's own `model_list` is built from `deployments`).
+ROUTER_KEYS = frozenset(
+    {
+        "routing_strategy",
+        "routing_strategy_args",
+        "num_retries",
+        "retry_after",
+        "retry_policy",
+        "allowed_fails",
+        "allowed_fails_policy",
+        "cooldown_time",
+        "disable_cooldowns",
+        "timeout",
+        "default_max_parallel_requests",
+        "enable_pre_call_checks",
+        "enable_weighted_failover",
+    }
+)
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
@@ -101,6 +138,8 @@ class Member(BaseModel):
     settings: dict[str, Any] = Field(default_factory=dict)
     description: str | None = None
     system_prompt: str | None = None
+    deployments: list[dict[str, Any]] = Field(default_factory=list)
+    router: dict[str, Any] = Field(default_factory=dict)
 
     @property
     def model(self) -> str:
@@ -108,11 +147,18 @@ class Member(BaseModel):
 
     @property
     def endpoint(self) -> str:
-        """What concurrency limits are keyed on: the server a call goes to (api_base, else the provider)."""
-        base = self.settings.get("api_base") or self.settings.get("base_url")
-        if base:
-            return str(base)
-        return self.model.split("/", 1)[0] if "/" in self.model else self.model
+        """What concurrency limits are keyed on: the server a call goes to (api_base, else the provider).
+
+        A member with deployments is keyed on all of them together (its Router spreads the calls).
+        """
+        if self.deployments:
+            return " | ".join(_endpoint_of({**self.settings, **d}) for d in self.deployments)
+        return _endpoint_of(self.settings)
+
+    @property
+    def replicas(self) -> int:
+        """How many deployments serve the member (1 without `deployments`)."""
+        return max(1, len(self.deployments))
 
     def generation_settings(self) -> dict[str, Any]:
         """Settings that shape the output (part of the cache key): everything but connection settings."""
@@ -121,6 +167,32 @@ class Member(BaseModel):
     def public_settings(self) -> dict[str, Any]:
         """Settings safe to write to traces and reports: secrets removed."""
         return {k: v for k, v in self.settings.items() if k not in SECRET_KEYS}
+
+    def public_deployments(self) -> list[dict[str, Any]]:
+        """The deployments as they may appear in reports: secrets removed."""
+        return [{k: v for k, v in d.items() if k not in SECRET_KEYS} for d in self.deployments]
+
+    def secrets(self) -> list[str]:
+        """Every API key the member's calls may carry (its own and its deployments'), for redaction."""
+        keys = [self.settings.get("api_key"), *(d.get("api_key") for d in self.deployments)]
+        return [str(k) for k in keys if k]
+
+    def router_model_list(self) -> list[dict[str, Any]]:
+        """`litellm.Router(model_list=...)`: one entry per deployment under the member's name.
+
+        Each deployment's `litellm_params` are the member's model and connection settings overridden by the
+        deployment's; the generation settings are not there, they go with each call.
+        """
+        base = {k: v for k, v in self.settings.items() if k in CONNECTION_KEYS or k == "model"}
+        return [{"model_name": self.name, "litellm_params": {**base, **d}} for d in self.deployments]
+
+
+def _endpoint_of(settings: Mapping[str, Any]) -> str:
+    base = settings.get("api_base") or settings.get("base_url")
+    if base:
+        return str(base)
+    model = str(settings["model"])
+    return model.split("/", 1)[0] if "/" in model else model
 
 
 def _expand_env(value: Any, where: str) -> Any:
@@ -150,12 +222,7 @@ def make_member(name: str, settings: Mapping[str, Any], where: str = "pool") -> 
         )
     unknown = sorted(set(settings) - LITELLM_KWARGS - MEMBER_KEYS)
     if unknown:
-        hints = [
-            f"{k} (did you mean {close[0]}?)"
-            if (close := difflib.get_close_matches(k, LITELLM_KWARGS | MEMBER_KEYS, 1))
-            else k
-            for k in unknown
-        ]
+        hints = _with_hints(unknown, LITELLM_KWARGS | MEMBER_KEYS)
         raise PoolError(
             f"{where}: member {name!r} has unknown key(s) {', '.join(hints)}; allowed: LiteLLM completion "
             f"arguments (model, api_base, api_key, temperature, max_tokens, seed, ...) and "
@@ -165,7 +232,61 @@ def make_member(name: str, settings: Mapping[str, Any], where: str = "pool") -> 
         raise PoolError(f"{where}: member {name!r} has no 'model' (a LiteLLM model string is required)")
     settings = _expand_env(dict(settings), f"{where}: member {name!r}")
     extra = {k: settings.pop(k) for k in MEMBER_KEYS if k in settings}
+    if "deployments" in extra:
+        extra["deployments"] = _check_deployments(extra["deployments"], f"{where}: member {name!r}")
+    if "router" in extra:
+        extra["router"] = _check_router(
+            extra["router"], bool(extra.get("deployments")), f"{where}: member {name!r}"
+        )
     return Member(name=name, settings=settings, **extra)
+
+
+def _check_deployments(deployments: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(deployments, list) or not deployments:
+        raise PoolError(
+            f"{where}: 'deployments' must be a non-empty list of mappings (e.g. one api_base each), "
+            f"got {deployments!r}"
+        )
+    out = []
+    for i, d in enumerate(deployments, 1):
+        at = f"{where}: deployments[{i}]"
+        if not isinstance(d, Mapping):
+            raise PoolError(f"{at} must be a mapping of LiteLLM connection settings, got {d!r}")
+        generation = sorted(set(d) & (LITELLM_KWARGS - DEPLOYMENT_KEYS))
+        if generation:
+            raise PoolError(
+                f"{at} sets {', '.join(generation)}: a deployment says only where and how to connect; settings "
+                "that shape the answer belong to the member, so that every deployment answers the same request"
+            )
+        unknown = sorted(set(d) - DEPLOYMENT_KEYS)
+        if unknown:
+            raise PoolError(
+                f"{at} has unknown key(s) {', '.join(_with_hints(unknown, DEPLOYMENT_KEYS))}; allowed: "
+                f"{', '.join(sorted(DEPLOYMENT_KEYS))}"
+            )
+        out.append(dict(d))
+    return out
+
+
+def _check_router(router: Any, has_deployments: bool, where: str) -> dict[str, Any]:
+    if not has_deployments:
+        raise PoolError(f"{where}: 'router' settings need 'deployments' (the Router spreads calls over them)")
+    if not isinstance(router, Mapping):
+        raise PoolError(f"{where}: 'router' must be a mapping of litellm.Router settings, got {router!r}")
+    unknown = sorted(set(router) - ROUTER_KEYS)
+    if unknown:
+        raise PoolError(
+            f"{where}: router has unknown key(s) {', '.join(_with_hints(unknown, ROUTER_KEYS))}; allowed: "
+            f"{', '.join(sorted(ROUTER_KEYS))}"
+        )
+    return dict(router)
+
+
+def _with_hints(unknown: list[str], known: frozenset[str]) -> list[str]:
+    return [
+        f"{k} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(k, known, 1)) else k
+        for k in unknown
+    ]
 
 
 def _unique_key_loader() -> type:
@@ -264,5 +385,9 @@ class Pool:
                 entry["description"] = m.description
             if m.system_prompt:
                 entry["system_prompt"] = m.system_prompt
+            if m.deployments:
+                entry["deployments"] = m.public_deployments()
+            if m.router:
+                entry["router"] = dict(m.router)
             out[m.name] = entry
         return out

@@ -1,6 +1,9 @@
 """The one call path: cache -> single-flight -> per-endpoint concurrency limit -> LiteLLM with retries -> trace.
 
 Every model call in the package (protocol seats, judges, audits, rollouts) goes through `ModelClient.complete`.
+A member with `deployments` is called through a `litellm.Router` of its own (built once per event loop), which
+picks a deployment, retries on another one and cools a failing one down; the cache key is the member's
+request all the same, so which deployment answered never changes a value or a count.
 """
 
 from __future__ import annotations
@@ -201,6 +204,7 @@ class ModelClient:
         self.stats = CallStats()
         self._inflight: dict[str, asyncio.Future[CallResult]] = {}
         self._limits: dict[str, asyncio.Semaphore] = {}
+        self._routers: dict[str, Any] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._rng = random.Random(0)
 
@@ -278,6 +282,7 @@ class ModelClient:
             self._loop = loop
             self._inflight = {}
             self._limits = {}
+            self._routers = {}
 
     @staticmethod
     def _with_persona(member: Member, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -337,15 +342,43 @@ class ModelClient:
             logprobs=hit.get("logprobs"),
         )
 
+    def _router(self, member: Member) -> Any:
+        """The member's `litellm.Router` over its deployments (one per member and event loop)."""
+        router = self._routers.get(member.name)
+        if router is None:
+            litellm = _litellm()
+            settings = {
+                # Every deployment may be tried before the client's own retry loop (with backoff) takes over;
+                # the first failure cools a deployment down, so a dead replica stops being picked at once.
+                "num_retries": 2 * member.replicas,
+                "allowed_fails": 0,
+                "cooldown_time": 10.0,
+                **member.router,
+            }
+            router = litellm.Router(model_list=member.router_model_list(), **settings)
+            self._routers[member.name] = router
+        return router
+
+    async def _send(self, member: Member, kwargs: dict) -> Any:
+        """One attempt: straight to LiteLLM, or through the member's Router when it has deployments."""
+        litellm = _litellm()
+        if not member.deployments:
+            return await litellm.acompletion(**{**kwargs, "num_retries": 0, "max_retries": 0})
+        call = {k: v for k, v in kwargs.items() if k not in CONNECTION_KEYS and k != "model"}
+        return await self._router(member).acompletion(model=member.name, **call)
+
     async def _call_upstream(self, key: str, member: Member, request: dict, kwargs: dict) -> CallResult:
         litellm = _litellm()
-        if kwargs["model"].startswith("local/"):
+        models = [kwargs["model"], *(d.get("model", "") for d in member.deployments)]
+        if any(m.startswith("local/") for m in models):
             from colab_graphs.models.local import register_local_provider
 
             register_local_provider()
-        limit = self._limits.setdefault(member.endpoint, asyncio.Semaphore(self.max_concurrency))
-        secrets = [str(member.settings.get("api_key") or "")]
-        call_kwargs = {"timeout": self.timeout_s, **kwargs, "num_retries": 0, "max_retries": 0}
+        limit = self._limits.setdefault(
+            member.endpoint, asyncio.Semaphore(self.max_concurrency * member.replicas)
+        )
+        secrets = member.secrets()
+        call_kwargs = {"timeout": self.timeout_s, **kwargs}
         attempts = 0
         self.stats.made += 1
         while True:
@@ -354,7 +387,7 @@ class ModelClient:
             started = time.perf_counter()
             try:
                 async with limit:
-                    response = await litellm.acompletion(**call_kwargs)
+                    response = await self._send(member, call_kwargs)
                 text = _response_text(response)
             except asyncio.CancelledError:
                 raise
@@ -377,7 +410,7 @@ class ModelClient:
         )
         cost = _response_cost(litellm, response)
         details = None
-        if kwargs["model"].startswith("local/"):
+        if any(m.startswith("local/") for m in models):
             from colab_graphs.models.local import local_call_details
 
             details = local_call_details(response)
