@@ -289,7 +289,7 @@ def _with_hints(unknown: list[str], known: frozenset[str]) -> list[str]:
     ]
 
 
-def _unique_key_loader() -> type:
+def unique_key_loader() -> type:
     """A safe YAML loader that rejects duplicate mapping keys (safe_load keeps the last one silently)."""
     import yaml
 
@@ -338,7 +338,7 @@ class Pool:
 
         path = Path(path)
         try:
-            data = yaml.load(path.read_text(), Loader=_unique_key_loader())
+            data = yaml.load(path.read_text(), Loader=unique_key_loader())
         except FileNotFoundError:
             raise PoolError(f"pool file {path} does not exist") from None
         except yaml.YAMLError as exc:

@@ -1,4 +1,4 @@
-"""`colab-graphs`: run | audit | train | serve | protocols | show | models | cache.
+"""`colab-graphs`: run | audit | study | train | serve | protocols | show | models | cache.
 
 Heavy modules (litellm, torch, transformers, trl) are imported inside the commands, so `--help` is instant.
 """
@@ -217,9 +217,10 @@ def cache_clear(
 
 def _register_optional_commands() -> None:
     # Commands whose modules pull in heavier code register themselves here; each import is cheap (lazy inside).
-    from colab_graphs.cli import extra
+    from colab_graphs.cli import extra, study_cmd
 
     extra.register(app)
+    study_cmd.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,127 @@
+"""`colab-graphs study`: pools x protocols x datasets in one command, in process or on a Ray cluster."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from colab_graphs.cli.app import CacheDirOpt, NoCacheOpt, OutOpt, RetriesOpt, _progress
+from colab_graphs.cli.common import fail, make_client
+
+
+def study(
+    config: Annotated[
+        Path,
+        typer.Option("--config", help="Study YAML: pools, protocols, datasets, method, budget, limit, seed."),
+    ],
+    out: OutOpt = None,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            help="Play on a Ray cluster: its ADDRESS (host:port) or 'auto' (needs pip install 'colab-graphs\\[ray]').",
+        ),
+    ] = None,
+    workers: Annotated[
+        int | None, typer.Option("--workers", help="Ray workers (default: one per CPU of the cluster).")
+    ] = None,
+    max_concurrency: Annotated[
+        int | None,
+        typer.Option(
+            "--max-concurrency", help="In-flight calls per endpoint (default: the study file's, else 16)."
+        ),
+    ] = None,
+    cache_dir: CacheDirOpt = None,
+    no_cache: NoCacheOpt = False,
+    retries: RetriesOpt = 6,
+    overwrite: Annotated[
+        bool,
+        typer.Option("--overwrite", help="Discard the plays and reports in --out first (calls stay cached)."),
+    ] = False,
+    no_plots: Annotated[
+        bool, typer.Option("--no-plots", help="Do not draw the heatmap and scatter grid.")
+    ] = False,
+) -> None:
+    """Audit every protocol over every pool on every dataset; correlate individual and compositional strength.
+
+    Writes DIR/study.json, DIR/study.md (a heatmap and a scatter grid) and one audit folder per setting under DIR/audits/. Run the same command again after a crash to finish it: nothing is played or called twice.
+    """
+    from colab_graphs.study import StudyConfigError, StudyError, load_study_config, run_study
+
+    try:
+        the_config = load_study_config(config)
+    except StudyConfigError as err:
+        fail(str(err))
+        raise
+    out = out or Path("studies") / config.stem
+    client = make_client(cache_dir, no_cache, max_concurrency or the_config.max_concurrency, retries=retries)
+    progress, task = _progress(1, f"study {config.stem}")
+
+    def on_plan(planned: int, recorded: int) -> None:
+        progress.update(task, total=planned, completed=recorded)
+
+    def on_progress(n: int) -> None:
+        progress.update(
+            task, advance=n, status=f"calls {client.stats.made} made, {client.stats.cached} cached"
+        )
+
+    try:
+        with progress:
+            report = asyncio.run(
+                run_study(
+                    the_config,
+                    out,
+                    client=client,
+                    ray_address=ray,
+                    workers=workers,
+                    plots=False if no_plots else None,
+                    overwrite=overwrite,
+                    on_plan=on_plan,
+                    on_progress=on_progress,
+                )
+            )
+    except StudyConfigError as err:
+        fail(str(err))
+        raise
+    except StudyError as err:
+        fail(str(err), code=3)
+        raise
+    _print_summary(report, out)
+    if any(s.failed_examples for s in report.settings):
+        raise typer.Exit(3)
+
+
+def _print_summary(report, out: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    def fmt(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:+.2f}"
+
+    table = Table(title=f"individual vs {report.measure}: rank correlation over (member, protocol, dataset)")
+    for column in ("pool", "family", "pairs", "spearman", "kendall", "p-value"):
+        table.add_column(column, justify="left" if column in ("pool", "family") else "right")
+    for c in report.correlations:
+        p = "n/a" if c.p_value is None else f"{c.p_value:.3g}"
+        table.add_row(c.pool, c.family, str(c.n_pairs), fmt(c.spearman), fmt(c.kendall), p)
+    console = Console()
+    console.print(table)
+    tested = [c for c in report.correlations if c.family != "all" and c.p_value is not None]
+    quiet = sum(1 for c in tested if not c.significant)
+    calls = report.calls
+    console.print(
+        f"{quiet} of {len(tested)} settings (pool x family) show no significant correlation (alpha {report.alpha}); "
+        f"{len(report.settings)} audits; calls made {calls.made} (distinct {calls.unique}, cached {calls.cached}, "
+        f"failed {calls.failed}); {report.wall_s:.1f}s on {report.backend}"
+    )
+    failed = [s for s in report.settings if s.failed_examples]
+    if failed:
+        console.print(f"[yellow]{len(failed)} setting(s) have failed examples (see their audit folders)[/]")
+    console.print(f"study: {out / 'study.md'}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("study")(study)

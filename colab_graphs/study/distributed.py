@@ -1,0 +1,154 @@
+"""The Ray backend: shards played by a pool of `StudyWorker` actors, results recorded on the driver.
+
+The driver puts the plan in Ray's object store once, starts one actor per CPU of the cluster (or `workers`),
+and hands each idle actor the next shard with the plays already recorded for its examples. A finished shard
+comes back as its new plays (and, from a worker that keeps a cache of its own, the cache entries it wrote),
+which the driver merges into the study's cache first and records second, so a driver killed in between
+replays nothing from upstream. A worker killed mid-shard (SIGKILL, a lost node) is restarted by Ray and its
+shard is handed out again: the study costs at most that shard's calls again and ends with the same values.
+
+Ray is an optional extra (`pip install 'colab-graphs[ray]'`); it is imported only here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from colab_graphs.audit.game import Play
+from colab_graphs.study.plan import Shard, StudyPlan
+from colab_graphs.study.worker import ShardResult, StudyWorker
+
+MAX_SHARD_ATTEMPTS = 3
+_POLL_S = 0.5
+
+
+class DistributedError(RuntimeError):
+    """Ray is missing, the cluster cannot be reached, or a shard failed for good."""
+
+
+@dataclass
+class RayRun:
+    workers: int
+    shards: int
+    retried_shards: int
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise DistributedError(
+            "--ray needs Ray, an optional extra: pip install 'colab-graphs[ray]'"
+        ) from None
+    return ray
+
+
+def connect(address: str) -> tuple[Any, bool]:
+    """Connect to the cluster at `address` ("auto" finds a running one); returns (ray, whether we connected)."""
+    ray = _import_ray()
+    if ray.is_initialized():
+        return ray, False
+    try:
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        raise DistributedError(f"cannot reach a Ray cluster at {address!r}: {err}") from None
+    return ray, True
+
+
+def cluster_cpus(ray: Any) -> int:
+    return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
+def play_on_ray(
+    ray: Any,
+    plan: StudyPlan,
+    shards: list[Shard],
+    done_for: Callable[[Shard], dict[str, list[Play]]],
+    *,
+    workers: int,
+    client_options: dict[str, Any],
+    cache_dir: str | None,
+    share_cache: bool,
+    on_result: Callable[[ShardResult], None],
+    on_progress: Callable[[int], None] | None = None,
+) -> RayRun:
+    """Play every shard on the cluster; `on_result` gets each finished shard (on the calling thread).
+
+    Raises:
+        DistributedError: a shard raised an error, or its worker died `MAX_SHARD_ATTEMPTS` times.
+    """
+    actor_class = ray.remote(num_cpus=1, max_restarts=-1)(StudyWorker)
+    plan_ref = ray.put(plan)
+    driver_node = ray.get_runtime_context().get_node_id()
+    actors = [
+        actor_class.remote(plan_ref, client_options, cache_dir, driver_node, share_cache)
+        for _ in range(min(workers, len(shards)))
+    ]
+    queue = deque(shards)
+    attempts = {s.index: 0 for s in shards}
+    running: dict[Any, tuple[Any, Shard]] = {}
+    shown: dict[Any, int] = {}  # plays of each running shard already passed to on_progress
+    idle = list(actors)
+    retried = 0
+
+    def advance(ref: Any, count: int) -> None:
+        if on_progress is not None and count > shown.get(ref, 0):
+            on_progress(count - shown.get(ref, 0))
+            shown[ref] = count
+
+    try:
+        while queue or running:
+            while queue and idle:
+                actor, shard = idle.pop(), queue.popleft()
+                attempts[shard.index] += 1
+                running[actor.run_shard.remote(shard, done_for(shard))] = (actor, shard)
+            ready, _ = ray.wait(list(running), num_returns=1, timeout=_POLL_S)
+            for ref in ready:
+                actor, shard = running.pop(ref)
+                idle.append(actor)
+                try:
+                    result = ray.get(ref)
+                except ray.exceptions.RayActorError as err:
+                    shown.pop(ref, None)
+                    if attempts[shard.index] >= MAX_SHARD_ATTEMPTS:
+                        raise DistributedError(
+                            f"shard {shard.index}: its worker died {MAX_SHARD_ATTEMPTS} times ({err})"
+                        ) from None
+                    retried += 1
+                    queue.appendleft(shard)  # the restarted actor (or another) plays it again
+                    continue
+                except ray.exceptions.RayTaskError as err:
+                    raise DistributedError(f"shard {shard.index} failed: {err.cause!r}") from None
+                on_result(result)
+                advance(ref, len(result.plays))
+                shown.pop(ref, None)
+            if on_progress is not None and running:
+                _poll_progress(ray, running, advance)
+    finally:
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+    return RayRun(len(actors), len(shards), retried)
+
+
+def _poll_progress(ray: Any, running: dict, advance: Callable[[Any, int], None]) -> None:
+    refs = list(running)
+    try:
+        counts = ray.get([running[ref][0].progress.remote() for ref in refs], timeout=_POLL_S)
+    except (ray.exceptions.RayError, TimeoutError):
+        return  # a worker restarting: its count shows on a later poll
+    for ref, count in zip(refs, counts, strict=True):
+        advance(ref, count)
+
+
+def wait_for_workers(ray: Any, seconds: float = 60.0) -> None:
+    """Wait until the cluster reports at least one CPU (a freshly started head may take a moment)."""
+    deadline = time.time() + seconds
+    while ray.cluster_resources().get("CPU", 0) < 1:
+        if time.time() > deadline:
+            raise DistributedError("the Ray cluster has no CPU to run workers on")
+        time.sleep(0.2)

@@ -1,0 +1,164 @@
+"""Playing shards: the same code in process and in a Ray worker.
+
+`ShardRunner` plays every setting of a study on a shard's examples through one `ModelClient`, on one event
+loop, so a request that several settings make identically is made once (single-flight while in flight, the
+cache after). It keeps one `CoalitionGame` per setting for its whole life (compiled graphs are reused across
+shards) and plays only what the driver has not recorded yet.
+
+`StudyWorker` is the Ray actor around a runner: its own client, and a cache that is the study's cache when
+the worker runs on the driver's machine (SQLite in WAL mode takes writers from several processes), else a
+cache of its own whose new entries go back to the driver with the shard's plays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from colab_graphs.audit.game import CoalitionGame, Play, coalition_id
+from colab_graphs.models.cache import CallCache
+from colab_graphs.models.client import ModelClient
+from colab_graphs.study.plan import Setting, Shard, StudyPlan
+
+PlayKey = tuple[str, str]  # (coalition id, example id), as `CoalitionGame.plays` keys them
+
+
+def play_key(play: Play) -> PlayKey:
+    return coalition_id(play.game, play.members), play.example_id
+
+
+@dataclass
+class ShardResult:
+    """What a shard gave: new plays by setting key, and the cache entries its worker wrote that the driver
+    does not share (each `(key, model, request, response)`)."""
+
+    shard: int
+    plays: list[tuple[str, Play]] = field(default_factory=list)
+    entries: list[tuple[str, str, dict, dict]] = field(default_factory=list)
+
+
+class RecordingCache(CallCache):
+    """A worker's own call cache that also keeps what it stores, for the driver to merge into the study's."""
+
+    def __init__(self, directory: str | os.PathLike[str]):
+        super().__init__(directory)
+        self.new_entries: list[tuple[str, str, dict, dict]] = []
+
+    def put(self, key: str, model: str, request: dict[str, Any], response: dict[str, Any]) -> None:
+        super().put(key, model, request, response)
+        self.new_entries.append((key, model, request, response))
+
+    def take_entries(self) -> list[tuple[str, str, dict, dict]]:
+        entries, self.new_entries = self.new_entries, []
+        return entries
+
+
+class ShardRunner:
+    """Plays the settings of a study on shards of examples.
+
+    Args:
+        plan: The study's settings and pools.
+        client: The call path every play goes through.
+    """
+
+    def __init__(self, plan: StudyPlan, client: ModelClient):
+        self.plan = plan
+        self.client = client
+        self.plays_done = 0
+        self._games: dict[str, CoalitionGame] = {}
+
+    def _game(self, setting: Setting) -> CoalitionGame:
+        game = self._games.get(setting.key)
+        if game is None:
+            pool = self.plan.pools[setting.pool]
+            game = CoalitionGame(setting.spec, pool, [], client=self.client, scorer=setting.scorer)
+            self._games[setting.key] = game
+        return game
+
+    async def run(
+        self,
+        shard: Shard,
+        done: Mapping[str, Sequence[Play]],
+        on_play: Callable[[str, Play], None] | None = None,
+    ) -> list[tuple[str, Play]]:
+        """Play every setting on the shard's examples, skipping the plays in `done` (setting key -> plays).
+
+        Returns the new plays, each with its setting key; `on_play` sees each as soon as it is finished.
+        `plays_done` counts this shard's new plays while it runs.
+        """
+        self.plays_done = 0
+        fresh: list[tuple[str, Play]] = []
+        evaluations = []
+        for setting in self.plan.settings:
+            examples = shard.examples.get(setting.dataset)
+            if not examples:
+                continue
+            game = self._game(setting)
+            prior = {play_key(p): p for p in done.get(setting.key, ())}
+            game.examples, game.plays = list(examples), dict(prior)
+
+            def record(play: Play, key: str = setting.key, prior: dict = prior) -> None:
+                if prior.get(play_key(play)) is play:
+                    return  # recorded earlier; `evaluate` reports finished plays too
+                self.plays_done += 1
+                fresh.append((key, play))
+                if on_play is not None:
+                    on_play(key, play)
+
+            evaluations.append(game.evaluate(setting.coalitions, setting.solo_members, record))
+        await asyncio.gather(*evaluations)
+        return fresh
+
+
+class StudyWorker:
+    """A Ray actor that plays shards (see the module docstring for its cache).
+
+    Args:
+        plan: The study's settings, pools and examples.
+        client_options: `ModelClient` keyword arguments (max_concurrency, retries, ...).
+        cache_dir: The study's cache folder, or None when the study runs without a cache.
+        driver_node: The Ray node id of the driver; a worker on it shares the study's cache file.
+        share_cache: False makes every worker keep a cache of its own, as on another machine.
+    """
+
+    def __init__(
+        self,
+        plan: StudyPlan,
+        client_options: dict[str, Any],
+        cache_dir: str | None,
+        driver_node: str,
+        share_cache: bool = True,
+    ):
+        import ray
+
+        import colab_graphs._env  # noqa: F401  (offline settings before litellm loads)
+
+        cache: CallCache | None = None
+        self._recording: RecordingCache | None = None
+        if cache_dir is not None:
+            if (
+                share_cache
+                and ray.get_runtime_context().get_node_id() == driver_node
+                and Path(cache_dir).is_dir()
+            ):
+                cache = CallCache(cache_dir)
+            else:
+                cache = self._recording = RecordingCache(tempfile.mkdtemp(prefix="colab-graphs-worker-"))
+        self.runner = ShardRunner(plan, ModelClient(cache, **client_options))
+
+    async def run_shard(self, shard: Shard, done: dict[str, list[Play]]) -> ShardResult:
+        plays = await self.runner.run(shard, done)
+        entries = self._recording.take_entries() if self._recording is not None else []
+        return ShardResult(shard.index, plays, entries)
+
+    async def progress(self) -> int:
+        """New plays finished in the shard this worker is playing."""
+        return self.runner.plays_done
+
+    async def pid(self) -> int:
+        return os.getpid()
