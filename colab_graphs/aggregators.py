@@ -3,16 +3,19 @@
 An aggregator takes the values its node reads (a string for an exact read, a list of strings for a pattern read,
 in pool order) and returns the text it writes. A router takes the node's view of the state and returns a key of
 its route's `path_map`. Register your own with `@aggregator("name")` / `@router("name")`.
+
+Whatever depends on what an answer is (extracting it from a reply, telling whether two answers are the same)
+is asked of the run's task: aggregators receive it as the keyword `task` (a `TaskView`: the task type bound to
+the example; see `colab_graphs.data.tasks`), routers as `view["task"]`. Code stays code, a letter a letter.
 """
 
 from __future__ import annotations
 
 import re
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from colab_graphs.data.scoring import extract_answer, normalize_answer
+from colab_graphs.data.tasks import TaskView
 
 AggregatorFn = Callable[..., str]
 RouterFn = Callable[..., str]
@@ -74,47 +77,29 @@ def _items(inputs: dict[str, Any]) -> list[str]:
     return out
 
 
-def majority(answers: list[str]) -> str:
-    """Deterministic majority vote over extracted, normalised answers.
-
-    The most frequent normalised answer wins; a tie goes to the tied answer given first (pool order).
-    Returns the winning answer as first written (extracted, not normalised). Empty input -> "".
-    """
-    extracted = [extract_answer(a) for a in answers]
-    normalised = [normalize_answer(a) for a in extracted]
-    candidates = [(n, e) for n, e in zip(normalised, extracted, strict=True) if n]
-    if not candidates:
-        return ""
-    counts = Counter(n for n, _ in candidates)
-    best = max(counts.values())
-    for n, e in candidates:
-        if counts[n] == best:
-            return e
-    raise AssertionError("unreachable")
-
-
 @aggregator("vote")
-def vote(inputs: dict[str, Any], **_: Any) -> str:
-    """Majority vote over every answer read (see `majority`)."""
-    return majority(_items(inputs))
+def vote(inputs: dict[str, Any], *, task: TaskView, **_: Any) -> str:
+    """Majority vote over the answers the values read commit to (see `TaskView.vote`; ties: pool order)."""
+    return task.vote(_items(inputs))
+
+
+def _pick(items: list[str], task: TaskView, extract: bool) -> str:
+    for item in items:
+        if item.strip():
+            return (task.extract(item) or "") if extract else item
+    return ""
 
 
 @aggregator("first")
-def first(inputs: dict[str, Any], extract: bool = False, **_: Any) -> str:
-    """The first non-empty value read (pool order); with `extract`, its extracted answer."""
-    for item in _items(inputs):
-        if item.strip():
-            return extract_answer(item) if extract else item
-    return ""
+def first(inputs: dict[str, Any], *, task: TaskView, extract: bool = False, **_: Any) -> str:
+    """The first non-empty value read (pool order); with `extract`, the answer it commits to ("" if none)."""
+    return _pick(_items(inputs), task, extract)
 
 
 @aggregator("last")
-def last(inputs: dict[str, Any], extract: bool = False, **_: Any) -> str:
-    """The last non-empty value read; with `extract`, its extracted answer."""
-    for item in reversed(_items(inputs)):
-        if item.strip():
-            return extract_answer(item) if extract else item
-    return ""
+def last(inputs: dict[str, Any], *, task: TaskView, extract: bool = False, **_: Any) -> str:
+    """The last non-empty value read; with `extract`, the answer it commits to ("" if none)."""
+    return _pick(_items(inputs)[::-1], task, extract)
 
 
 @aggregator("concat")
@@ -124,10 +109,10 @@ def concat(inputs: dict[str, Any], separator: str = "\n\n", **_: Any) -> str:
 
 
 @aggregator("extract")
-def extract(inputs: dict[str, Any], **_: Any) -> str:
-    """The answer extracted from the (single, or last) value read."""
+def extract(inputs: dict[str, Any], *, task: TaskView, **_: Any) -> str:
+    """The answer the (single, or last) value read commits to, as the task extracts it ("" if none)."""
     items = _items(inputs)
-    return extract_answer(items[-1]) if items else ""
+    return (task.extract(items[-1]) or "") if items else ""
 
 
 @router("match_name")
@@ -160,7 +145,7 @@ def self_reported_confidence(text: str) -> float | None:
 def confidence(
     view: dict[str, Any], path_map: dict[str, str], threshold: float = 0.7, signal: str = "auto", **_: Any
 ) -> str:
-    """'accept' when the answer is confident, else 'defer'.
+    """'accept' when the stage committed to an answer (as the task extracts it) and is confident, else 'defer'.
 
     `signal` says what confidence is read from: "logprob" (the mean token probability the seat recorded),
     "self_reported" (a "Confidence: 0.8" statement in the text; local models always record logprobs, so a
@@ -177,4 +162,6 @@ def confidence(
         score = math.exp(float(logprob))
     elif signal != "logprob":
         score = self_reported_confidence(str(view.get("text") or ""))
-    return "accept" if score is not None and score >= threshold else "defer"
+    task = view.get("task")
+    answered = task is None or task.extract(str(view.get("text") or "")) is not None
+    return "accept" if answered and score is not None and score >= threshold else "defer"

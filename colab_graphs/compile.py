@@ -7,6 +7,7 @@ client and pool given at compile time.
 """
 
 import asyncio
+import inspect
 import math
 import threading
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ from typing import Annotated, Any, TypedDict
 from langchain_core.runnables import RunnableConfig, RunnableLambda
 
 from colab_graphs.aggregators import get_aggregator, get_router
+from colab_graphs.data.example import Example
+from colab_graphs.data.tasks import DEFAULT_INSTRUCTION, TaskType, TaskView
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.spec import END, START, Aggregate, Edge, GraphSpec, LogitSeat, Seat, is_pattern
@@ -45,11 +48,43 @@ class GraphState(TypedDict, total=False):
 
 @dataclass
 class Runtime:
-    """What nodes need at run time: the call path, the pool, and the trace being recorded (if any)."""
+    """What nodes need at run time: the call path, the pool, the trace being recorded (if any), and the task
+    bound to the example being run (what aggregators and routers ask about answers)."""
 
     client: ModelClient
     pool: Pool
     trace: Trace | None = None
+    task: TaskView | None = None
+
+
+def graph_input(view: TaskView) -> dict[str, Any]:
+    """A graph's input state for one example: the question as its task shows it (options included) and the
+    example's fields, with `answer_format` (the task's answer instruction) for prompt templates."""
+    example = view.example
+    return {
+        "input": view.task.question(example),
+        "example": {**example.fields, "answer_format": view.task.instruction(example)},
+    }
+
+
+def task_view(state: GraphState, config: Any, fallback: Runtime | None) -> TaskView:
+    """The run's task, else one derived from the state's example (a graph invoked directly by a user)."""
+    rt = ((config or {}).get("configurable") or {}).get(RUNTIME_KEY) or fallback
+    if rt is not None and rt.task is not None:
+        return rt.task
+    fields = dict(state.get("example") or {})
+    fields.setdefault("id", "")
+    fields.setdefault("input", state.get("input", ""))
+    try:
+        example = Example.model_validate(fields)
+    except ValueError:
+        example = Example(id="", input=str(state.get("input", "")))
+    from colab_graphs.data.scoring import task_for
+
+    try:
+        return TaskView(task_for(example), example)
+    except (KeyError, ValueError):
+        return TaskView(TaskType(), example)
 
 
 _default_client: ModelClient | None = None
@@ -98,7 +133,7 @@ def render_list(items: list[str]) -> str:
 
 
 def render(template: str, node: str, state: GraphState, reads: dict[str, Any]) -> str:
-    context: dict[str, Any] = dict(state.get("example") or {})
+    context: dict[str, Any] = {"answer_format": DEFAULT_INSTRUCTION, **(state.get("example") or {})}
     context["input"] = state.get("input", "")
     for var, value in reads.items():
         context[var] = render_list(value) if isinstance(value, list) else value
@@ -229,16 +264,23 @@ def _logit_fn(node: LogitSeat, order: dict[str, int], fallback: Runtime | None, 
     return run
 
 
-def _aggregate_fns(node: Aggregate, order: dict[str, int], output_key: str):
-    """(sync, async) functions of an aggregate node."""
+def _takes_task(fn: Any) -> bool:
+    params = inspect.signature(fn).parameters.values()
+    return any(p.name == "task" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def _aggregate_fns(node: Aggregate, order: dict[str, int], output_key: str, fallback: Runtime | None):
+    """(sync, async) functions of an aggregate node. Aggregators that take `task` get the run's task."""
     fn = get_aggregator(node.fn)
+    takes_task = _takes_task(fn)
 
     def run(state: GraphState, config: RunnableConfig | None = None) -> dict[str, Any]:
         reads = resolve_reads(node.reads, state, order)
-        return _update(node.name, {node.writes: fn(reads, **node.params)}, output_key)
+        params = {**node.params, "task": task_view(state, config, fallback)} if takes_task else node.params
+        return _update(node.name, {node.writes: fn(reads, **params)}, output_key)
 
     async def arun(state: GraphState, config: RunnableConfig | None = None) -> dict[str, Any]:
-        return run(state)
+        return run(state, config)
 
     return run, arun
 
@@ -315,12 +357,12 @@ def _fused_fn(levels: list[list[str]], fns: dict[str, Any]):
     return run
 
 
-def _route_fn(route, order: dict[str, int]):
+def _route_fn(route, order: dict[str, int], fallback: Runtime | None):
     fn = get_router(route.fn)
     key = route.params.get("key")
     params = {k: v for k, v in route.params.items() if k != "key"}
 
-    def choose(state: GraphState) -> str:
+    def choose(state: GraphState, config: RunnableConfig) -> str:
         values = state.get("values") or {}
         if (
             route.max_visits is not None
@@ -331,6 +373,7 @@ def _route_fn(route, order: dict[str, int]):
             "text": values.get(key, "") if key else "",
             "logprob": values.get(f"{key}#logprob"),
             "values": values,
+            "task": task_view(state, config, fallback),
         }
         choice = fn(view, route.path_map, **params)
         return _target(route.path_map.get(choice, route.default))
@@ -378,7 +421,7 @@ def compile_graph(
         elif isinstance(node, LogitSeat):
             afns[node.name] = _logit_fn(node, order, fallback, spec.output)
         else:
-            syncs[node.name], afns[node.name] = _aggregate_fns(node, order, spec.output)
+            syncs[node.name], afns[node.name] = _aggregate_fns(node, order, spec.output, fallback)
     levels = fusion_levels(spec) if fuse else None
     if levels is not None:
         run = _fused_fn(levels, afns)
@@ -395,5 +438,7 @@ def compile_graph(
         builder.add_edge(sources[0] if len(sources) == 1 else sources, target)
     for route in spec.routes:
         targets = {_target(t) for t in [*route.path_map.values(), route.default, route.exit] if t}
-        builder.add_conditional_edges(route.source, _route_fn(route, order), {t: t for t in sorted(targets)})
+        builder.add_conditional_edges(
+            route.source, _route_fn(route, order, fallback), {t: t for t in sorted(targets)}
+        )
     return builder.compile(name=spec.name)

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from colab_graphs.compile import RUNTIME_KEY, Runtime, TemplateError, compile_graph
+from colab_graphs.compile import RUNTIME_KEY, Runtime, TemplateError, compile_graph, graph_input
 from colab_graphs.data.example import Example
-from colab_graphs.data.scoring import ScorerFn, apply_scorer, default_scorer_name, get_scorer
+from colab_graphs.data.scoring import ScorerFn, apply_scorer, task_for, view_for
+from colab_graphs.data.tasks import TaskType
 from colab_graphs.models.client import CallError, ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.spec import GraphSpec
@@ -53,8 +54,9 @@ class ExampleOutcome:
         }
 
 
-def resolve_scorer(name: str | None, example: Example) -> ScorerFn:
-    return get_scorer(name or default_scorer_name(example))
+def resolve_scorer(name: str | ScorerFn | TaskType | None, example: Example) -> ScorerFn:
+    """The scoring function for `example`: the task named (or given), else the one its fields call for."""
+    return task_for(example, name).score
 
 
 async def run_example(
@@ -63,20 +65,24 @@ async def run_example(
     pool: Pool,
     client: ModelClient,
     example: Example,
-    scorer: str | ScorerFn | None = None,
+    scorer: str | ScorerFn | TaskType | None = None,
 ) -> ExampleOutcome:
-    """Run one example through a compiled graph and score it. A failed model call marks it failed."""
+    """Run one example through a compiled graph and score it. A failed model call marks it failed.
+
+    The example's task (`scorer`, else its fields' default) shapes the question the members see, answers
+    their votes and cascades, and scores the final output.
+    """
+    view = view_for(example, scorer)
     trace = Trace(example_id=example.id, protocol=spec.name, coalition=list(spec.members))
-    config = {"configurable": {RUNTIME_KEY: Runtime(client, pool, trace)}, "recursion_limit": 200}
+    config = {"configurable": {RUNTIME_KEY: Runtime(client, pool, trace, view)}, "recursion_limit": 200}
     try:
-        state = await graph.ainvoke({"input": example.input, "example": example.fields}, config=config)
+        state = await graph.ainvoke(graph_input(view), config=config)
     except CallError as err:
         trace.failed, trace.error = True, str(err)
         return ExampleOutcome(example.id, None, None, None, True, str(err), trace)
     output = str(state.get("answer", ""))
-    fn = scorer if callable(scorer) else resolve_scorer(scorer, example)
     try:
-        verdict = await apply_scorer(fn, output, example)
+        verdict = await apply_scorer(view.task.score, output, example)
     except CallError as err:  # an LLM judge that failed: the example is failed, not wrong
         trace.failed, trace.error, trace.output = True, str(err), output
         return ExampleOutcome(example.id, output, None, None, True, str(err), trace)

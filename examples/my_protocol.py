@@ -14,14 +14,14 @@ from __future__ import annotations
 
 from colab_graphs import GraphBuilder, GraphSpec, protocol
 
-DRAFT = "{input}\n\nAnswer concisely. End with: The answer is <answer>."
+DRAFT = "{input}\n\n{answer_format}"
 CRITIQUE = (
     "Question:\n{input}\n\nDraft answer:\n{draft}\n\n"
     "Point out every mistake in the draft, briefly. If it is right, say so."
 )
 REVISE = (
     "Question:\n{input}\n\nYour draft:\n{draft}\n\nA reviewer's critique:\n{critique}\n\n"
-    "Write the corrected answer. End with: The answer is <answer>."
+    "Write the corrected answer. {answer_format}"
 )
 
 

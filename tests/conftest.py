@@ -79,6 +79,17 @@ def server_pool(server: ScriptedServer, names: list[str], api_key: str = "sk-tes
     )
 
 
+def write_pool_file(path: Path, server: ScriptedServer, names: list[str]) -> Path:
+    """`server_pool` as a pool file for the CLI; returns `path`."""
+    path.write_text(
+        "models:\n"
+        + "".join(
+            f"  {m}: {{model: openai/{m}, api_base: '{server.base_url}', api_key: sk-test}}\n" for m in names
+        )
+    )
+    return path
+
+
 @pytest.fixture
 def pool_for() -> Callable[..., Pool]:
     """`pool_for(server, ["a", "b"], api_key=..., **settings)`: see `server_pool`."""

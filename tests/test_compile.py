@@ -68,7 +68,9 @@ def test_unknown_template_variable_names_node_and_available_fields(scripted_serv
     server = scripted_server({"a": "x"})
     b = GraphBuilder("g", members=["a"]).seat("s", member="a", prompt="{input} {topic}")
     graph = compile_graph(b.chain("s").output("s").build(), pool_for(server, ["a"]), ModelClient())
-    with pytest.raises(TemplateError, match=r"node 's': template variable 'topic' .* \(available: input\)"):
+    with pytest.raises(
+        TemplateError, match=r"node 's': template variable 'topic' .* \(available: answer_format, input\)"
+    ):
         arun(graph.ainvoke({"input": "q"}))
     assert server.requests == []
 

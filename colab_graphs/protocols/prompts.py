@@ -1,3 +1,5 @@
 """Prompt templates shared by the built-in protocols. Override any of them with `-P prompt=...`."""
 
-ANSWER = "{input}\n\nAnswer concisely. End with: The answer is <answer>."
+ANSWER = "{input}\n\n{answer_format}"
+"""The question, then how to answer it: `{answer_format}` is the task's own instruction (a number, a
+boxed expression, an option letter, one fenced Python function; see `colab_graphs.data.tasks`)."""

@@ -37,7 +37,7 @@ DEBATE_REVISE = (
     "These are the answers of all agents in the previous round (yours is among them):\n\n{previous}\n\n"
     "Your previous answer was:\n{own}\n\n"
     "Use the other agents' reasoning as additional advice and give an updated answer. "
-    "End with: The answer is <answer>."
+    "{answer_format}"
 )
 FEEDBACK_REVIEW = (
     "{input}\n\n"
@@ -50,13 +50,13 @@ FEEDBACK_REVISE = (
     "Your answer was:\n{own}\n\n"
     "All answers, numbered as the reviewers saw them (yours is among them):\n\n{answers}\n\n"
     "Feedback from the reviewers on those answers:\n\n{reviews}\n\n"
-    "Using the feedback on your answer, give a revised answer. End with: The answer is <answer>."
+    "Using the feedback on your answer, give a revised answer. {answer_format}"
 )
 MOA_SYNTHESIZE = (
     "{input}\n\n"
     "You have been given responses to this question from several models:\n\n{previous}\n\n"
     "Critically evaluate them (some may be wrong) and synthesize a single, accurate, well-reasoned "
-    "answer; do not simply copy one of them. End with: The answer is <answer>."
+    "answer; do not simply copy one of them. {answer_format}"
 )
 KNOWLEDGE_WRITE = (
     "{input}\n\n"
@@ -66,7 +66,7 @@ KNOWLEDGE_WRITE = (
 KNOWLEDGE_ANSWER = (
     "Knowledge from several sources (some of it may be irrelevant or wrong):\n\n{knowledge}\n\n"
     "Question: {input}\n\n"
-    "Using the knowledge where it helps, answer the question. End with: The answer is <answer>."
+    "Using the knowledge where it helps, answer the question. {answer_format}"
 )
 
 

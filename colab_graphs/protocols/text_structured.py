@@ -31,7 +31,7 @@ TOPOLOGY_REVISE = (
     "{input}\n\n"
     "Your previous answer was:\n{own}\n\n"
     "Previous answers of the agents connected to you:\n\n{neighbours}\n\n"
-    "Consider their reasoning and give an updated answer. End with: The answer is <answer>."
+    "Consider their reasoning and give an updated answer. {answer_format}"
 )
 BOARD_POST = (
     "{input}\n\n"
@@ -39,12 +39,12 @@ BOARD_POST = (
     "The board so far, oldest post first:\n\n{board}\n\n"
     "Add one contribution to the board: a relevant fact, a solution step, a check or correction of an "
     "earlier post, or a candidate answer. Do not repeat what is already there. If you propose an answer, "
-    "end with: The answer is <answer>."
+    "follow this format: {answer_format}"
 )
 BOARD_DECIDE = (
     "{input}\n\n"
     "Agents worked on this question on a shared blackboard:\n\n{board}\n\n"
-    "Based on the board, give the final answer. End with: The answer is <answer>."
+    "Based on the board, give the final answer. {answer_format}"
 )
 BLENDER_RANK = (
     "{input}\n\n"
@@ -56,7 +56,7 @@ BLENDER_FUSE = (
     "{input}\n\n"
     "The best candidate responses, best first:\n\n{candidates}\n\n"
     "Fuse them into one response that keeps their strengths and fixes their mistakes. "
-    "End with: The answer is <answer>."
+    "{answer_format}"
 )
 
 

@@ -1,0 +1,401 @@
+"""Task types: the task owns its answers.
+
+A task type decides, for one kind of task, everything that depends on what an answer is:
+
+- `question(example)`: the question as members see it (a multiple-choice question with its lettered options);
+- `instruction(example)`: how to answer (`{answer_format}` in every protocol's prompts): "End with: The answer
+  is <number>.", "Put the final answer in \\boxed{}.", "... in one ```python code block.";
+- `extract(reply, example)`: the answer a reply commits to, or None when it commits to none;
+- `same(a, b, example)`: whether two extracted answers are the same answer (votes, cascades);
+- `score(output, example)`: the verdict on the system's final output.
+
+Every protocol and aggregator asks the task (through `TaskView`, a task bound to one example), never a
+generic extractor; so code stays code, a letter stays a letter, and `\\frac{1}{2}` is not read as "2".
+A task type is registered under its scorer name (`--scorer`, an example's `scorer` field); a plain scorer
+function registered with `register_scorer` becomes a task type with short-text extraction.
+
+| task type | extract | same answer |
+|---|---|---|
+| `exact` | `\\boxed{}`, "the answer is X", else the last line | normalised text (numbers by value) |
+| `numeric` | `\\boxed{}`, `#### N`, "the answer is N", else the last number | equal value (relative 1e-6) |
+| `math` | `\\boxed{}`, "the answer is X", a bare answer, `$...$`, the last number | math-verify equivalence |
+| `multiple_choice` | an explicit commitment to a letter or an option's text | same letter |
+| `code` | the fenced ```python block (the one defining the entry point) | same source after an AST round trip |
+| `reasoning_gym` | `<answer>...</answer>`, else as `exact` | normalised text |
+| `f1` | as `exact` | normalised text (scored by token F1) |
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import re
+import secrets
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from colab_graphs.data import answers
+from colab_graphs.data.example import Example
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Score:
+    """A scorer's verdict on one output: a value in [0, 1] and the answer it extracted (None: no answer)."""
+
+    value: float
+    extracted: str | None = None
+
+
+ScorerFn = Callable[[str, Example], "Score | float | Awaitable[Score | float]"]
+
+DEFAULT_INSTRUCTION = "Answer concisely. End with: The answer is <answer>."
+
+
+def _needs_answer(example: Example, scorer: str) -> str:
+    if example.answer is None:
+        raise ValueError(f"example {example.id!r} has no 'answer' field; the {scorer!r} scorer needs one")
+    return example.answer
+
+
+class TaskType:
+    """Short-text answers (the base every task type refines). See the module docstring."""
+
+    name: ClassVar[str] = "exact"
+
+    def question(self, example: Example) -> str:
+        return example.input
+
+    def instruction(self, example: Example) -> str:
+        return DEFAULT_INSTRUCTION
+
+    def extract(self, reply: str, example: Example) -> str | None:
+        return answers.extract_text(reply)
+
+    def canonical(self, answer: str, example: Example) -> str:
+        """A key such that equal keys are the same answer (`same` may find more: math equivalence)."""
+        return answers.normalize_text(answer)
+
+    def same(self, a: str, b: str, example: Example) -> bool:
+        return self.canonical(a, example) == self.canonical(b, example)
+
+    def score(self, output: str, example: Example) -> Score | Awaitable[Score]:
+        gold = _needs_answer(example, self.name)
+        extracted = self.extract(output, example)
+        if extracted is None:
+            return Score(0.0, None)
+        return Score(float(self.same(extracted, gold, example)), extracted)
+
+
+class NumericTask(TaskType):
+    name = "numeric"
+
+    def instruction(self, example: Example) -> str:
+        return "Answer concisely. End with: The answer is <number>."
+
+    def extract(self, reply: str, example: Example) -> str | None:
+        return answers.extract_number(reply)
+
+    def same(self, a: str, b: str, example: Example) -> bool:
+        equal = answers.numbers_equal(a, b)
+        return equal if equal is not None else super().same(a, b, example)
+
+
+class MathTask(TaskType):
+    name = "math"
+    _warned = False
+
+    def instruction(self, example: Example) -> str:
+        return "Answer concisely. End with: The answer is \\boxed{<answer>}."
+
+    def extract(self, reply: str, example: Example) -> str | None:
+        return answers.extract_math(reply)
+
+    def same(self, a: str, b: str, example: Example) -> bool:
+        try:
+            return answers.math_equal(a, b)
+        except answers.MathVerifyMissing:
+            if not MathTask._warned:
+                MathTask._warned = True
+                logger.warning(
+                    "math-verify is not installed; math answers compare as normalised text (pip install math-verify)"
+                )
+            return False
+
+
+class MultipleChoiceTask(TaskType):
+    """Options come from the example's `choices` (a list, or MoCo's {"A": ...} dict made a list by the loader)."""
+
+    name = "multiple_choice"
+
+    @staticmethod
+    def choices(example: Example) -> list[str]:
+        choices = example.fields.get("choices")
+        if not choices:
+            raise ValueError(f"example {example.id!r} needs 'choices' for the 'multiple_choice' scorer")
+        return [str(c) for c in choices]
+
+    def question(self, example: Example) -> str:
+        choices = self.choices(example)
+        if shows_options(example.input, choices):
+            return example.input
+        options = "\n".join(f"{answers.LETTERS[i]}. {text}" for i, text in enumerate(choices))
+        return f"{example.input.rstrip()}\n\n{options}"
+
+    def instruction(self, example: Example) -> str:
+        last = answers.LETTERS[len(self.choices(example)) - 1]
+        return f"Choose one option (A-{last}). End with: The answer is (<letter>)."
+
+    def extract(self, reply: str, example: Example) -> str | None:
+        return answers.extract_choice(reply, self.choices(example))
+
+    def canonical(self, answer: str, example: Example) -> str:
+        return answers.choice_letter(answer, self.choices(example)) or answers.normalize_text(answer)
+
+    def score(self, output: str, example: Example) -> Score:
+        choices = self.choices(example)
+        if example.answer is None:
+            raise ValueError(f"example {example.id!r} needs an 'answer' for the 'multiple_choice' scorer")
+        gold = answers.choice_letter(example.answer, choices)
+        if gold is None:
+            raise ValueError(f"example {example.id!r}: answer {example.answer!r} is not one of its choices")
+        picked = self.extract(output, example)
+        return Score(float(picked == gold), picked)
+
+
+def shows_options(text: str, choices: Sequence[str]) -> bool:
+    """Whether `text` already lists every option under its letter ("A. ...", "(B) ...", "C) ...")."""
+    for i, option in enumerate(choices):
+        head = re.escape(" ".join(str(option).split())[:30])
+        if not re.search(rf"^\s*\(?{answers.LETTERS[i]}[\).:]?\s+{head}", text, re.MULTILINE):
+            return False
+    return True
+
+
+class CodeTask(TaskType):
+    """Coding tasks: `test` is Python that raises on failure, run in the sandbox against the reply's code.
+
+    The function under test is `entry_point`, else the last function the question's code defines (MoCo's
+    HumanEval has no entry point), else the first function the reply defines. A `test` that defines
+    `check(candidate)` and never calls it (HumanEval's and MoCo's form) gets `check(<entry point>)` appended,
+    as MoCo's evaluator does: defining checks is not testing.
+    """
+
+    name = "code"
+
+    def entry_point(self, example: Example) -> str | None:
+        if example.entry_point:
+            return example.entry_point
+        defined = answers.defined_functions(self.prompt_code(example) or "")
+        return defined[-1] if defined else None
+
+    @staticmethod
+    def prompt_code(example: Example) -> str | None:
+        """The code part of the question (HumanEval's `prompt`, or the input from its first line of code)."""
+        prompt = example.fields.get("prompt")
+        if isinstance(prompt, str) and prompt.strip():
+            return prompt
+        m = re.search(r"^(?:from |import |def |class |@)", example.input, re.MULTILINE)
+        return example.input[m.start() :] if m else None
+
+    def instruction(self, example: Example) -> str:
+        entry = self.entry_point(example)
+        what = f"the complete Python function `{entry}`" if entry else "a complete Python solution"
+        return f"Write {what}, with the imports it needs, in one ```python code block."
+
+    def extract(self, reply: str, example: Example) -> str | None:
+        return answers.extract_code(reply, self.entry_point(example), self.prompt_code(example))
+
+    def canonical(self, answer: str, example: Example) -> str:
+        return answers.canonical_code(answer)
+
+    def candidate(self, code: str, example: Example) -> str:
+        """The program under test: a HumanEval-style body without its `def` gets the question's code before it."""
+        entry, prompt = self.entry_point(example), self.prompt_code(example)
+        if prompt and entry and not answers.defines(code, entry):
+            return f"{prompt}{code}"
+        return code
+
+    def test_program(self, code: str, example: Example) -> str | None:
+        """The tests, calling `check` on the function under test when they only define it; None if no function."""
+        test = example.test or ""
+        try:
+            tree = ast.parse(test)
+        except SyntaxError:
+            return test  # it fails in the sandbox, where the error is recorded
+        defines_check = any(isinstance(n, ast.FunctionDef) and n.name == "check" for n in tree.body)
+        calls_check = any(
+            isinstance(n, ast.Expr)
+            and isinstance(n.value, ast.Call)
+            and isinstance(n.value.func, ast.Name)
+            and n.value.func.id == "check"
+            for n in tree.body
+        )
+        if not defines_check or calls_check:
+            return test
+        entry = self.entry_point(example) or next(iter(answers.defined_functions(code)), None)
+        return None if entry is None else f"{test}\n\ncheck({entry})\n"
+
+    async def score(self, output: str, example: Example) -> Score:
+        if example.test is None:
+            raise ValueError(f"example {example.id!r} has no 'test' field; the 'code' scorer needs one")
+        code = self.extract(output, example)
+        if code is None:
+            return Score(0.0, None)
+        test = self.test_program(code, example)
+        if test is None:
+            return Score(0.0, code)
+        from colab_graphs.data.sandbox import arun_code
+
+        token = secrets.token_hex(16)
+        program = _HARNESS.format(candidate=self.candidate(code, example), test=test)
+        result = await arun_code(
+            program, timeout_s=float(example.fields.get("timeout_s") or 10), stdin=token + "\n"
+        )
+        return Score(float(result.passed and result.stdout.rstrip().endswith(token)), code)
+
+
+# The candidate runs first, in its own namespace, then the tests; a secret token printed only after the tests
+# finish tells a pass from an early `sys.exit(0)` / `os._exit(0)`. The token comes through stdin, which the
+# harness consumes before the candidate runs, so it is not in the source the candidate can read. (Code that
+# deliberately inspects the harness's frames could still find it: this stops accidents and cheap exits.)
+_HARNESS = """\
+import os as _cg_os, sys as _cg_sys
+_cg_token = _cg_sys.stdin.readline().strip()
+_cg_sys.stdin = open(_cg_os.devnull)
+_cg_ns = {{"__name__": "solution"}}
+exec(compile({candidate!r}, "solution.py", "exec"), _cg_ns)
+exec(compile({test!r}, "test.py", "exec"), _cg_ns)
+print(_cg_token)
+"""
+
+
+class ReasoningGymTask(TaskType):
+    """Examples generated by reasoning-gym (`reasoning_gym:TASK`): the generator's own check, partial credit."""
+
+    name = "reasoning_gym"
+    _TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+
+    def instruction(self, example: Example) -> str:
+        return "Answer concisely. End with your final answer inside <answer></answer> tags."
+
+    def extract(self, reply: str, example: Example) -> str | None:
+        tagged = self._TAG.findall(reply or "")
+        return tagged[-1].strip() if tagged else answers.extract_text(reply)
+
+    def score(self, output: str, example: Example) -> Score:
+        entry, task = example.fields.get("rg_entry"), example.fields.get("rg_task")
+        if entry is None or task is None:
+            raise ValueError(
+                f"example {example.id!r} was not generated by reasoning-gym (no rg_entry / rg_task)"
+            )
+        import reasoning_gym
+
+        extracted = self.extract(output, example)
+        if extracted is None:
+            return Score(0.0, None)
+        value = reasoning_gym.get_score_answer_fn(task)(answer=extracted, entry=entry)
+        return Score(min(1.0, max(0.0, float(value))), extracted)
+
+
+class F1Task(TaskType):
+    """MoCo's `f1_match`: token F1 between the extracted answer and the gold (the best over a list of golds)."""
+
+    name = "f1"
+
+    def score(self, output: str, example: Example) -> Score:
+        gold = _needs_answer(example, self.name)
+        extracted = self.extract(output, example)
+        if extracted is None:
+            return Score(0.0, None)
+        golds = [gold]
+        if gold.strip().startswith("["):
+            try:
+                parsed = ast.literal_eval(gold.strip())
+                golds = [str(g) for g in parsed] if isinstance(parsed, list | tuple) and parsed else golds
+            except (ValueError, SyntaxError):
+                pass
+        return Score(max(token_f1(extracted, g) for g in golds), extracted)
+
+
+def token_f1(prediction: str, gold: str) -> float:
+    p, g = answers.normalize_text(prediction).split(), answers.normalize_text(gold).split()
+    if not p or not g:
+        return float(p == g)
+    common = sum((Counter(p) & Counter(g)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(p), common / len(g)
+    return 2 * precision * recall / (precision + recall)
+
+
+class ScorerTask(TaskType):
+    """A plain scorer function registered by name: short-text extraction, the function decides the score."""
+
+    def __init__(self, name: str, fn: ScorerFn):
+        self._name, self.fn = name, fn
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self._name
+
+    def score(self, output: str, example: Example) -> Any:
+        return self.fn(output, example)
+
+
+BUILTIN_TASKS: tuple[TaskType, ...] = (
+    TaskType(),
+    NumericTask(),
+    MathTask(),
+    MultipleChoiceTask(),
+    CodeTask(),
+    ReasoningGymTask(),
+    F1Task(),
+)
+
+
+@dataclass(frozen=True)
+class TaskView:
+    """A task bound to one example: what protocols, aggregators and routers ask.
+
+    Example:
+        >>> view = TaskView(NumericTask(), Example(id="1", input="6 * 7?", answer="42"))
+        >>> view.extract("6 * 7 = 42, so the answer is 42.")
+        '42'
+        >>> view.vote(["The answer is 42.", "It is 41.", "#### 42.0"])
+        '42'
+    """
+
+    task: TaskType
+    example: Example
+
+    def extract(self, reply: str) -> str | None:
+        return self.task.extract(reply or "", self.example)
+
+    def same(self, a: str, b: str) -> bool:
+        return self.task.same(a, b, self.example)
+
+    def vote(self, replies: Sequence[str]) -> str:
+        """Deterministic majority vote over the answers the replies commit to (replies committing to none abstain).
+
+        Answers are grouped by `same`; the largest group wins, a tie goes to the group whose first answer came
+        first (pool order). Returns that group's first answer as extracted; "" when no reply commits to one.
+        """
+        groups: list[list[str]] = []
+        for reply in replies:
+            answer = self.extract(reply)
+            if answer is None or not answer.strip():
+                continue
+            for group in groups:
+                if self.same(group[0], answer):
+                    group.append(answer)
+                    break
+            else:
+                groups.append([answer])
+        if not groups:
+            return ""
+        best = max(len(g) for g in groups)
+        return next(g[0] for g in groups if len(g) == best)

