@@ -6,6 +6,7 @@ answer over real HTTP, then the tiny random policy (an in-process `local/` model
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -321,13 +322,29 @@ def test_cli_train_tiny_writes_metrics_and_a_loadable_policy(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-def test_sft_loss_is_the_policy_completions_cross_entropy(live) -> None:
+def test_sft_objective_is_the_kept_completions_token_cross_entropy(live) -> None:
     import torch
+    from datasets import Dataset
 
-    from colab_graphs.trainers.baselines import sft_loss
+    from colab_graphs.trainers.grpo import CRLTrainer
+    from colab_graphs.trainers.pipeline import grpo_args
 
-    rollouts = live["loop"].run(live["runner"].arun(live["examples"][:2]))
-    turns = [t for r in rollouts for t in r.turns]
+    config, examples = live["config"], live["examples"]
+    sft = CRLTrainer(
+        runner=live["runner"],
+        examples={e.id: e for e in examples},
+        objective="sft",
+        sft_min_reward=0.0,  # keep every turn
+        loop=live["loop"],
+        model=live["model"],
+        args=grpo_args(dataclasses.replace(config, reward="sft"), Path(config.output_dir)),
+        train_dataset=Dataset.from_list([{"prompt": e.input, "example_id": e.id} for e in examples]),
+        processing_class=live["tokenizer"],
+    )
+    system.seat_policy(config, sft.policy_module(), live["tokenizer"])
+    inputs = [{"prompt": e.input, "example_id": e.id} for e in examples[:2] for _ in range(G)]
+    batch = sft._generate_and_score_completions(inputs)
+    turns = [t for r in sft.last_rollouts for t in r.turns]
     model = live["model"]
     nll = []
     with torch.no_grad():
@@ -337,8 +354,12 @@ def test_sft_loss_is_the_policy_completions_cross_entropy(live) -> None:
             targets = ids[0, 1:]
             picked = logp[torch.arange(len(targets)), targets][len(t.prompt_ids) - 1 :]
             nll.extend((-picked).tolist())
-        loss = sft_loss(model, turns, live["tokenizer"].pad_token_id)
-    assert float(loss) == pytest.approx(sum(nll) / len(nll), rel=1e-4)
+    sft.pass_rows = 3  # the loss of a batch trained in several passes is the whole batch's
+    sft.current_gradient_accumulation_steps = 1  # as the training loop sets it
+    loss = sft.compute_loss(sft.model, batch)  # (backpropagates every pass but the last)
+    model.zero_grad(set_to_none=True)
+    assert int(batch["num_items_in_batch"]) == len(nll)
+    assert float(loss.detach()) == pytest.approx(sum(nll) / len(nll), rel=1e-4)
 
 
 def _checkpointed_run(tmp_path: Path, **overrides: object) -> dict:
@@ -373,31 +394,6 @@ def test_training_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     assert (tmp_path / "run" / "checkpoints" / "checkpoint-2").is_dir()
 
 
-def test_sft_checkpoint_restores_weights_optimizer_and_rng(tmp_path: Path) -> None:
-    import torch
-
-    from colab_graphs.trainers.baselines import load_sft_checkpoint, save_sft_checkpoint
-
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 3)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
-    model(torch.randn(2, 4)).sum().backward()
-    optimizer.step()
-    save_sft_checkpoint(tmp_path / "checkpoint-3", model, optimizer, 3)
-    saved = {k: v.clone() for k, v in model.state_dict().items()}
-    draw = torch.rand(3)  # what the RNG gives right after the save
-
-    fresh = torch.nn.Linear(4, 3)
-    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.1)
-    assert load_sft_checkpoint(tmp_path / "checkpoint-3", fresh, fresh_opt) == 3
-    assert all(torch.equal(saved[k], v) for k, v in fresh.state_dict().items())
-    assert fresh_opt.state_dict()["state"][0]["step"] == optimizer.state_dict()["state"][0]["step"]
-    assert torch.equal(torch.rand(3), draw)
-    assert not (tmp_path / "checkpoint-3.tmp").exists()
-    with pytest.raises(ConfigError, match="not a reward=sft checkpoint"):
-        load_sft_checkpoint(tmp_path, fresh, fresh_opt)
-
-
 @pytest.mark.slow
 def test_sft_baseline_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     from colab_graphs.trainers.pipeline import train
@@ -406,12 +402,12 @@ def test_sft_baseline_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     settings = _checkpointed_run(tmp_path, reward="sft", sft_min_reward=0.0, learning_rate=1e-2)
     assert train(config_from_dict({**settings, "max_steps": 1}))["steps"] == 1
     one = tmp_path / "run" / "checkpoints" / "checkpoint-1"
-    assert (one / "sft_state.pt").is_file()
+    assert (one / "trainer_state.json").is_file() and (one / "optimizer.pt").is_file()  # TRL's checkpoint
     resumed = train(config_from_dict({**settings, "max_steps": 2, "resume_from_checkpoint": True}))
     assert resumed["steps"] == 2
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 2]  # step 1 was not trained again
-    assert (tmp_path / "run" / "checkpoints" / "checkpoint-2" / "sft_state.pt").is_file()
+    assert (tmp_path / "run" / "checkpoints" / "checkpoint-2" / "trainer_state.json").is_file()
     with pytest.raises(ConfigError, match="no checkpoint"):
         train(
             config_from_dict(

@@ -19,6 +19,16 @@ from typing import Any, Literal
 
 REWARDS = ("system", "solo", "sft")
 CREDITS = ("uniform", "replay")
+LOSS_TYPES = ("dapo", "cispo")
+"""TRL losses normalised by the global count of policy tokens: exact over any split of a batch into processes,
+micro-batches and padding rows (the per-sequence or per-micro-batch means of grpo, bnpo, dr_grpo are not)."""
+VLLM_REFUSAL = (
+    "C-RL does not generate the policy with vLLM: the policy's turns run in process with its live weights, "
+    "inside the graph, and each turn's exact token ids are the training segment, so there is no generation "
+    "step for TRL's vLLM (or its importance-sampling ratio) to replace. Serve the collaborators with vLLM "
+    "instead, as pool members (model: hosted_vllm/NAME, api_base: http://HOST:PORT/v1), and remove "
+    "use_vllm from trl:"
+)
 
 
 class ConfigError(ValueError):
@@ -66,7 +76,8 @@ class TrainConfig:
     reward: Literal["system", "solo", "sft"] = _f(
         "system",
         "system: GRPO on the system's score (C-RL); solo: GRPO on the policy's own score answering alone; "
-        "sft: supervised fine-tuning on the policy's turns from successful system rollouts.",
+        "sft: cross-entropy on the policy's turns from system rollouts scoring at least sft_min_reward, "
+        "through the same TRL trainer (optimizer, schedule, clipping, precision, LoRA) as the GRPO runs.",
     )
     credit: Literal["uniform", "replay"] = _f(
         "uniform",
@@ -79,7 +90,12 @@ class TrainConfig:
     sft_min_reward: float = _f(1.0, "reward=sft: keep the policy turns of rollouts scoring at least this.")
     # --- GRPO (names and meanings as in trl.GRPOConfig) --------------------------------------------------
     num_generations: int = _f(4, "Rollouts per prompt (the GRPO group size G).")
-    per_device_train_batch_size: int = _f(4, "Rollouts per device per step (a multiple of num_generations).")
+    per_device_train_batch_size: int = _f(
+        4,
+        "Rollouts per device per micro-step (x gradient_accumulation_steps: a multiple of num_generations), "
+        "and the most policy segments in one forward/backward pass (the rest of a generation batch is "
+        "accumulated), which bounds the training memory.",
+    )
     gradient_accumulation_steps: int = _f(1, "Steps accumulated per optimizer update.")
     max_steps: int = _f(10, "Optimizer steps.")
     learning_rate: float = _f(1e-5, "Peak learning rate.")
@@ -87,7 +103,9 @@ class TrainConfig:
     temperature: float = _f(1.0, "Policy sampling temperature in rollouts (and in TRL's logprobs).")
     top_p: float = _f(1.0, "Policy nucleus sampling mass in rollouts.")
     beta: float = _f(0.0, "KL coefficient against the initial policy (0: no reference model).")
-    loss_type: str = _f("dapo", "TRL loss type (dapo normalises by policy tokens in the batch).")
+    loss_type: str = _f(
+        "dapo", "TRL loss type: dapo or cispo (both normalise by the policy tokens of the whole batch)."
+    )
     scale_rewards: str = _f("group", "Advantage scaling: group, batch or none.")
     seed: int = _f(0, "Random seed.")
     logging_steps: int = _f(1, "Write a metrics line every this many steps.")
@@ -99,7 +117,9 @@ class TrainConfig:
     bf16: bool = _f(False, "bfloat16 mixed precision.")
     gradient_checkpointing: bool = _f(False, "Trade compute for memory (slow for tiny models).")
     trl: dict = _f(
-        {}, "Further trl.GRPOConfig keyword arguments (e.g. use_vllm, vllm_mode, vllm_server_host)."
+        {},
+        "Further trl.GRPOConfig keyword arguments (e.g. max_grad_norm, lr_scheduler_type, warmup_ratio, "
+        "num_iterations, epsilon). use_vllm is refused: the policy generates in process.",
     )
     # --- LoRA --------------------------------------------------------------------------------------------
     lora: bool = _f(False, "Train a LoRA adapter instead of all weights (merged into the exported folder).")
@@ -137,15 +157,28 @@ class TrainConfig:
         ):
             if getattr(self, name) < 1:
                 bad(name, f"must be at least 1, got {getattr(self, name)}")
-        if self.reward != "sft" and self.num_generations < 2:
-            bad("num_generations", "GRPO needs at least 2 rollouts per prompt")
-        batch = self.per_device_train_batch_size * self.gradient_accumulation_steps
+        if self.num_generations < 2:
+            bad("num_generations", "at least 2 rollouts per prompt (GRPO groups; SFT keeps the good ones)")
+        steps_per_generation = self.trl.get("steps_per_generation") or self.gradient_accumulation_steps
+        batch = self.per_device_train_batch_size * steps_per_generation
         if batch % self.num_generations:
             bad(
                 "per_device_train_batch_size",
-                f"per_device_train_batch_size x gradient_accumulation_steps ({batch}) must be a multiple of "
-                f"num_generations ({self.num_generations})",
+                f"per_device_train_batch_size x steps_per_generation ({batch}; steps_per_generation defaults "
+                f"to gradient_accumulation_steps) must be a multiple of num_generations "
+                f"({self.num_generations}): each process scores whole groups",
             )
+        if self.loss_type not in LOSS_TYPES:
+            bad(
+                "loss_type",
+                f"must be one of {', '.join(LOSS_TYPES)}, got {self.loss_type!r}: a C-RL batch holds a variable "
+                "number of policy segments per process, padded with empty rows, and only a loss normalised "
+                "by the global count of policy tokens stays exact across processes and micro-batches",
+            )
+        if self.trl.get("use_vllm"):
+            bad("trl.use_vllm", VLLM_REFUSAL)
+        if self.reward == "sft" and self.beta != 0:
+            bad("beta", "reward=sft is plain fine-tuning on kept turns: it has no KL term, set beta to 0")
         if self.eval_size < 0 or self.save_steps < 0:
             bad("eval_size" if self.eval_size < 0 else "save_steps", "must be >= 0")
         if not 0 < self.top_p <= 1:

@@ -9,16 +9,34 @@ tested directly in tests/test_trainer.py) to return a batch of **segments**:
     it wrote, completion_mask = 1 on those tokens only, advantages = that turn's credit.
 
 Everything the other members wrote reaches the policy only inside a segment's prompt, which carries no loss.
-`loss_type="dapo"` (the default) normalises by the number of policy tokens in the batch, so the padding rows
-added to make the batch split evenly over `steps_per_generation` change nothing.
+
+How a generation batch becomes gradient, on any number of processes (`batch_layout`):
+
+- the loss is normalised by the policy tokens of the whole generation batch **over all processes**
+  (`num_items_in_batch` is gathered; TRL's dapo/cispo divide by it and DDP averages the processes), so one
+  process over a global batch and P processes over its parts take the same step;
+- processes hold different numbers of segments, so every process pads its batch with fully masked rows to
+  the same row count, and runs the same number of forward/backward passes of the same size: the collective
+  calls inside TRL's loss (`gather`, `reduce`) and DDP's gradient all-reduce see equal shapes;
+- no pass holds more than `per_device_train_batch_size` segments: TRL splits the batch into
+  `steps_per_generation` micro-batches, and `compute_loss` runs each micro-batch in passes of at most that
+  many rows, accumulating their gradients (DDP syncs only on the last pass), with the columns that are
+  padding in every row of a pass cut off first.
+
+`objective="sft"` (the `reward: sft` baseline) keeps the turns of rollouts that scored at least
+`sft_min_reward` and trains their mean token cross-entropy through the same machinery: the same optimizer,
+schedule, clipping, precision, LoRA, gradient accumulation, checkpoints and processes as the GRPO runs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
+import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +44,12 @@ import torch
 from trl import GRPOTrainer
 
 from colab_graphs.data.example import Example
+from colab_graphs.trainers.baselines import sft_turns
 from colab_graphs.trainers.credit import turn_advantages
 from colab_graphs.trainers.rollout import LoopThread, PolicyTurn, Rollout, RolloutRunner, check_rollouts
 
 TRL_VERSION = "1.16.0"
+OBJECTIVES = ("grpo", "sft")
 
 
 def system_reward(
@@ -54,24 +74,57 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
+@dataclass(frozen=True)
+class BatchLayout:
+    """How one process's generation batch is cut: `rows` rows in all (segments, then padding rows), trained
+    in passes of `pass_rows` rows."""
+
+    rows: int
+    pass_rows: int
+
+
+def batch_layout(most_segments: int, steps_per_generation: int, max_pass_rows: int) -> BatchLayout:
+    """The layout every process uses, from the largest segment count of any process.
+
+    Each of the `steps_per_generation` micro-batches gets the same number of passes of the same size, at
+    most `max_pass_rows`, with as little padding as that allows.
+
+    Example:
+        >>> batch_layout(10, 1, 4)  # 10 segments, passes of at most 4: three passes of 4
+        BatchLayout(rows=12, pass_rows=4)
+        >>> batch_layout(9, 1, 8)  # two passes of 5 waste less than a pass of 8 and one of 1
+        BatchLayout(rows=10, pass_rows=5)
+        >>> batch_layout(0, 2, 4)  # no segment anywhere: one empty row per micro-batch
+        BatchLayout(rows=2, pass_rows=1)
+    """
+    per_step = max(1, math.ceil(most_segments / steps_per_generation))
+    passes = math.ceil(per_step / max_pass_rows)
+    pass_rows = math.ceil(per_step / passes)
+    return BatchLayout(steps_per_generation * passes * pass_rows, pass_rows)
+
+
 def segment_batch(
-    segments: Sequence[tuple[PolicyTurn, float]], pad_id: int, multiple: int = 1, device: Any = "cpu"
+    segments: Sequence[tuple[PolicyTurn, float]], pad_id: int, rows: int | None = None, device: Any = "cpu"
 ) -> dict[str, torch.Tensor]:
     """Pad policy segments into TRL's batch layout (prompts left-padded, completions right-padded).
 
-    Rows are added (all-masked, advantage 0) until the row count is a positive multiple of `multiple`.
+    Rows are added (all-masked, advantage 0) up to `rows` (default: one row per segment, at least one).
+    `num_items_in_batch` is this batch's count of policy tokens; `CRLTrainer` replaces it by the count over
+    all processes.
     """
-    rows = [(list(t.prompt_ids), list(t.completion_ids), float(a)) for t, a in segments]
-    while not rows or len(rows) % multiple:
-        rows.append(([pad_id], [pad_id], None))  # type: ignore[arg-type]
-    p_len = max(len(p) for p, _, _ in rows)
-    c_len = max(len(c) for _, c, _ in rows)
-    prompt_ids = torch.full((len(rows), p_len), pad_id, dtype=torch.long)
-    prompt_mask = torch.zeros((len(rows), p_len), dtype=torch.long)
-    completion_ids = torch.full((len(rows), c_len), pad_id, dtype=torch.long)
-    completion_mask = torch.zeros((len(rows), c_len), dtype=torch.long)
-    advantages = torch.zeros(len(rows))
-    for i, (p, c, a) in enumerate(rows):
+    out = [(list(t.prompt_ids), list(t.completion_ids), float(a)) for t, a in segments]
+    if rows is not None and rows < len(out):
+        raise ValueError(f"{len(out)} segments do not fit in {rows} rows")
+    while len(out) < max(rows or 0, 1):
+        out.append(([pad_id], [pad_id], None))  # type: ignore[arg-type]
+    p_len = max(len(p) for p, _, _ in out)
+    c_len = max(len(c) for _, c, _ in out)
+    prompt_ids = torch.full((len(out), p_len), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((len(out), p_len), dtype=torch.long)
+    completion_ids = torch.full((len(out), c_len), pad_id, dtype=torch.long)
+    completion_mask = torch.zeros((len(out), c_len), dtype=torch.long)
+    advantages = torch.zeros(len(out))
+    for i, (p, c, a) in enumerate(out):
         prompt_ids[i, p_len - len(p) :] = torch.tensor(p)
         prompt_mask[i, p_len - len(p) :] = 1
         completion_ids[i, : len(c)] = torch.tensor(c)
@@ -93,32 +146,81 @@ def segment_batch(
     return batch
 
 
-def rollout_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
-    """Per-step means over rollouts: system reward, the policy's own correctness, turns and tokens."""
-    done = [r for r in rollouts if not r.failed]
+_COMPLETION_SHAPED = ("completion_ids", "completion_mask", "old_per_token_logps", "ref_per_token_logps")
+
+
+def row_passes(batch: dict[str, Any], size: int) -> list[dict[str, Any]]:
+    """`batch` cut into passes of `size` rows, each without the columns that are padding in all its rows.
+
+    Scalars (`num_items_in_batch`) are shared. Dropping padding columns changes no loss: prompts are
+    left-padded and completions right-padded, and rotary position encodings see only relative positions.
+    """
+    n = batch["completion_ids"].size(0)
+    passes = []
+    for start in range(0, n, size):
+        piece = {
+            k: v[start : start + size] if isinstance(v, torch.Tensor) and v.dim() > 0 else v
+            for k, v in batch.items()
+        }
+        prompt_len = max(1, int(piece["prompt_mask"].sum(1).max()))
+        completion_len = max(1, int(piece["completion_mask"].sum(1).max()))
+        for key in ("prompt_ids", "prompt_mask"):
+            piece[key] = piece[key][:, -prompt_len:]
+        for key in _COMPLETION_SHAPED:
+            if piece.get(key) is not None:
+                piece[key] = piece[key][:, :completion_len]
+        passes.append(piece)
+    return passes
+
+
+def rollout_summaries(rollouts: Sequence[Rollout]) -> list[dict[str, float | None]]:
+    """What the step metrics need of each rollout (small, so processes can exchange them)."""
+    return [
+        {
+            "reward": r.reward,
+            "policy_score": r.policy_score,
+            "turns": len(r.turns),
+            "policy_tokens": sum(len(t.completion_ids) for t in r.turns),
+            "system_tokens": r.trace.tokens,
+        }
+        for r in rollouts
+    ]
+
+
+def rollout_metrics(summaries: Sequence[dict[str, float | None]], group: int) -> dict[str, float]:
+    """Per-step means over rollouts: system reward, the policy's own correctness, turns and tokens, and
+    `reward_std`, the mean over prompts of the reward std within the prompt's group (as TRL logs it)."""
+    done = [s for s in summaries if s["reward"] is not None]
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
-    own = [r.policy_score for r in done if r.policy_score is not None]
+    stds = []
+    for start in range(0, len(summaries), group):
+        rewards = [s["reward"] for s in summaries[start : start + group] if s["reward"] is not None]
+        if len(rewards) > 1:
+            stds.append(statistics.stdev(rewards))
     return {
-        "system_reward": mean([r.reward for r in done]),
-        "policy_correct": mean(own),
-        "policy_turns": mean([len(r.turns) for r in done]),
-        "policy_tokens": mean([sum(len(t.completion_ids) for t in r.turns) for r in done]),
-        "system_tokens": mean([r.trace.tokens for r in done]),
-        "failed_rollouts": float(len(rollouts) - len(done)),
+        "system_reward": mean([s["reward"] for s in done]),
+        "reward_std": mean(stds),
+        "policy_correct": mean([s["policy_score"] for s in done if s["policy_score"] is not None]),
+        "policy_turns": mean([s["turns"] for s in done]),
+        "policy_tokens": mean([s["policy_tokens"] for s in done]),
+        "system_tokens": mean([s["system_tokens"] for s in done]),
+        "failed_rollouts": float(len(summaries) - len(done)),
     }
 
 
 class CRLTrainer(GRPOTrainer):
-    """GRPO on the system's outcome, with the policy seated in a live graph.
+    """GRPO on the system's outcome (or SFT on its successful turns), with the policy seated in a live graph.
 
     Args:
         runner: runs the graph with the policy seated (its policy engine must hold this trainer's model).
         examples: the training examples by id (the dataset rows carry `example_id`).
+        objective: "grpo" (credit-weighted policy gradient) or "sft" (cross-entropy on kept turns).
         credit: "uniform" or "replay" (see `colab_graphs.trainers.credit`).
         replay_samples: K for replay credit.
-        metrics_path: where a line per logged step is appended (None: no file).
+        sft_min_reward: objective "sft": keep the turns of rollouts scoring at least this.
+        metrics_path: where a line per logged step is appended (None: no file); main process only.
         loop: the event loop thread rollouts run on (one is made when None).
-        on_log: called with each metrics line (e.g. to print progress).
+        on_log: called with each metrics line on the main process (e.g. to print progress).
         **kwargs: `GRPOTrainer` arguments (model, args, train_dataset, processing_class, peft_config, ...).
     """
 
@@ -127,8 +229,10 @@ class CRLTrainer(GRPOTrainer):
         *,
         runner: RolloutRunner,
         examples: dict[str, Example],
+        objective: str = "grpo",
         credit: str = "uniform",
         replay_samples: int = 2,
+        sft_min_reward: float = 1.0,
         metrics_path: str | Path | None = None,
         loop: LoopThread | None = None,
         on_log: Callable[[dict[str, Any]], None] | None = None,
@@ -136,6 +240,8 @@ class CRLTrainer(GRPOTrainer):
     ):
         from transformers import PrinterCallback
 
+        if objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
         kwargs.setdefault("reward_funcs", [system_reward])
         super().__init__(**kwargs)
         self.remove_callback(
@@ -144,18 +250,25 @@ class CRLTrainer(GRPOTrainer):
         self.on_log = on_log
         self.runner = runner
         self.examples = examples
+        self.objective = objective
         self.credit = credit
         self.replay_samples = replay_samples
+        self.sft_min_reward = sft_min_reward
         self.metrics_path = Path(metrics_path) if metrics_path is not None else None
         self.loop = loop or LoopThread.shared()
         self.last_rollouts: list[Rollout] = []
         self.last_batch: dict[str, torch.Tensor] | None = None
+        self.pass_rows = self.args.per_device_train_batch_size
+        self._seconds = {"generation": 0.0, "credit": 0.0, "step": 0.0}
+        self._logged_step: int | None = None  # set by the first training step (a resumed run starts late)
         self._step_started = time.perf_counter()
 
     def policy_module(self) -> torch.nn.Module:
         """The model the rollouts must generate with (adapters applied, wrappers removed)."""
         model = self.accelerator.unwrap_model(self.model)
         return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+    # --- generation: rollouts, credit, the padded segment batch ------------------------------------------
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         mode = "train" if self.model.training else "eval"
@@ -170,20 +283,21 @@ class CRLTrainer(GRPOTrainer):
                 )
         examples = [self.examples[i] for i in ids]
         with eval_mode(self.model):
-            rollouts, credit = self.loop.run(self._rollouts_and_credit(examples, group))
-        segments = [
-            (t, a)
-            for r, advs in zip(rollouts, credit, strict=True)
-            for t, a in zip(r.turns, advs, strict=True)
-        ]
-        multiple = self.args.steps_per_generation if mode == "train" else 1
-        batch = segment_batch(segments, self._tokenizer.pad_token_id, multiple, self.accelerator.device)
+            rollouts, credit, seconds = self.loop.run(self._rollouts_and_credit(examples, group))
+        segments = self._segments(rollouts, credit)
+        device = self.accelerator.device
+        rows = None
+        if mode == "train":
+            counts = self.accelerator.gather(torch.tensor([len(segments)], device=device))
+            layout = batch_layout(
+                int(counts.max()), self.args.steps_per_generation, self.args.per_device_train_batch_size
+            )
+            rows, self.pass_rows = layout.rows, layout.pass_rows
+        batch = segment_batch(segments, self._tokenizer.pad_token_id, rows, device)
+        batch["num_items_in_batch"] = self.accelerator.gather(batch["num_items_in_batch"]).sum()
         batch.update(self._extra_logps(batch))
         self.last_rollouts, self.last_batch = rollouts, batch
-        for name, value in rollout_metrics(rollouts).items():
-            self._metrics[mode][name].append(value)
-        self._metrics[mode]["segments"].append(float(len(segments)))
-        self._metrics[mode]["reward"].append(self._metrics[mode]["system_reward"][-1])
+        self._record(mode, rollouts, segments, group, seconds)
         if mode == "train":
             self.state.num_input_tokens_seen += int(
                 batch["prompt_mask"].sum() + batch["completion_mask"].sum()
@@ -192,20 +306,64 @@ class CRLTrainer(GRPOTrainer):
 
     async def _rollouts_and_credit(
         self, examples: list[Example], group: int
-    ) -> tuple[list[Rollout], list[list[float]]]:
+    ) -> tuple[list[Rollout], list[list[float]] | None, dict[str, float]]:
         """Run the rollouts and assign credit in one trip to the rollout loop (each trip costs a thread hop)."""
+        started = time.perf_counter()
         rollouts = await self.runner.arun(examples)
         check_rollouts(rollouts)
-        credit = await turn_advantages(
-            self.runner, rollouts, group, self.credit, self.replay_samples, self.args.scale_rewards
+        generated = time.perf_counter()
+        credit = None
+        if self.objective == "grpo":
+            credit = await turn_advantages(
+                self.runner, rollouts, group, self.credit, self.replay_samples, self.args.scale_rewards
+            )
+        return (
+            rollouts,
+            credit,
+            {"generation": generated - started, "credit": time.perf_counter() - generated},
         )
-        return rollouts, credit
+
+    def _segments(
+        self, rollouts: list[Rollout], credit: list[list[float]] | None
+    ) -> list[tuple[PolicyTurn, float]]:
+        if credit is None:  # sft: the turns of rollouts that succeeded, each weighted alike
+            return [(t, 1.0) for t in sft_turns(rollouts, self.sft_min_reward)]
+        return [
+            (t, a)
+            for r, advs in zip(rollouts, credit, strict=True)
+            for t, a in zip(r.turns, advs, strict=True)
+        ]
+
+    def _record(
+        self,
+        mode: str,
+        rollouts: list[Rollout],
+        segments: list[tuple[PolicyTurn, float]],
+        group: int,
+        seconds: dict[str, float],
+    ) -> None:
+        """Step metrics over all processes' rollouts; this process's time split."""
+        from accelerate.utils import gather_object
+
+        summaries = gather_object(rollout_summaries(rollouts))
+        weights = gather_object([a for _, a in segments])
+        metrics = rollout_metrics(summaries, group)
+        metrics["segments"] = float(len(weights))
+        if self.objective == "grpo":
+            metrics["advantage_mean"] = statistics.fmean(weights) if weights else 0.0
+            metrics["advantage_abs_max"] = max((abs(a) for a in weights), default=0.0)
+        metrics["reward"] = metrics["system_reward"]
+        for name, value in metrics.items():
+            self._metrics[mode][name].append(value)
+        if mode == "train":
+            self._seconds["generation"] += seconds["generation"]
+            self._seconds["credit"] += seconds["credit"]
 
     def _extra_logps(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Old-policy logps when a generation batch spans several updates; reference logps when beta > 0."""
         out: dict[str, torch.Tensor] = {}
         generate_every = self.args.steps_per_generation * self.num_iterations
-        need_old = self.args.gradient_accumulation_steps % generate_every != 0
+        need_old = self.objective == "grpo" and self.args.gradient_accumulation_steps % generate_every != 0
         if not need_old and self.beta == 0.0:
             return out
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
@@ -231,11 +389,72 @@ class CRLTrainer(GRPOTrainer):
                 out["ref_per_token_logps"] = ref[0]
         return out
 
+    # --- training: bounded passes, one global token normaliser -------------------------------------------
+
+    def compute_loss(
+        self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None
+    ) -> torch.Tensor:
+        """The micro-batch's loss, trained in passes of at most `per_device_train_batch_size` rows.
+
+        Every pass but the last is backpropagated here (without DDP's gradient sync); the last pass's loss is
+        returned for the Trainer to backpropagate, plus the earlier passes' (detached) values, so the logged
+        loss is the whole micro-batch's and the gradient is each pass's once.
+        """
+        if return_outputs:
+            raise ValueError("CRLTrainer does not return outputs")
+        passes = row_passes(inputs, self.pass_rows)
+        earlier = None
+        for piece in passes[:-1]:
+            with self.accelerator.no_sync(model):
+                loss = self._pass_loss(model, piece)
+                self.accelerator.backward(loss)
+            earlier = loss.detach() if earlier is None else earlier + loss.detach()
+        loss = self._pass_loss(model, passes[-1])
+        return loss if earlier is None else loss + earlier
+
+    def _pass_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
+        if self.objective == "sft":
+            return self._sft_loss(model, inputs)
+        return self._compute_loss(model, inputs)
+
+    def _sft_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
+        """Token cross-entropy of the kept completions, normalised as TRL's dapo loss (global token count)."""
+        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        logps = self._get_per_token_logps_and_entropies(
+            model, input_ids, attention, inputs["completion_ids"].size(1)
+        )[0]
+        normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+        if self.model.training:
+            normalizer = (
+                normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+            )
+        return -(logps * inputs["completion_mask"]).sum() / normalizer
+
+    def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
+        started = time.perf_counter()
+        if self._logged_step is None:
+            self._logged_step = self.state.global_step
+        try:
+            return super().training_step(model, inputs, num_items_in_batch)
+        finally:
+            self._seconds["step"] += time.perf_counter() - started
+
+    # --- logging -------------------------------------------------------------------------------------------
+
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """TRL's logging, plus a line in `metrics.jsonl` per training log."""
-        training = self.model.training
+        """TRL's logging, plus the time split and a line in `metrics.jsonl` per training log."""
+        training = self.model.training and "loss" in logs
+        if training:
+            steps = max(1, self.state.global_step - (self._logged_step or 0))
+            generation, credit, step = (self._seconds[k] for k in ("generation", "credit", "step"))
+            logs["generation_s"] = round(generation / steps, 4)
+            logs["credit_s"] = round(credit / steps, 4)
+            logs["training_s"] = round(max(0.0, step - generation - credit) / steps, 4)
+            self._seconds = dict.fromkeys(self._seconds, 0.0)
+            self._logged_step = self.state.global_step
         super().log(logs, start_time)
-        if not training or "loss" not in logs:
+        if not training or not self.accelerator.is_main_process:
             return
         now = time.perf_counter()
         line = {"step": self.state.global_step, "wall_s": round(now - self._step_started, 3), **logs}

@@ -12,14 +12,22 @@ Outputs under `output_dir`: `metrics.jsonl` (a line per step), `checkpoints/` (T
 
 `metrics.jsonl` fields: `step`, `loss`, `system_reward` (mean reward of the step's rollouts: the system's
 score; under `reward: solo` the rollouts are the policy alone, so it is the policy's own score),
-`policy_correct` (the scorer applied to the policy's last turn), `policy_turns`, `policy_tokens` (per
-rollout), `system_tokens` (all members' tokens per rollout, cached calls excluded), `segments`, `step_time`,
-`wall_s`, and TRL's own (grad_norm, entropy, clip ratios, learning_rate).
+`reward_std` (mean over prompts of the reward std within the prompt's group), `advantage_mean` and
+`advantage_abs_max` (over the step's policy segments; GRPO runs), `policy_correct` (the scorer applied to
+the policy's last turn), `policy_turns`, `policy_tokens` (per rollout), `system_tokens` (all members' tokens
+per rollout, cached calls excluded), `segments` (policy turns trained on; for `sft` the kept turns), the time
+split per optimizer step `generation_s` (rollouts and scoring), `credit_s` (credit assignment, replays
+included) and `training_s` (forward and backward passes), `step_time`, `wall_s`, and TRL's own (grad_norm,
+entropy, clip ratios, learning_rate). Rollout metrics cover every process; the time split is the main
+process's.
 
-Scaling out: multi-GPU runs go through TRL's own launch (`accelerate launch -m colab_graphs.cli.app train
-...`), each process running the rollouts of its slice (whole groups per process). Collaborators served by
-vLLM are ordinary pool members (`hosted_vllm/...` with `api_base`); the policy itself always generates in
-process with its live weights, so TRL's `use_vllm` does not apply to it.
+Scaling out: `accelerate launch --num_processes P -m colab_graphs.cli.app train --config FILE` (add `--cpu`
+for CPU processes). Each process runs the rollouts of its share of every step (whole groups per process)
+and the evaluation of its share of the held-out examples; the gradient is the one a single process would
+take over the whole step (see `colab_graphs.trainers.grpo`); only the main process writes files.
+Collaborators served by vLLM are ordinary pool members (`hosted_vllm/...` with `api_base`); the policy itself
+always generates in process with its live weights, so `trl: {use_vllm: true}` is refused when the config is
+read.
 """
 
 from __future__ import annotations
@@ -47,7 +55,6 @@ def grpo_args(config: TrainConfig, output_dir: Path) -> Any:
         "max_steps": config.max_steps,
         "learning_rate": config.learning_rate,
         "max_completion_length": config.max_completion_length,
-        "temperature": config.temperature,
         "top_p": config.top_p,
         "beta": config.beta,
         "loss_type": config.loss_type,
@@ -58,6 +65,11 @@ def grpo_args(config: TrainConfig, output_dir: Path) -> Any:
         "use_cpu": config.use_cpu,
         "bf16": config.bf16,
         "gradient_checkpointing": config.gradient_checkpointing,
+        # reward=sft trains cross-entropy: TRL's fused head must give log-probabilities at temperature 1
+        # (the rollouts still sample at `temperature`, see `system.policy_overrides`).
+        "temperature": 1.0 if config.reward == "sft" else config.temperature,
+        # Never used (no eval dataset); TRL checks it against num_generations all the same.
+        "per_device_eval_batch_size": config.num_generations,
         "report_to": "none",
         "disable_tqdm": True,
         "remove_unused_columns": False,
@@ -118,12 +130,20 @@ def _trim_metrics(path: Path, folder: Path | None) -> None:
         path.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
 
 
+def _processes(config: TrainConfig) -> Any:
+    """accelerate's process state (one process unless started by `accelerate launch`), made before the
+    trainer so that evaluation can share its examples among the processes."""
+    from accelerate import PartialState
+
+    return PartialState(cpu=config.use_cpu)
+
+
 def train(config: TrainConfig, on_step: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run the pipeline `config` describes; returns the summary (also written to `summary.json`).
 
     Args:
         config: the training config.
-        on_step: called with each step's metrics line (as written to `metrics.jsonl`).
+        on_step: called with each step's metrics line (as written to `metrics.jsonl`), on the main process.
     """
     from colab_graphs.models.cache import CallCache
     from colab_graphs.models.client import ModelClient
@@ -138,14 +158,15 @@ def train(config: TrainConfig, on_step: Callable[[dict[str, Any]], None] | None 
     out.mkdir(parents=True, exist_ok=True)
     checkpoints = out / "checkpoints"
     resume = _checkpoint(config.resume_from_checkpoint, checkpoints)  # a missing one fails before any work
+    processes = _processes(config)
+    main = processes.is_main_process
     split = system.load_split(config)
     loop = LoopThread.shared()
     with system.scripted_server(config) as server:
         pool = system.build_pool(config, server)
         spec = system.build_spec(config, pool)
         solo = system.solo_spec(config, pool)
-        device = "cpu" if config.use_cpu else None
-        model, tokenizer = system.load_policy(config.policy_model, device)
+        model, tokenizer = system.load_policy(config.policy_model, str(processes.device))
         system.seat_policy(config, model, tokenizer)
         cache = None if config.no_cache else CallCache(config.cache_dir)
         client = ModelClient(cache, max_concurrency=config.max_concurrency)
@@ -158,88 +179,84 @@ def train(config: TrainConfig, on_step: Callable[[dict[str, Any]], None] | None 
             if not split.eval:
                 return None
             result = evaluate(
-                spec, solo, pool, split.eval, eval_router, config.policy_member, loop, config.scorer
+                spec,
+                solo,
+                pool,
+                split.eval,
+                eval_router,
+                config.policy_member,
+                loop,
+                config.scorer,
+                processes,
             )
-            (out / f"eval_{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+            if main:
+                (out / f"eval_{name}.json").write_text(json.dumps(result, indent=2) + "\n")
             return result
 
         before = run_eval("before")
         rollout_spec = solo if config.reward == "solo" else spec
         runner = RolloutRunner(rollout_spec, pool, router, config.scorer)
         metrics_path = out / "metrics.jsonl"
-        if config.reward == "sft":
-            from colab_graphs.trainers.baselines import sft_train
-
+        if main:
             _trim_metrics(metrics_path, resume)
-            policy = sft_train(
-                config,
-                model,
-                tokenizer,
-                runner,
-                split.train,
-                loop,
-                metrics_path,
-                on_step,
-                checkpoints=checkpoints,
-                resume=resume,
-            )
-            steps = config.max_steps
-        else:
-            policy, steps = _grpo(
-                config, model, tokenizer, runner, split.train, loop, metrics_path, out, on_step, resume
-            )
+        policy, steps = _train_policy(
+            config, model, tokenizer, runner, split.train, loop, metrics_path, out, on_step, resume
+        )
         after = run_eval("after")
-        folder = export_policy(
-            policy,
-            tokenizer,
-            out / "policy",
-            {
+        folder = out / "policy"
+        if main:
+            info = {
                 "config": dataclasses.asdict(config),
                 "steps": steps,
                 "eval_before": before,
                 "eval_after": after,
-            },
-        )
+            }
+            export_policy(policy, tokenizer, folder, info)
+        processes.wait_for_everyone()
     summary = {
         "reward": config.reward,
         "credit": config.credit,
         "protocol": spec.name,
         "policy_member": config.policy_member,
         "steps": steps,
+        "processes": processes.num_processes,
         "eval_before": before,
         "eval_after": after,
         "policy": str(folder),
         "calls": client.stats.as_dict(),
         "wall_s": round(time.perf_counter() - started, 3),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if main:
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
-def _grpo(config, model, tokenizer, runner, examples, loop, metrics_path: Path, out: Path, on_step, resume):  # noqa: ANN001, ANN202
+def _train_policy(
+    config, model, tokenizer, runner, examples, loop, metrics_path: Path, out: Path, on_step, resume
+):  # noqa: ANN001, ANN202
+    """GRPO (`reward: system | solo`) or SFT (`reward: sft`) through `CRLTrainer`; (policy, steps)."""
     from datasets import Dataset
 
     from colab_graphs.trainers import system
     from colab_graphs.trainers.grpo import CRLTrainer
 
-    args = grpo_args(config, out)
-    dataset = Dataset.from_list([{"prompt": e.input, "example_id": e.id} for e in examples])
     trainer = CRLTrainer(
         runner=runner,
         examples={e.id: e for e in examples},
+        objective="sft" if config.reward == "sft" else "grpo",
         credit=config.credit,
         replay_samples=config.replay_samples,
+        sft_min_reward=config.sft_min_reward,
         metrics_path=metrics_path,
         loop=loop,
         on_log=on_step,
         model=model,
-        args=args,
-        train_dataset=dataset,
+        args=grpo_args(config, out),
+        train_dataset=Dataset.from_list([{"prompt": e.input, "example_id": e.id} for e in examples]),
         processing_class=tokenizer,
         peft_config=_peft_config(config),
     )
     # TRL may wrap the model (LoRA): the rollouts must generate with exactly what is trained.
     system.seat_policy(config, trainer.policy_module(), tokenizer)
-    _trim_metrics(metrics_path, resume)
     trainer.train(resume_from_checkpoint=str(resume) if resume is not None else None)
     return trainer.accelerator.unwrap_model(trainer.model), trainer.state.global_step

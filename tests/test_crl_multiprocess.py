@@ -1,0 +1,232 @@
+"""Multi-process C-RL (accelerate, gloo on CPU): the same step as one process, bounded passes, a real run.
+
+`python tests/test_crl_multiprocess.py worker OUT ROWS` trains one optimizer step of the tiny policy on
+scripted rollouts (fixed token ids and rewards, a different number of policy turns per rollout) and writes
+the loss, the gradient and each process's forward/backward passes to OUT. The tests run it as one process
+over the whole global batch and as two processes (`accelerate launch --multi_gpu --num_processes 2`, CPU) over its two
+halves, and compare.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+G = 2  # rollouts per prompt
+PROMPTS = 8
+
+
+def _launch(processes: int, *args: str) -> list[str]:
+    """`accelerate launch` of `processes` processes. On CPU this needs `--multi_gpu` (accelerate's name for
+    its torchrun launcher; the config's `use_cpu` makes them CPU processes with gloo): `--cpu` alone starts
+    ONE process, whatever `--num_processes` says."""
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        str(processes),
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        *args,
+    ]
+
+
+def _run(cmd: list[str], timeout: int) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-6000:])
+    return proc
+
+
+@pytest.fixture(scope="module")
+def one_and_two(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The same optimizer step, as 1 process x 4 rows per pass and as 2 processes x 2 rows per pass."""
+    one, two = tmp_path_factory.mktemp("one"), tmp_path_factory.mktemp("two")
+    worker = str(Path(__file__).resolve())
+    _run([sys.executable, worker, "worker", str(one), "4"], timeout=300)
+    _run(_launch(2, worker, "worker", str(two), "2"), timeout=300)
+    return one, two
+
+
+@pytest.mark.slow
+def test_two_processes_take_the_same_step_as_one_over_the_same_global_batch(one_and_two) -> None:
+    import torch
+
+    one, two = one_and_two
+    a, b = json.loads((one / "result.json").read_text()), json.loads((two / "result.json").read_text())
+    assert a["example_ids"] == b["example_ids"]  # the same global batch
+    assert len(set(b["segments"])) > 1  # the processes held different numbers of policy segments
+    assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+    grad_one, grad_two = torch.load(one / "grad.pt"), torch.load(two / "grad.pt")
+    assert grad_one.keys() == grad_two.keys()
+    assert any(g.abs().max() > 0 for g in grad_one.values())
+    for name, g in grad_one.items():
+        # fp32 sums in a different order: equal to ~1e-5 of each tensor's scale (a wrong normaliser is 50% off)
+        assert float((grad_two[name] - g).abs().max()) <= 1e-4 * float(g.abs().max()), name
+
+
+@pytest.mark.slow
+def test_every_process_runs_the_same_passes_of_at_most_the_batch_size(one_and_two) -> None:
+    _, two = one_and_two
+    result = json.loads((two / "result.json").read_text())
+    passes = result["pass_rows"]  # per process, the rows of each forward/backward pass
+    assert len(passes) == 2 and passes[0] == passes[1]
+    assert len(passes[0]) > 2  # more passes than micro-batches: the bound split them
+    assert max(passes[0]) <= 2
+    assert sum(passes[0]) >= max(result["segments"])
+
+
+@pytest.mark.slow
+def test_accelerate_launch_of_train_tiny_exports_a_policy_that_learned(tmp_path: Path) -> None:
+    """The README's command: `accelerate launch --multi_gpu --num_processes 2 -m colab_graphs.cli.app train ...`."""
+    out = tmp_path / "run"
+    _run(
+        _launch(
+            2,
+            "-m",
+            "colab_graphs.cli.app",
+            "train",
+            "--config",
+            "examples/train_tiny.yaml",
+            "--out",
+            str(out),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+        ),
+        timeout=600,
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["processes"] == 2
+    assert summary["eval_after"]["system"] > summary["eval_before"]["system"]
+    assert (out / "policy" / "config.json").is_file()
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, summary["steps"] + 1))  # one line per step: only the main process writes
+
+
+# --- the worker -------------------------------------------------------------------------------------------
+
+
+def _scripted_rollouts(examples: list) -> list:
+    """Rollouts with fixed policy turns: example k, copy j has (2k + j) % 4 turns of varied lengths."""
+    from colab_graphs.trace import Trace
+    from colab_graphs.trainers.rollout import PolicyTurn, Rollout
+
+    out, copies = [], {}
+    for example in examples:
+        k, j = int(example.id[1:]), copies.get(example.id, 0)
+        copies[example.id] = j + 1
+        turns = [
+            PolicyTurn(
+                index=t,
+                seat="s",
+                occurrence=t,
+                prompt_ids=[10 + (k * 31 + j * 17 + i * 7 + t) % 300 for i in range(5 + (k * 3 + j + t) % 7)],
+                completion_ids=[
+                    10 + (k * 13 + j * 5 + i * 11 + t) % 300 for i in range(2 + (k + 2 * j + t) % 5)
+                ],
+                logprobs=None,
+                text="",
+            )
+            for t in range((2 * k + j) % 4)
+        ]
+        trace = Trace(example_id=example.id, protocol="scripted")
+        out.append(Rollout(example, trace, float((k + j) % 2), turns, None))
+    return out
+
+
+class _ScriptedRunner:
+    async def arun(self, examples: list) -> list:
+        return _scripted_rollouts(examples)
+
+
+def worker(out: Path, rows: int) -> None:
+    import torch
+    from accelerate import PartialState
+    from accelerate.utils import gather_object
+    from datasets import Dataset
+    from transformers import TrainerCallback
+
+    from colab_graphs.data.example import Example
+    from colab_graphs.trainers import system
+    from colab_graphs.trainers.config import config_from_dict
+    from colab_graphs.trainers.grpo import CRLTrainer
+    from colab_graphs.trainers.pipeline import grpo_args
+
+    state = PartialState(cpu=True)
+    config = config_from_dict(
+        {
+            "num_generations": G,
+            "per_device_train_batch_size": rows,
+            "gradient_accumulation_steps": 2,
+            "max_steps": 1,
+            "learning_rate": 1e-3,
+            "use_cpu": True,
+            "trl": {"max_grad_norm": 0.0},  # the raw gradient, not a clipped one
+        }
+    )
+    model, tokenizer = system.load_policy("tiny-random", "cpu")
+    examples = [Example(id=f"e{k}", input=f"question {k}", answer="0") for k in range(PROMPTS)]
+    captured: dict = {}
+
+    class Capture(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):  # noqa: ANN001, ANN003
+            captured["grad"] = {
+                n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.grad is not None
+            }
+
+    class Recording(CRLTrainer):
+        passes_seen: list[int] = []
+        ids: list[str] = []
+        segments = 0
+
+        def _pass_loss(self, model, inputs):  # noqa: ANN001, ANN202
+            self.passes_seen.append(int(inputs["completion_ids"].size(0)))
+            return super()._pass_loss(model, inputs)
+
+        def _generate_and_score_completions(self, inputs):  # noqa: ANN001, ANN202
+            self.ids.extend(row["example_id"] for row in inputs)
+            batch = super()._generate_and_score_completions(inputs)
+            self.segments += int(batch["completion_mask"].any(dim=1).sum())
+            return batch
+
+    trainer = Recording(
+        runner=_ScriptedRunner(),
+        examples={e.id: e for e in examples},
+        on_log=lambda line: captured.setdefault("loss", line["loss"]),
+        model=model,
+        args=grpo_args(config, out),
+        train_dataset=Dataset.from_list([{"prompt": e.input, "example_id": e.id} for e in examples]),
+        processing_class=tokenizer,
+        callbacks=[Capture()],
+    )
+    trainer.train()
+    passes = gather_object([trainer.passes_seen])
+    segments = gather_object([trainer.segments])
+    ids = gather_object(trainer.ids)
+    if state.is_main_process:
+        torch.save(captured["grad"], out / "grad.pt")
+        result = {
+            "loss": captured["loss"],
+            "pass_rows": passes,
+            "segments": segments,
+            "example_ids": sorted(ids),
+        }
+        (out / "result.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["worker"]:
+    worker(Path(sys.argv[2]), int(sys.argv[3]))
