@@ -86,7 +86,7 @@ def play_on_ray(
     plan_ref = ray.put(plan)
     driver_node = ray.get_runtime_context().get_node_id()
     actors = [
-        actor_class.remote(plan_ref, client_options, cache_dir, driver_node, share_cache)
+        actor_class.remote(client_options, cache_dir, driver_node, share_cache)
         for _ in range(min(workers, len(shards)))
     ]
     queue = deque(shards)
@@ -106,7 +106,7 @@ def play_on_ray(
             while queue and idle:
                 actor, shard = idle.pop(), queue.popleft()
                 attempts[shard.index] += 1
-                running[actor.run_shard.remote(shard, done_for(shard))] = (actor, shard)
+                running[actor.run_shard.remote([plan_ref], shard, done_for(shard))] = (actor, shard)
             ready, _ = ray.wait(list(running), num_returns=1, timeout=_POLL_S)
             for ref in ready:
                 actor, shard = running.pop(ref)

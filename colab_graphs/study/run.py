@@ -14,7 +14,6 @@ is retried once more there, as any resumed audit retries failed plays.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import time
@@ -166,8 +165,9 @@ async def run_study(
 
         await runner.run(Shard(0, plan.examples), done, on_play)
     else:
-        backend = await asyncio.to_thread(
-            _play_on_ray, ray_address, plan, config, done, ledgers, client, workers, share_cache, on_progress
+        # Blocking: the driver only waits for shards (Ray wants its driver calls on the main thread).
+        backend = _play_on_ray(
+            ray_address, plan, config, done, ledgers, client, workers, share_cache, on_progress
         )
 
     rows = []

@@ -118,8 +118,10 @@ class ShardRunner:
 class StudyWorker:
     """A Ray actor that plays shards (see the module docstring for its cache).
 
+    The plan comes with each shard as a one-item list holding its object reference (fetched once per worker
+    life), not as a constructor argument: a restarted worker needs nothing that may have left the object store.
+
     Args:
-        plan: The study's settings, pools and examples.
         client_options: `ModelClient` keyword arguments (max_concurrency, retries, ...).
         cache_dir: The study's cache folder, or None when the study runs without a cache.
         driver_node: The Ray node id of the driver; a worker on it shares the study's cache file.
@@ -128,7 +130,6 @@ class StudyWorker:
 
     def __init__(
         self,
-        plan: StudyPlan,
         client_options: dict[str, Any],
         cache_dir: str | None,
         driver_node: str,
@@ -141,24 +142,26 @@ class StudyWorker:
         cache: CallCache | None = None
         self._recording: RecordingCache | None = None
         if cache_dir is not None:
-            if (
-                share_cache
-                and ray.get_runtime_context().get_node_id() == driver_node
-                and Path(cache_dir).is_dir()
-            ):
+            same_node = ray.get_runtime_context().get_node_id() == driver_node
+            if share_cache and same_node and Path(cache_dir).is_dir():
                 cache = CallCache(cache_dir)
             else:
                 cache = self._recording = RecordingCache(tempfile.mkdtemp(prefix="colab-graphs-worker-"))
-        self.runner = ShardRunner(plan, ModelClient(cache, **client_options))
+        self.client = ModelClient(cache, **client_options)
+        self.runner: ShardRunner | None = None
+        self._plan_id: str | None = None
 
-    async def run_shard(self, shard: Shard, done: dict[str, list[Play]]) -> ShardResult:
+    async def run_shard(self, plan: list[Any], shard: Shard, done: dict[str, list[Play]]) -> ShardResult:
+        ref = plan[0]
+        if self.runner is None or self._plan_id != ref.hex():
+            self.runner, self._plan_id = ShardRunner(await ref, self.client), ref.hex()
         plays = await self.runner.run(shard, done)
         entries = self._recording.take_entries() if self._recording is not None else []
         return ShardResult(shard.index, plays, entries)
 
     async def progress(self) -> int:
         """New plays finished in the shard this worker is playing."""
-        return self.runner.plays_done
+        return self.runner.plays_done if self.runner is not None else 0
 
     async def pid(self) -> int:
         return os.getpid()
