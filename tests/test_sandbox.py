@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from colab_graphs.data.example import Example
 from colab_graphs.data.loaders import DatasetError, load_examples
 from colab_graphs.data.sandbox import arun_code, run_code
 from colab_graphs.data.scoring import apply_scorer, get_scorer
@@ -21,13 +23,27 @@ from colab_graphs.data.scoring import apply_scorer, get_scorer
 FULL_ISOLATION = {"netns", "pidns", "mountns", "readonly_fs"}
 
 
-def _isolation() -> set[str]:
-    return set(run_code("pass").isolation)
+def _machine_allows_namespaces() -> bool:
+    """Whether this machine lets us create net, pid and mount namespaces, asked of `unshare` itself.
+
+    Never asked of the sandbox: a sandbox that stopped requesting a namespace would then turn the isolation
+    tests into skips. Probed here, a machine that allows namespaces runs them, and a sandbox that fails to
+    use them fails them.
+    """
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return False
+    as_root = [] if os.geteuid() == 0 else ["--map-root-user"]
+    probe = [unshare, *as_root, "--net", "--mount", "--pid", "--fork", "true"]
+    try:
+        return subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
+NAMESPACES_ALLOWED = _machine_allows_namespaces()
 requires_namespaces = pytest.mark.skipif(
-    not _isolation() >= FULL_ISOLATION,
-    reason="unshare cannot create net/pid/mount namespaces on this machine",
+    not NAMESPACES_ALLOWED, reason="`unshare --net --mount --pid` fails on this machine"
 )
 
 
@@ -41,6 +57,11 @@ def _processes_of_uids_at_least(uid: int) -> list[int]:
             except FileNotFoundError:
                 continue
     return pids
+
+
+@requires_namespaces
+def test_every_namespace_the_machine_allows_is_applied():
+    assert set(run_code("pass").isolation) >= FULL_ISOLATION
 
 
 def test_clean_program_passes_and_its_output_comes_back():
@@ -119,7 +140,7 @@ def test_memory_bomb_fails_without_touching_host_memory():
 
 @pytest.mark.parametrize("target", ["/tmp", "/root", "/work"])
 def test_writing_outside_the_work_directory_fails(target):
-    if target == "/tmp" and "readonly_fs" not in _isolation():
+    if target == "/tmp" and not NAMESPACES_ALLOWED:
         pytest.skip("/tmp is world-writable; only a read-only mount namespace protects it, unavailable here")
     if not Path(target).is_dir():
         pytest.skip(f"{target} does not exist here")
@@ -166,6 +187,24 @@ def test_network_connection_to_a_local_listener_fails():
         )
     assert not result.passed
     assert "connected" not in result.stdout
+
+
+@requires_namespaces
+def test_code_scorer_candidate_cannot_reach_a_listening_local_server():
+    leak = "def leak():\n    import socket\n    socket.create_connection(('127.0.0.1', {port}), timeout=3)\n"
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server.setblocking(False)
+        port = server.getsockname()[1]
+        task = Example(id="net", input="Write leak().", test="leak()", entry_point="leak")
+        reply = f"Here it is:\n```python\n{leak.format(port=port)}```"
+        assert _score_all([reply], [task]) == [0.0]
+        with pytest.raises(BlockingIOError):  # nothing connected, not even briefly: the backlog is empty
+            server.accept()
+        # The same code with the network allowed does connect: the scorer's 0 is the sandbox's doing.
+        assert run_code(leak.format(port=port) + "leak()\n", network=True).passed
+        server.accept()[0].close()
 
 
 def test_network_can_be_allowed_explicitly():
