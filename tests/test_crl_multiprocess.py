@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -120,7 +121,7 @@ def test_accelerate_launch_of_train_tiny_exports_a_policy_that_learned(tmp_path:
 # --- the worker -------------------------------------------------------------------------------------------
 
 
-def _scripted_rollouts(examples: list) -> list:
+def scripted_rollouts(examples: list) -> list:
     """Rollouts with fixed policy turns: example k, copy j has (2k + j) % 4 turns of varied lengths."""
     from colab_graphs.trace import Trace
     from colab_graphs.trainers.rollout import PolicyTurn, Rollout
@@ -148,13 +149,21 @@ def _scripted_rollouts(examples: list) -> list:
     return out
 
 
-class _ScriptedRunner:
+class ScriptedRunner:
+    """A runner whose rollouts are `scripted_rollouts` (no model runs; the token ids are fixed)."""
+
     async def arun(self, examples: list) -> list:
-        return _scripted_rollouts(examples)
+        return scripted_rollouts(examples)
 
 
-def worker(out: Path, rows: int) -> None:
-    import torch
+def train_one_step(rows: int, one_pass: bool = False, **settings: object) -> dict:
+    """One optimizer step of the tiny policy on scripted rollouts (G = 2, 8 prompts, 2 micro-steps).
+
+    `one_pass` trains each micro-batch in one forward/backward pass, whatever its size (the unbounded way).
+
+    Returns the logged loss, the gradient before the optimizer step (unclipped), and, over all processes,
+    the rows of each forward/backward pass, the policy segments and the example ids of the step.
+    """
     from accelerate import PartialState
     from accelerate.utils import gather_object
     from datasets import Dataset
@@ -166,7 +175,7 @@ def worker(out: Path, rows: int) -> None:
     from colab_graphs.trainers.grpo import CRLTrainer
     from colab_graphs.trainers.pipeline import grpo_args
 
-    state = PartialState(cpu=True)
+    PartialState(cpu=True)
     config = config_from_dict(
         {
             "num_generations": G,
@@ -176,6 +185,7 @@ def worker(out: Path, rows: int) -> None:
             "learning_rate": 1e-3,
             "use_cpu": True,
             "trl": {"max_grad_norm": 0.0},  # the raw gradient, not a clipped one
+            **settings,
         }
     )
     model, tokenizer = system.load_policy("tiny-random", "cpu")
@@ -189,43 +199,48 @@ def worker(out: Path, rows: int) -> None:
             }
 
     class Recording(CRLTrainer):
-        passes_seen: list[int] = []
-        ids: list[str] = []
-        segments = 0
-
         def _pass_loss(self, model, inputs):  # noqa: ANN001, ANN202
-            self.passes_seen.append(int(inputs["completion_ids"].size(0)))
+            captured.setdefault("passes", []).append(int(inputs["completion_ids"].size(0)))
             return super()._pass_loss(model, inputs)
 
         def _generate_and_score_completions(self, inputs):  # noqa: ANN001, ANN202
-            self.ids.extend(row["example_id"] for row in inputs)
+            captured.setdefault("ids", []).extend(row["example_id"] for row in inputs)
             batch = super()._generate_and_score_completions(inputs)
-            self.segments += int(batch["completion_mask"].any(dim=1).sum())
+            if one_pass:
+                self.pass_rows = batch["completion_ids"].size(0)
+            captured["segments"] = captured.get("segments", 0) + int(batch["completion_mask"].any(1).sum())
             return batch
 
-    trainer = Recording(
-        runner=_ScriptedRunner(),
-        examples={e.id: e for e in examples},
-        on_log=lambda line: captured.setdefault("loss", line["loss"]),
-        model=model,
-        args=grpo_args(config, out),
-        train_dataset=Dataset.from_list([{"prompt": e.input, "example_id": e.id} for e in examples]),
-        processing_class=tokenizer,
-        callbacks=[Capture()],
-    )
-    trainer.train()
-    passes = gather_object([trainer.passes_seen])
-    segments = gather_object([trainer.segments])
-    ids = gather_object(trainer.ids)
-    if state.is_main_process:
-        torch.save(captured["grad"], out / "grad.pt")
-        result = {
-            "loss": captured["loss"],
-            "pass_rows": passes,
-            "segments": segments,
-            "example_ids": sorted(ids),
-        }
-        (out / "result.json").write_text(json.dumps(result))
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = Recording(
+            runner=ScriptedRunner(),
+            examples={e.id: e for e in examples},
+            on_log=lambda line: captured.setdefault("loss", line["loss"]),
+            model=model,
+            args=grpo_args(config, Path(tmp)),
+            train_dataset=Dataset.from_list([{"prompt": e.input, "example_id": e.id} for e in examples]),
+            processing_class=tokenizer,
+            callbacks=[Capture()],
+        )
+        trainer.train()
+    return {
+        "loss": captured.get("loss"),
+        "grad": captured["grad"],
+        "passes": gather_object([captured["passes"]]),
+        "segments": gather_object([captured["segments"]]),
+        "ids": sorted(gather_object(captured["ids"])),
+    }
+
+
+def worker(out: Path, rows: int) -> None:
+    import torch
+    from accelerate import PartialState
+
+    result = train_one_step(rows)
+    if PartialState().is_main_process:
+        torch.save(result.pop("grad"), out / "grad.pt")
+        renamed = {"loss": result["loss"], "pass_rows": result["passes"], "segments": result["segments"]}
+        (out / "result.json").write_text(json.dumps({**renamed, "example_ids": result["ids"]}))
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["worker"]:

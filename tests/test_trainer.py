@@ -46,6 +46,21 @@ def test_config_batch_must_hold_whole_groups() -> None:
         config_from_dict({"num_generations": 4, "per_device_train_batch_size": 6})
 
 
+def test_vllm_for_the_policy_is_refused_with_what_works_instead() -> None:
+    with pytest.raises(ConfigError, match=r"cfg: trl\.use_vllm: .*hosted_vllm/NAME, api_base"):
+        config_from_dict({"trl": {"use_vllm": True, "vllm_mode": "colocate"}}, where="cfg")
+
+
+def test_a_loss_not_normalised_by_the_batchs_tokens_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"cfg: loss_type: must be one of dapo, cispo, got 'grpo'"):
+        config_from_dict({"loss_type": "grpo"}, where="cfg")
+
+
+def test_sft_with_a_kl_term_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"cfg: beta: reward=sft is plain fine-tuning"):
+        config_from_dict({"reward": "sft", "beta": 0.1}, where="cfg")
+
+
 def test_example_configs_load() -> None:
     for name in ("train_tiny.yaml", "train_debate.yaml"):
         assert isinstance(load_config(ROOT / "examples" / name), TrainConfig)
@@ -314,6 +329,10 @@ def test_cli_train_tiny_writes_metrics_and_a_loadable_policy(tmp_path: Path) -> 
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 2]
     assert all(0.0 <= x["system_reward"] <= 1.0 for x in lines)
+    for x in lines:  # what each step reports beside TRL's own
+        assert x["advantage_abs_max"] >= abs(x["advantage_mean"])
+        assert x["reward_std"] >= 0.0
+        assert x["generation_s"] > 0 and x["training_s"] > 0 and x["credit_s"] >= 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["eval_after"]["loo"] == pytest.approx(
         summary["eval_after"]["system"] - summary["eval_after"]["without_policy"]

@@ -118,7 +118,7 @@ class TrainConfig:
     gradient_checkpointing: bool = _f(False, "Trade compute for memory (slow for tiny models).")
     trl: dict = _f(
         {},
-        "Further trl.GRPOConfig keyword arguments (e.g. max_grad_norm, lr_scheduler_type, warmup_ratio, "
+        "Further trl.GRPOConfig keyword arguments (e.g. max_grad_norm, lr_scheduler_type, warmup_steps, "
         "num_iterations, epsilon). use_vllm is refused: the policy generates in process.",
     )
     # --- LoRA --------------------------------------------------------------------------------------------

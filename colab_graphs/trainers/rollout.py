@@ -169,14 +169,45 @@ class PolicyRouter:
             return await self.client.complete(
                 member, messages, sample=sample, overrides=overrides, node=node, seat=seat, trace=trace
             )
+        return await self.policy_client.complete(
+            member, messages, **self._policy_call(member, overrides, node, seat, trace)
+        )
+
+    async def complete_recorded(
+        self,
+        member: Member,
+        messages: list[dict[str, Any]],
+        *,
+        sample: int = 0,
+        overrides: dict | None = None,
+        node: str | None = None,
+        seat: str | None = None,
+        trace: Trace | None = None,
+    ) -> tuple[CallResult, Call]:
+        """`complete`, also returning the call's trace record (as `ModelClient.complete_recorded`)."""
+        if member.name not in self.policy_members:
+            return await self.client.complete_recorded(
+                member, messages, sample=sample, overrides=overrides, node=node, seat=seat, trace=trace
+            )
+        return await self.policy_client.complete_recorded(
+            member, messages, **self._policy_call(member, overrides, node, seat, trace)
+        )
+
+    def _policy_call(
+        self, member: Member, overrides: dict | None, node: str | None, seat: str | None, trace: Trace | None
+    ) -> dict[str, Any]:
         merged = {**(overrides or {}), **self.policy_overrides}
         cap = self.policy_overrides.get("max_tokens")
         asked = (overrides or {}).get("max_tokens") or member.settings.get("max_tokens")
         if cap is not None and asked is not None:
             merged["max_tokens"] = min(int(cap), int(asked))
-        return await self.policy_client.complete(
-            member, messages, sample=next(self._samples), overrides=merged, node=node, seat=seat, trace=trace
-        )
+        return {
+            "sample": next(self._samples),
+            "overrides": merged,
+            "node": node,
+            "seat": seat,
+            "trace": trace,
+        }
 
 
 @dataclass
@@ -300,6 +331,35 @@ class ReplayClient:
         seat: str | None = None,
         trace: Trace | None = None,
     ) -> CallResult:
+        recorded = self._served(member, messages, seat, trace)
+        if recorded is None:
+            return await self.router.complete(
+                member, messages, sample=sample, overrides=overrides, node=node, seat=seat, trace=trace
+            )
+        return self._serve(recorded, trace)[0]
+
+    async def complete_recorded(
+        self,
+        member: Member,
+        messages: list[dict[str, Any]],
+        *,
+        sample: int = 0,
+        overrides: dict | None = None,
+        node: str | None = None,
+        seat: str | None = None,
+        trace: Trace | None = None,
+    ) -> tuple[CallResult, Call]:
+        recorded = self._served(member, messages, seat, trace)
+        if recorded is None:
+            return await self.router.complete_recorded(
+                member, messages, sample=sample, overrides=overrides, node=node, seat=seat, trace=trace
+            )
+        return self._serve(recorded, trace)
+
+    def _served(
+        self, member: Member, messages: list[dict[str, Any]], seat: str | None, trace: Trace | None
+    ) -> Call | None:
+        """The recorded call that answers this request unchanged, or None (the fork, or changed inputs)."""
         occurrence = sum(1 for c in trace.calls if c.seat == seat) if trace is not None else 0
         position = (seat, occurrence)
         recorded = self._recorded.get(position)
@@ -309,23 +369,27 @@ class ReplayClient:
             and recorded.member == member.name
             and recorded.messages == self.router.canonical_messages(member, messages)
         ):
-            if trace is not None:
-                trace.calls.append(recorded.model_copy(update={"cached": True}))
-            return CallResult(
-                text=recorded.completion or "",
-                key=recorded.key,
-                usage=recorded.usage,
-                cost_usd=None,
-                cached=True,
-                latency_s=0.0,
-                attempts=0,
-                prompt_token_ids=recorded.prompt_token_ids,
-                completion_token_ids=recorded.completion_token_ids,
-                logprobs=recorded.logprobs,
-            )
-        return await self.router.complete(
-            member, messages, sample=sample, overrides=overrides, node=node, seat=seat, trace=trace
+            return recorded
+        return None
+
+    @staticmethod
+    def _serve(recorded: Call, trace: Trace | None) -> tuple[CallResult, Call]:
+        record = recorded.model_copy(update={"cached": True})
+        if trace is not None:
+            trace.calls.append(record)
+        result = CallResult(
+            text=recorded.completion or "",
+            key=recorded.key,
+            usage=recorded.usage,
+            cost_usd=None,
+            cached=True,
+            latency_s=0.0,
+            attempts=0,
+            prompt_token_ids=recorded.prompt_token_ids,
+            completion_token_ids=recorded.completion_token_ids,
+            logprobs=recorded.logprobs,
         )
+        return result, record
 
 
 class RolloutRunner:
