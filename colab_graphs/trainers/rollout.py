@@ -153,61 +153,29 @@ class PolicyRouter:
         """The messages as a trace records them (the member's persona included)."""
         return self.client.canonical_request(member, messages)[0]["messages"]
 
-    async def complete(
-        self,
-        member: Member,
-        messages: list[dict[str, Any]],
-        *,
-        sample: int = 0,
-        overrides: dict | None = None,
-        node: str | None = None,
-        seat: str | None = None,
-        trace: Trace | None = None,
-    ) -> CallResult:
-        """Call `member`; policy calls get the policy overrides and a never-repeated sample index."""
-        if member.name not in self.policy_members:
-            return await self.client.complete(
-                member, messages, sample=sample, overrides=overrides, node=node, seat=seat, trace=trace
-            )
-        return await self.policy_client.complete(
-            member, messages, **self._policy_call(member, overrides, node, seat, trace)
-        )
+    async def complete(self, member: Member, messages: list[dict[str, Any]], **call: Any) -> CallResult:
+        """Call `member` (keywords as `ModelClient.complete`); policy calls get the policy overrides and a
+        never-repeated sample index."""
+        client, call = self._route(member, call)
+        return await client.complete(member, messages, **call)
 
     async def complete_recorded(
-        self,
-        member: Member,
-        messages: list[dict[str, Any]],
-        *,
-        sample: int = 0,
-        overrides: dict | None = None,
-        node: str | None = None,
-        seat: str | None = None,
-        trace: Trace | None = None,
+        self, member: Member, messages: list[dict[str, Any]], **call: Any
     ) -> tuple[CallResult, Call]:
         """`complete`, also returning the call's trace record (as `ModelClient.complete_recorded`)."""
-        if member.name not in self.policy_members:
-            return await self.client.complete_recorded(
-                member, messages, sample=sample, overrides=overrides, node=node, seat=seat, trace=trace
-            )
-        return await self.policy_client.complete_recorded(
-            member, messages, **self._policy_call(member, overrides, node, seat, trace)
-        )
+        client, call = self._route(member, call)
+        return await client.complete_recorded(member, messages, **call)
 
-    def _policy_call(
-        self, member: Member, overrides: dict | None, node: str | None, seat: str | None, trace: Trace | None
-    ) -> dict[str, Any]:
-        merged = {**(overrides or {}), **self.policy_overrides}
+    def _route(self, member: Member, call: dict[str, Any]) -> tuple[ModelClient, dict[str, Any]]:
+        if member.name not in self.policy_members:
+            return self.client, call
+        overrides = call.get("overrides") or {}
+        merged = {**overrides, **self.policy_overrides}
         cap = self.policy_overrides.get("max_tokens")
-        asked = (overrides or {}).get("max_tokens") or member.settings.get("max_tokens")
+        asked = overrides.get("max_tokens") or member.settings.get("max_tokens")
         if cap is not None and asked is not None:
             merged["max_tokens"] = min(int(cap), int(asked))
-        return {
-            "sample": next(self._samples),
-            "overrides": merged,
-            "node": node,
-            "seat": seat,
-            "trace": trace,
-        }
+        return self.policy_client, {**call, "sample": next(self._samples), "overrides": merged}
 
 
 @dataclass
@@ -320,41 +288,19 @@ class ReplayClient:
             if call.error is None
         }
 
-    async def complete(
-        self,
-        member: Member,
-        messages: list[dict[str, Any]],
-        *,
-        sample: int = 0,
-        overrides: dict | None = None,
-        node: str | None = None,
-        seat: str | None = None,
-        trace: Trace | None = None,
-    ) -> CallResult:
-        recorded = self._served(member, messages, seat, trace)
+    async def complete(self, member: Member, messages: list[dict[str, Any]], **call: Any) -> CallResult:
+        recorded = self._served(member, messages, call.get("seat"), call.get("trace"))
         if recorded is None:
-            return await self.router.complete(
-                member, messages, sample=sample, overrides=overrides, node=node, seat=seat, trace=trace
-            )
-        return self._serve(recorded, trace)[0]
+            return await self.router.complete(member, messages, **call)
+        return self._serve(recorded, call.get("trace"))[0]
 
     async def complete_recorded(
-        self,
-        member: Member,
-        messages: list[dict[str, Any]],
-        *,
-        sample: int = 0,
-        overrides: dict | None = None,
-        node: str | None = None,
-        seat: str | None = None,
-        trace: Trace | None = None,
+        self, member: Member, messages: list[dict[str, Any]], **call: Any
     ) -> tuple[CallResult, Call]:
-        recorded = self._served(member, messages, seat, trace)
+        recorded = self._served(member, messages, call.get("seat"), call.get("trace"))
         if recorded is None:
-            return await self.router.complete_recorded(
-                member, messages, sample=sample, overrides=overrides, node=node, seat=seat, trace=trace
-            )
-        return self._serve(recorded, trace)
+            return await self.router.complete_recorded(member, messages, **call)
+        return self._serve(recorded, call.get("trace"))
 
     def _served(
         self, member: Member, messages: list[dict[str, Any]], seat: str | None, trace: Trace | None
