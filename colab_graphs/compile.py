@@ -8,6 +8,7 @@ client and pool given at compile time.
 
 import asyncio
 import inspect
+import json
 import math
 import threading
 from dataclasses import dataclass
@@ -55,6 +56,9 @@ class Runtime:
     pool: Pool
     trace: Trace | None = None
     task: TaskView | None = None
+    # Seat results by request, shared by the runs of one example (an audit's coalitions): a seat whose request
+    # is already here takes its result and records a cached call, as the client's cache would serve it.
+    memo: dict[tuple, tuple[Any, Any]] | None = None
 
 
 def graph_input(view: TaskView) -> dict[str, Any]:
@@ -208,20 +212,40 @@ def _update(node_name: str, written: dict[str, Any], output_key: str) -> dict[st
 
 
 def _seat_fn(seat: Seat, order: dict[str, int], fallback: Runtime | None, output_key: str):
+    settings_key = json.dumps(seat.settings, sort_keys=True, default=str) if seat.settings else ""
+
     async def run(state: GraphState, config: RunnableConfig | None = None) -> dict[str, Any]:
         rt = _runtime(config, fallback)
         reads = resolve_reads(seat.reads, state, order)
         prompt = render(seat.prompt, seat.name, state, reads)
         system = render(seat.system, seat.name, state, reads) if seat.system else None
-        result = await rt.client.complete(
-            rt.pool[seat.member],
-            _messages(system, prompt),
-            sample=seat.sample,
-            overrides=seat.settings or None,
-            node=seat.name,
-            seat=seat.name,
-            trace=rt.trace,
-        )
+        memo = rt.memo
+        # Member, sample, settings and messages make the request (and its cache key): an equal tuple is the
+        # same request, whose result the cache would return.
+        request = (seat.member, seat.sample, settings_key, system, prompt)
+        if memo is not None and request in memo:
+            result, record = memo[request]
+            if rt.trace is not None:
+                replay = {
+                    "node": seat.name,
+                    "seat": seat.name,
+                    "cached": True,
+                    "latency_s": 0.0,
+                    "attempts": 0,
+                }
+                rt.trace.calls.append(record.model_copy(update=replay))
+        else:
+            result, record = await rt.client.complete_recorded(
+                rt.pool[seat.member],
+                _messages(system, prompt),
+                sample=seat.sample,
+                overrides=seat.settings or None,
+                node=seat.name,
+                seat=seat.name,
+                trace=rt.trace,
+            )
+            if memo is not None:
+                memo[request] = (result, record)
         written: dict[str, Any] = {seat.writes: result.text}
         if result.logprobs:
             written[seat.writes + "#logprob"] = sum(result.logprobs) / len(result.logprobs)
@@ -385,6 +409,27 @@ def _target(name: str | None) -> str:
     return "__end__" if name in (END, None) else name
 
 
+def _node_functions(spec: GraphSpec, pool: Pool | None, client: ModelClient | None):
+    """(async functions of every node, sync functions of pure-Python nodes, the fallback runtime)."""
+    spec.validate_for(pool.names if pool is not None else None)
+    if pool is not None and any(isinstance(n, LogitSeat) for n in spec.nodes):
+        from colab_graphs.protocols.logit import check_pool_supports
+
+        check_pool_supports(spec, pool)  # API members cannot give next-token distributions: fail before calls
+    fallback = Runtime(client or default_client(), pool) if pool is not None else None
+    order = _writer_order(spec)
+    afns: dict[str, Any] = {}
+    syncs: dict[str, Any] = {}
+    for node in spec.nodes:
+        if isinstance(node, Seat):
+            afns[node.name] = _seat_fn(node, order, fallback, spec.output)
+        elif isinstance(node, LogitSeat):
+            afns[node.name] = _logit_fn(node, order, fallback, spec.output)
+        else:
+            syncs[node.name], afns[node.name] = _aggregate_fns(node, order, spec.output, fallback)
+    return afns, syncs, fallback
+
+
 def compile_graph(
     spec: GraphSpec, pool: Pool | None = None, client: ModelClient | None = None, *, fuse: bool = False
 ):
@@ -396,8 +441,8 @@ def compile_graph(
         client: the call path; defaults to a process-wide client with the default cache.
         fuse: run a protocol without routes as one LangGraph node that runs its nodes level by level (same
             calls, same trace, same answer; see `fusion_levels`). LangGraph's per-node machinery is most of
-            the framework's CPU per run, so the runner, audits and training fuse; leave it off to stream or
-            draw the graph node by node.
+            the framework's CPU per run, so the runner and training fuse; leave it off to stream or draw the
+            graph node by node.
 
     Example:
         >>> graph = compile_graph(spec, pool)                             # doctest: +SKIP
@@ -405,23 +450,8 @@ def compile_graph(
     """
     from langgraph.graph import StateGraph
 
-    spec.validate_for(pool.names if pool is not None else None)
-    if pool is not None and any(isinstance(n, LogitSeat) for n in spec.nodes):
-        from colab_graphs.protocols.logit import check_pool_supports
-
-        check_pool_supports(spec, pool)  # API members cannot give next-token distributions: fail before calls
-    fallback = Runtime(client or default_client(), pool) if pool is not None else None
-    order = _writer_order(spec)
+    afns, syncs, fallback = _node_functions(spec, pool, client)
     builder = StateGraph(GraphState)
-    afns: dict[str, Any] = {}  # every node's async function
-    syncs: dict[str, Any] = {}  # pure-Python nodes' sync functions (model seats have none)
-    for node in spec.nodes:
-        if isinstance(node, Seat):
-            afns[node.name] = _seat_fn(node, order, fallback, spec.output)
-        elif isinstance(node, LogitSeat):
-            afns[node.name] = _logit_fn(node, order, fallback, spec.output)
-        else:
-            syncs[node.name], afns[node.name] = _aggregate_fns(node, order, spec.output, fallback)
     levels = fusion_levels(spec) if fuse else None
     if levels is not None:
         run = _fused_fn(levels, afns)
@@ -436,9 +466,42 @@ def compile_graph(
         sources = [START if s == START else s for s in edge.sources]
         target = _target(edge.target)
         builder.add_edge(sources[0] if len(sources) == 1 else sources, target)
+    order = _writer_order(spec)
     for route in spec.routes:
         targets = {_target(t) for t in [*route.path_map.values(), route.default, route.exit] if t}
         builder.add_conditional_edges(
             route.source, _route_fn(route, order, fallback), {t: t for t in sorted(targets)}
         )
     return builder.compile(name=spec.name)
+
+
+class DirectGraph:
+    """A protocol without routes run as its fused LangGraph graph runs, without LangGraph's loop.
+
+    The fused graph is one LangGraph node whose function runs the protocol's levels (`fusion_levels`); its
+    `ainvoke` returns the input state with that node's update applied by the graph's reducers. `DirectGraph`
+    calls the same function and applies the same reducers, so calls, trace, state and answer are the
+    graph's (tests/test_fusion.py checks it for every protocol and coalition); what it saves is LangGraph's
+    per-invocation machinery (checkpoints, channels, callbacks: about 1 ms of CPU), which an exact audit
+    pays thousands of times per example batch. Audits use it; users get the LangGraph graph.
+    """
+
+    def __init__(self, name: str, run: Any):
+        self.name = name
+        self._run = run
+
+    async def ainvoke(self, state: dict[str, Any], config: Any = None) -> dict[str, Any]:
+        update = await self._run(state, config)
+        out = dict(state)
+        _apply(out, update)
+        return out
+
+
+def compile_direct(spec: GraphSpec, pool: Pool | None = None, client: ModelClient | None = None):
+    """`DirectGraph` of `spec` when it fuses (no routes, one incoming edge per node), else the fused LangGraph
+    graph (`compile_graph(..., fuse=True)`): either way an object with `ainvoke(state, config)`."""
+    levels = fusion_levels(spec)
+    if levels is None:
+        return compile_graph(spec, pool, client, fuse=True)
+    afns, _, _ = _node_functions(spec, pool, client)
+    return DirectGraph(spec.name, _fused_fn(levels, afns))

@@ -21,8 +21,8 @@ from typing import Any
 
 from colab_graphs.compile import RUNTIME_KEY, Runtime, TemplateError, compile_graph, graph_input
 from colab_graphs.data.example import Example
-from colab_graphs.data.scoring import ScorerFn, apply_scorer, task_for, view_for
-from colab_graphs.data.tasks import TaskType
+from colab_graphs.data.scoring import ScorerFn, task_for, view_for
+from colab_graphs.data.tasks import TaskType, TaskView
 from colab_graphs.models.client import CallError, ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.spec import GraphSpec
@@ -66,15 +66,20 @@ async def run_example(
     client: ModelClient,
     example: Example,
     scorer: str | ScorerFn | TaskType | None = None,
+    *,
+    view: TaskView | None = None,
+    memo: dict | None = None,
 ) -> ExampleOutcome:
     """Run one example through a compiled graph and score it. A failed model call marks it failed.
 
-    The example's task (`scorer`, else its fields' default) shapes the question the members see, answers
-    their votes and cascades, and scores the final output.
+    The example's task (`scorer`, else its fields' default; or `view`, the task already bound to it) shapes the
+    question the members see, answers their votes and cascades, and scores the final output. `memo` shares
+    seat results between runs of the same example (see `Runtime.memo`).
     """
-    view = view_for(example, scorer)
+    view = view or view_for(example, scorer)
     trace = Trace(example_id=example.id, protocol=spec.name, coalition=list(spec.members))
-    config = {"configurable": {RUNTIME_KEY: Runtime(client, pool, trace, view)}, "recursion_limit": 200}
+    runtime = Runtime(client, pool, trace, view, memo)
+    config = {"configurable": {RUNTIME_KEY: runtime}, "recursion_limit": 200}
     try:
         state = await graph.ainvoke(graph_input(view), config=config)
     except CallError as err:
@@ -82,7 +87,7 @@ async def run_example(
         return ExampleOutcome(example.id, None, None, None, True, str(err), trace)
     output = str(state.get("answer", ""))
     try:
-        verdict = await apply_scorer(view.task.score, output, example)
+        verdict = await view.score(output)
     except CallError as err:  # an LLM judge that failed: the example is failed, not wrong
         trace.failed, trace.error, trace.output = True, str(err), output
         return ExampleOutcome(example.id, output, None, None, True, str(err), trace)

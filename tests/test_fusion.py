@@ -14,7 +14,7 @@ import pytest
 import colab_graphs._env  # noqa: F401  (offline settings, before litellm is imported)
 from colab_graphs.builder import GraphBuilder
 from colab_graphs.coalition import restrict
-from colab_graphs.compile import FUSED_NODE, compile_graph, fusion_levels
+from colab_graphs.compile import FUSED_NODE, DirectGraph, compile_direct, compile_graph, fusion_levels
 from colab_graphs.data.example import Example
 from colab_graphs.models.client import CallError, ModelClient
 from colab_graphs.protocols.registry import build_protocol, list_protocols
@@ -61,25 +61,40 @@ def test_a_join_runs_after_its_latest_source() -> None:
 
 @pytest.mark.parametrize("name", _api_protocols())
 def test_fused_and_unfused_runs_are_identical_for_every_coalition(name, scripted_server, arun) -> None:
-    """Every member echoes its prompt, so each answer spells out exactly what its seat saw and in which order."""
+    """Every member echoes its prompt, so each answer spells out exactly what its seat saw and in which order.
+
+    The audits' `DirectGraph` (the fused node's function without LangGraph's loop; routed protocols fall back
+    to the fused graph) with one seat memo shared by an example's coalitions gives the same outcome too.
+    """
     server = scripted_server({m: echo() for m in TEAM})
     pool = server_pool(server, TEAM)
     full = build_protocol(name, TEAM)
     coalitions = [full.members] + [[m for m in full.members if m != out] for out in full.members]
+    memos = {example.id: {} for example in EXAMPLES}  # shared by the coalitions of an example, as in audits
     for members in coalitions:
         spec = restrict(full, members)
         if spec is None:
             continue
         fused = compile_graph(spec, pool, fuse=True)
         plain = compile_graph(spec, pool, fuse=False)
+        direct = compile_direct(spec, pool)
         for example in EXAMPLES:
             a = arun(run_example(fused, spec, pool, ModelClient(None), example))
             b = arun(run_example(plain, spec, pool, ModelClient(None), example))
-            assert not a.failed and not b.failed, (a.error, b.error)
-            assert a.output == b.output
-            assert a.trace.state == b.trace.state
+            c = arun(run_example(direct, spec, pool, ModelClient(None), example, memo=memos[example.id]))
+            assert not a.failed and not b.failed and not c.failed, (a.error, b.error, c.error)
+            assert a.output == b.output == c.output
+            assert a.trace.state == b.trace.state == c.trace.state
             calls = sorted((c.node, c.key) for c in a.trace.calls)
             assert calls == sorted((c.node, c.key) for c in b.trace.calls)
+            assert calls == sorted((call.node, call.key) for call in c.trace.calls)
+
+
+def test_audits_run_fusable_protocols_directly_and_routed_ones_as_the_fused_graph(scripted_server) -> None:
+    pool = server_pool(scripted_server({m: "The answer is 5" for m in TEAM}), TEAM)
+    assert isinstance(compile_direct(build_protocol("debate", TEAM), pool), DirectGraph)
+    routed = compile_direct(build_protocol("cascade", TEAM), pool)
+    assert not isinstance(routed, DirectGraph) and hasattr(routed, "get_graph")
 
 
 def test_a_fused_graph_is_one_node_and_a_routed_one_is_not(scripted_server) -> None:

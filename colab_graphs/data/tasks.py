@@ -28,12 +28,13 @@ function registered with `register_scorer` becomes a task type with short-text e
 from __future__ import annotations
 
 import ast
+import inspect
 import logging
 import re
 import secrets
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from colab_graphs.data import answers
@@ -371,9 +372,24 @@ class TaskView:
 
     task: TaskType
     example: Example
+    # Extractions and verdicts already made for this example: an audit asks again for every coalition.
+    _extracted: dict[str, str | None] = field(default_factory=dict, compare=False, repr=False)
+    _verdicts: dict[str, Score] = field(default_factory=dict, compare=False, repr=False)
 
     def extract(self, reply: str) -> str | None:
-        return self.task.extract(reply or "", self.example)
+        reply = reply or ""
+        if reply not in self._extracted:
+            self._extracted[reply] = self.task.extract(reply, self.example)
+        return self._extracted[reply]
+
+    async def score(self, output: str) -> Score:
+        """The task's verdict on a final output (the same output is scored once per view)."""
+        if output not in self._verdicts:
+            result: Any = self.task.score(output, self.example)
+            if inspect.isawaitable(result):
+                result = await result
+            self._verdicts[output] = result if isinstance(result, Score) else Score(float(result))
+        return self._verdicts[output]
 
     def same(self, a: str, b: str) -> bool:
         return self.task.same(a, b, self.example)

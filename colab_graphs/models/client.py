@@ -239,6 +239,23 @@ class ModelClient:
 
         The call is recorded in `trace` (when given) whether it succeeded, was served from cache, or failed.
         """
+        result, _ = await self.complete_recorded(
+            member, messages, sample=sample, overrides=overrides, node=node, seat=seat, trace=trace
+        )
+        return result
+
+    async def complete_recorded(
+        self,
+        member: Member,
+        messages: list[dict[str, Any]],
+        *,
+        sample: int = 0,
+        overrides: dict[str, Any] | None = None,
+        node: str | None = None,
+        seat: str | None = None,
+        trace: Trace | None = None,
+    ) -> tuple[CallResult, Call]:
+        """`complete`, also returning the call's trace record (what a replay of the same request copies)."""
         self._bind_loop()
         request, kwargs = self.canonical_request(member, messages, sample, overrides)
         key = request_key(request)
@@ -271,7 +288,7 @@ class ModelClient:
         record.logprobs = result.logprobs
         if trace is not None:
             trace.calls.append(record)
-        return result
+        return result, record
 
     # --- internals -----------------------------------------------------------------------------------------
 
