@@ -28,6 +28,7 @@ from colab_graphs.data.example import Example
 from colab_graphs.data.scoring import apply_scorer
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
+from colab_graphs.protocols.fitting import Fitted, fit_coalition
 from colab_graphs.runner import resolve_scorer, run_example, run_fingerprint
 from colab_graphs.spec import GraphSpec
 
@@ -93,6 +94,8 @@ class CoalitionGame:
         # audit made, even where a resumed run found them in the cache.
         self.started_at = time.time()
         self._graphs: dict[str, tuple[GraphSpec | None, Any]] = {}
+        # Coalition id -> the coalition fitted by its protocol's fit step (protocols that declare one).
+        self.fits: dict[str, Fitted] = {}
         if self.store is not None:
             self._open_store()
 
@@ -149,7 +152,8 @@ class CoalitionGame:
 
                 spec: GraphSpec | None = build_protocol("solo", self.pool.names, member=members[0])
             else:
-                spec = restrict(self.spec, members)
+                fitted = self.fits.get(cid)
+                spec = fitted.spec if fitted is not None else restrict(self.spec, members)
             graph = compile_graph(spec, self.pool, self.client, fuse=True) if spec is not None else None
             self._graphs[cid] = (spec, graph)
         return self._graphs[cid]
@@ -186,6 +190,8 @@ class CoalitionGame:
         """Evaluate every coalition (and each member in `solo_members` alone) on every example."""
         jobs: list[tuple[str, list[str]]] = [("coalition", self._ordered(c)) for c in coalitions]
         jobs += [("solo", [m]) for m in solo_members]
+        for game, members in sorted(jobs, key=lambda job: -len(job[1])):  # the whole pool's problems first
+            await self._fit(game, members)
         for game, members in jobs:
             self._graph(game, members)  # compile (and validate every coalition) before any call
         limit = asyncio.Semaphore(self.max_in_flight)
@@ -207,6 +213,18 @@ class CoalitionGame:
                     continue
                 tasks.append(one(game, members, example))
         await asyncio.gather(*tasks)
+
+    async def _fit(self, game: str, members: list[str]) -> None:
+        """Run the protocol's fit step for one coalition, once (see `colab_graphs.protocols.fitting`)."""
+        cid = coalition_id(game, members)
+        if game != "coalition" or cid in self.fits or cid in self._graphs:
+            return
+        spec = restrict(self.spec, members)
+        if spec is None:
+            return
+        fitted = await fit_coalition(spec, self.pool, client=self.client, scorer=self.scorer)
+        if fitted is not None:
+            self.fits[cid] = fitted
 
     def _ordered(self, coalition: Coalition) -> list[str]:
         return [m for m in self.spec.members if m in coalition]

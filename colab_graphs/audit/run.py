@@ -20,6 +20,7 @@ from colab_graphs.audit.report import (
 from colab_graphs.data.example import Example
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
+from colab_graphs.protocols.fitting import fitting_summary
 from colab_graphs.spec import GraphSpec
 
 
@@ -98,6 +99,8 @@ async def run_audit(
         if pc["game"] == "coalition"
     ]
     costs = [u.cost_usd for u in usage.values()]
+    # Protocols whose coalitions are fitted first (weight merges, searches on dev) report what that cost.
+    fitting = {"fitting": fitting_summary(f.record for f in game.fits.values())} if game.fits else {}
     report = AuditReport(
         protocol=spec.name,
         protocol_params=spec.params,
@@ -115,6 +118,7 @@ async def run_audit(
         per_coalition=per_coalition,
         wall_s=round(time.perf_counter() - started, 3),
         **fields,
+        **fitting,
     )
     if out is not None:
         write_report(report, out, plots=plots_available() if plots is None else plots)

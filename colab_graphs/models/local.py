@@ -57,8 +57,8 @@ def get_engine(model_ref: str, dtype: str = "float32") -> LocalEngine:
     """The engine serving ``model_ref``, loading the model on first use (once per process per path/dtype).
 
     Args:
-        model_ref: A name registered with :func:`set_local_model`, a zoo name, a local folder or a hub id;
-            a leading ``local/`` is ignored.
+        model_ref: A name registered with :func:`set_local_model`, a zoo name, a local folder (a model, or a
+            LoRA adapter, served merged into its base) or a hub id; a leading ``local/`` is ignored.
         dtype: torch dtype name; fp32 keeps batched greedy decoding identical to batch-1 decoding.
 
     Returns:
@@ -69,9 +69,9 @@ def get_engine(model_ref: str, dtype: str = "float32") -> LocalEngine:
         return _named[ref]
     if (ref, dtype) in _by_ref:  # skip resolving again (a hub id would hit the HF cache on every call)
         return _by_ref[ref, dtype]
-    from colab_graphs.models.zoo import resolve
+    from colab_graphs.models.merge import served_folder
 
-    path = str(resolve(ref))
+    path = str(served_folder(ref))  # an adapter folder is served merged into its base
     key = (path, dtype)
     with _load_lock:
         if key not in _engines:

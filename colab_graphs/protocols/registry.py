@@ -19,12 +19,13 @@ from colab_graphs.spec import GraphSpec
 
 Builder = Callable[..., GraphSpec]
 
-FAMILIES = ("api", "text", "logit", "basic")
+FAMILIES = ("api", "text", "logit", "weight", "basic")
 _BUILTIN_MODULES = (
     "colab_graphs.protocols.basic",
     "colab_graphs.protocols.api",
     "colab_graphs.protocols.text",
     "colab_graphs.protocols.logit",
+    "colab_graphs.protocols.weight",
 )
 
 

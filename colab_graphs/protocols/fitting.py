@@ -1,0 +1,84 @@
+"""Per-coalition fitting: protocols whose coalitions must be built, trained or searched before they run.
+
+A protocol declares a fit step with `declare_fit(builder, step)`. `fit_coalition(spec, pool, ...)` runs it on
+one coalition's spec (the protocol restricted to that coalition) and returns the spec to compile, with a record
+of what fitting did and cost. The coalition game runs it once per coalition before any call, so a coalition
+without a member fits without it; `colab-graphs run` runs it for the whole pool. A step caches its own
+artefacts (keyed by protocol, coalition, dev data and parameters), so an audit never fits a coalition that an
+earlier run fitted; its record says whether it did the work (`fitted`, `merged`) or found it (`reused`).
+
+A step is `async step(spec, pool, *, client, scorer) -> Fitted`; the weight-level protocols
+(`colab_graphs.protocols.weight`) are the built-in ones that declare it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from colab_graphs.models.client import ModelClient
+from colab_graphs.pool import Pool
+from colab_graphs.spec import GraphSpec
+
+_ATTRIBUTE = "fit_step"
+
+
+@dataclass
+class Fitted:
+    """One coalition after fitting: the spec to run and a JSON record of the work.
+
+    The record holds at least `members`; the built-in steps add `fitted` and `merged` (True: done now; False:
+    found cached; None: nothing to fit or merge), `fit_s` and `merge_s` (seconds that work took, now or when it
+    was cached), `dev_examples`, `candidates` (models scored on dev) and `result`.
+    """
+
+    spec: GraphSpec
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+FitStep = Callable[..., Awaitable[Fitted]]
+
+
+def declare_fit(builder: Callable[..., GraphSpec], step: FitStep) -> None:
+    """Declare `step` as the fit step of the protocol built by `builder` (a registered protocol's function)."""
+    setattr(builder, _ATTRIBUTE, step)
+
+
+def fit_step_of(spec: GraphSpec) -> FitStep | None:
+    """The fit step of the registered protocol `spec` was built from, or None when it has none."""
+    from colab_graphs.protocols.registry import get_protocol
+
+    try:
+        info = get_protocol(spec.name)
+    except KeyError:
+        return None
+    return getattr(info.builder, _ATTRIBUTE, None)
+
+
+async def fit_coalition(
+    spec: GraphSpec, pool: Pool, *, client: ModelClient, scorer: str | None = None
+) -> Fitted | None:
+    """Fit one coalition's spec when its protocol declares a fit step; None when it has none."""
+    step = fit_step_of(spec)
+    if step is None:
+        return None
+    return await step(spec, pool, client=client, scorer=scorer)
+
+
+def fitting_summary(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The audit's `fitting` field: every coalition's record, and the fits and merges made or reused.
+
+    `fit_s` / `merge_s` under `fits` / `merges` are the seconds this run spent; each coalition's own record
+    keeps what its fit cost when it was made.
+    """
+    records = list(records)
+    summary: dict[str, Any] = {"coalitions": records}
+    for kind, done, seconds in (("fits", "fitted", "fit_s"), ("merges", "merged", "merge_s")):
+        involved = [r for r in records if r.get(done) is not None]
+        summary[kind] = {
+            "made": sum(1 for r in involved if r[done]),
+            "reused": sum(1 for r in involved if not r[done]),
+            seconds: round(sum(r.get(seconds) or 0.0 for r in involved if r[done]), 3),
+        }
+    return summary
