@@ -112,21 +112,26 @@ def run(
         mean = sum(scores) / len(scores) if scores else 0.0
         progress.update(task, advance=1, status=f"score {mean:.3f}  failed {failed}")
 
+    async def fit_and_run():
+        from colab_graphs.protocols.fitting import fit_coalition
+
+        # A protocol whose coalition is fitted first (a weight merge, a search on dev) runs as fitted.
+        fitted = await fit_coalition(spec, the_pool, client=client, scorer=scorer)
+        return await run_dataset(
+            fitted.spec if fitted is not None else spec,
+            the_pool,
+            examples,
+            client=client,
+            scorer=scorer,
+            out=out,
+            overwrite=overwrite,
+            on_progress=on_progress,
+        )
+
     try:
         with progress:
-            _, summary = asyncio.run(
-                run_dataset(
-                    spec,
-                    the_pool,
-                    examples,
-                    client=client,
-                    scorer=scorer,
-                    out=out,
-                    overwrite=overwrite,
-                    on_progress=on_progress,
-                )
-            )
-    except (RunError, SpecError) as err:
+            _, summary = asyncio.run(fit_and_run())
+    except (RunError, SpecError, ValueError) as err:
         fail(str(err))
         raise
     console = Console()

@@ -141,6 +141,14 @@ def _print_report(report, out: Path) -> None:
         f"v(all) = {fmt(grand)}; calls made {c.made} (distinct requests {c.unique}, cached {c.cached}, failed "
         f"{c.failed}; naive evaluation: {c.naive}); {report.wall_s:.1f}s"
     )
+    fitting = getattr(report, "fitting", None)  # protocols whose coalitions are fitted first
+    if fitting:
+        fits, merges = fitting["fits"], fitting["merges"]
+        console.print(
+            f"fitting: {len(fitting['coalitions'])} coalition(s); fits made {fits['made']} ({fits['fit_s']:.1f}s), "
+            f"reused {fits['reused']}; merges made {merges['made']} ({merges['merge_s']:.1f}s), reused "
+            f"{merges['reused']}"
+        )
     for name, corr in report.rank_correlation.items():
         console.print(
             f"rank correlation, individual vs {name}: spearman {fmt(corr.spearman)}, kendall {fmt(corr.kendall)}"
