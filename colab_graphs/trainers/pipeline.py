@@ -193,7 +193,7 @@ def train(config: TrainConfig, on_step: Callable[[dict[str, Any]], None] | None 
                 (out / f"eval_{name}.json").write_text(json.dumps(result, indent=2) + "\n")
             return result
 
-        before = run_eval("before")
+        before = run_eval("before") if config.eval_before else None
         rollout_spec = solo if config.reward == "solo" else spec
         runner = RolloutRunner(rollout_spec, pool, router, config.scorer)
         metrics_path = out / "metrics.jsonl"
