@@ -2,14 +2,24 @@
 
 Not run in CI or on CPU. What it does:
 
-1. optionally starts one `vllm serve` per collaborator (`--vllm-python` names the Python of a separate
+1. prints the training memory it will need (`memory_estimate`: weights, gradients, optimizer, the
+   activations of one forward/backward pass of `--pass-rows` segments, the policy engine's KV cache during
+   rollouts) against the GPU memory left beside the vLLM servers, and stops before any work when it does
+   not fit (`--force` goes on anyway);
+2. optionally starts one `vllm serve` per collaborator (`--vllm-python` names the Python of a separate
    environment that has vLLM; vLLM cannot share the trainer's environment, see FIELD_NOTES), else expects
    OpenAI-compatible servers at the `--collaborator` URLs;
-2. for each `--reward` (default: system, then solo), trains the policy seated in `--protocol` (default a
+3. for each `--reward` (default: system, then solo), trains the policy seated in `--protocol` (default a
    2-round debate) on `--data` with GRPO (bf16, the policy generating in process with its live weights),
    evaluating the system before and after on held-out examples;
-3. prints and writes `OUT/gpu_crl.json`: eval before/after (system score, the policy seat's LOO, the
-   policy's solo score) and the median step time per reward.
+4. prints and writes `OUT/gpu_crl.json`: the memory estimate, eval before/after (system score, the policy
+   seat's LOO, the policy's solo score), the median step time and its split per reward.
+
+Sized for one H200 (139 GiB usable): 64 rollouts per step (8 prompts x 8) of a 2-round debate, i.e. 128
+policy segments of up to ~1,250 tokens, trained in passes of 8 segments (8 micro-steps of 16 segments, two
+passes each); two collaborators at 0.2 of the GPU each. A 0.5B policy (Qwen2.5-0.5B's shape) then needs
+~19 GiB, 11 of them one pass's activations (`--gradient-checkpointing`: under 1), where one pass over all 128
+segments, as before passes were bounded, would have needed ~180 GiB of activations; SmolLM2-135M ~8 GiB.
 
 Example (policy from the zoo or any HF folder, collaborators served by vLLM on the same GPU):
 
@@ -17,6 +27,8 @@ Example (policy from the zoo or any HF folder, collaborators served by vLLM on t
         --collaborator qwen=Qwen/Qwen2.5-0.5B-Instruct@http://127.0.0.1:8001/v1 \
         --collaborator smol=HuggingFaceTB/SmolLM2-360M-Instruct@http://127.0.0.1:8002/v1 \
         --vllm-python /opt/vllm/bin/python --out runs/gpu_crl
+
+    python bench/gpu_crl.py --policy smollm2-135m --collaborator a=x@http://h:1/v1 --estimate-only
 """
 
 from __future__ import annotations
@@ -29,7 +41,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-import colab_graphs._env  # noqa: F401  (offline settings first)
+import colab_graphs._env  # noqa: F401  (process defaults before transformers / litellm load)
 from colab_graphs.trainers.config import config_from_dict
 from colab_graphs.trainers.pipeline import train
 
@@ -74,6 +86,84 @@ def start_vllm(python: str, model: str, url: str, memory: float) -> subprocess.P
     raise TimeoutError(f"vllm serve {model} did not come up on {url}")
 
 
+GiB = 1024**3
+
+
+def memory_estimate(
+    config: dict,
+    pass_rows: int,
+    row_tokens: int,
+    rollouts: int,
+    lora_r: int | None = None,
+    checkpointing: bool = False,
+) -> dict[str, float]:
+    """GiB the trainer needs on the policy's device, from the policy's `config.json` (a Llama/Qwen-style
+    decoder).
+
+    Args:
+        config: the model's config.json as a dict.
+        pass_rows: segments per forward/backward pass (`per_device_train_batch_size`).
+        row_tokens: tokens of the longest segment (prompt + completion).
+        rollouts: rollouts generated at once (the engine's KV cache while the policy writes its turns).
+        lora_r: LoRA rank on every linear layer (None: all weights train).
+        checkpointing: gradient checkpointing (only each layer's input is kept, one layer recomputed).
+
+    The policy is held in fp32 (the trainer's master weights; bf16 is autocast): 4 bytes a weight, 4 a
+    gradient, 8 of AdamW state. Activations kept for the backward pass, per token and layer, in bf16: the
+    layer input and both norms' outputs, q/k/v and the attention output, and the MLP's four intermediate
+    tensors, i.e. 2 x (6 h + 2 kv + 4 I) bytes (attention by SDPA keeps no seq x seq matrix). TRL's fused
+    LM head never materialises the logits. The engine's KV cache is fp32: 2 x layers x kv x 4 bytes a token.
+
+    Example:
+        >>> qwen = {"hidden_size": 896, "num_hidden_layers": 24, "intermediate_size": 4864,
+        ...         "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936}
+        >>> round(memory_estimate(qwen, 8, 1250, 64)["activations"], 1)
+        11.2
+        >>> round(memory_estimate(qwen, 128, 1250, 64)["activations"])  # one pass over all segments
+        179
+    """
+    h, layers, inner = config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"]
+    head_dim = config.get("head_dim") or h // config["num_attention_heads"]
+    kv = config.get("num_key_value_heads", config["num_attention_heads"]) * head_dim
+    linears = [(h, h), (h, kv), (h, kv), (h, h), (h, inner), (h, inner), (inner, h)]
+    per_layer = sum(a * b for a, b in linears) + 2 * h
+    embeddings = config["vocab_size"] * h * (1 if config.get("tie_word_embeddings", True) else 2)
+    weights = embeddings + layers * per_layer + h
+    trainable = weights if lora_r is None else layers * lora_r * sum(a + b for a, b in linears)
+    tokens = pass_rows * row_tokens
+    layer_activations = 2 * (6 * h + 2 * kv + 4 * inner)
+    kept = (
+        tokens * (layers * 2 * h + layer_activations)
+        if checkpointing
+        else tokens * layers * layer_activations
+    )
+    return {
+        "weights": 4 * weights / GiB,
+        "gradients": 4 * trainable / GiB,
+        "optimizer": 8 * trainable / GiB,
+        "activations": kept / GiB,
+        "kv_cache": rollouts * row_tokens * 2 * layers * kv * 4 / GiB,
+    }
+
+
+def print_estimate(estimate: dict[str, float], budget: float) -> float:
+    """Print the estimate; returns the peak (rollouts and training do not overlap in time)."""
+    static = estimate["weights"] + estimate["gradients"] + estimate["optimizer"]
+    peak = static + max(estimate["activations"], estimate["kv_cache"])
+    print("memory estimate (GiB): " + "  ".join(f"{k} {v:.1f}" for k, v in estimate.items()))
+    print(f"peak ~{peak:.1f} GiB of {budget:.1f} GiB left beside the vLLM servers", flush=True)
+    return peak
+
+
+def gpu_gib() -> float:
+    """This machine's GPU memory in GiB (139, one H200, when there is no GPU to ask)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory / GiB
+    return 139.0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policy", default="smollm2-135m", help="zoo name, HF folder or hub id")
@@ -86,6 +176,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--generations", type=int, default=8)
     parser.add_argument("--batch", type=int, default=64, help="rollouts per step")
+    parser.add_argument("--pass-rows", type=int, default=8, help="segments per forward/backward pass")
+    parser.add_argument(
+        "--row-tokens", type=int, default=1250, help="longest policy segment, for the estimate"
+    )
+    parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--credit", default="uniform", choices=["uniform", "replay"])
@@ -93,7 +188,27 @@ def main() -> None:
     parser.add_argument("--vllm-python", help="Python of an environment with vLLM: start the collaborators")
     parser.add_argument("--vllm-memory", type=float, default=0.2, help="GPU memory share per vLLM server")
     parser.add_argument("--out", type=Path, default=Path("runs/gpu_crl"))
+    parser.add_argument("--force", action="store_true", help="train even when the estimate does not fit")
+    parser.add_argument("--estimate-only", action="store_true", help="print the memory estimate and stop")
     args = parser.parse_args()
+    if args.batch % args.pass_rows or args.batch % args.generations:
+        parser.error("--batch must be a multiple of --pass-rows and of --generations")
+
+    from colab_graphs.models.zoo import resolve
+
+    policy_config = json.loads((resolve(args.policy) / "config.json").read_text())
+    estimate = memory_estimate(
+        policy_config, args.pass_rows, args.row_tokens, args.batch, None, args.gradient_checkpointing
+    )
+    budget = gpu_gib() * (1 - args.vllm_memory * len(args.collaborator)) - 4  # CUDA context, fragmentation
+    peak = print_estimate(estimate, budget)
+    if args.estimate_only:
+        return
+    if peak > budget and not args.force:
+        raise SystemExit(
+            f"the estimate ({peak:.1f} GiB) exceeds the {budget:.1f} GiB left: lower --pass-rows, add "
+            "--gradient-checkpointing or give vLLM less (--vllm-memory); --force to try anyway"
+        )
 
     servers = []
     if args.vllm_python:
@@ -107,7 +222,7 @@ def main() -> None:
             "temperature": 0.7,
             "max_tokens": args.max_tokens,
         }
-    report: dict = {"policy": args.policy, "protocol": args.protocol, "runs": {}}
+    report: dict = {"policy": args.policy, "protocol": args.protocol, "memory_gib": estimate, "runs": {}}
     try:
         for reward in args.reward or ["system", "solo"]:
             out = args.out / reward
@@ -123,7 +238,11 @@ def main() -> None:
                     "reward": reward,
                     "credit": args.credit,
                     "num_generations": args.generations,
-                    "per_device_train_batch_size": args.batch,
+                    # passes of --pass-rows segments; the step's --batch rollouts over batch / pass_rows
+                    # micro-steps (TRL generates all of them at once: steps_per_generation = that count)
+                    "per_device_train_batch_size": args.pass_rows,
+                    "gradient_accumulation_steps": args.batch // args.pass_rows,
+                    "gradient_checkpointing": args.gradient_checkpointing,
                     "max_steps": args.steps,
                     "learning_rate": args.lr,
                     "max_completion_length": args.max_tokens,
@@ -136,11 +255,16 @@ def main() -> None:
             )
             summary = train(config, on_step=lambda line: print(json.dumps(line), flush=True))
             lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-            times = [x["step_time"] for x in lines if x.get("step_time") is not None]
+
+            def median(key: str, lines: list = lines) -> float | None:
+                values = [x[key] for x in lines[1:] or lines if x.get(key) is not None]
+                return statistics.median(values) if values else None
+
             report["runs"][reward] = {
                 "eval_before": summary["eval_before"],
                 "eval_after": summary["eval_after"],
-                "median_step_s": statistics.median(times[1:] or times) if times else None,
+                "median_step_s": median("step_time"),
+                "median_split_s": {k: median(k) for k in ("generation_s", "credit_s", "training_s")},
                 "wall_s": summary["wall_s"],
             }
     finally:

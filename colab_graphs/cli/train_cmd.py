@@ -28,7 +28,8 @@ def _print_step(line: dict) -> None:
 
     typer.echo(
         f"step {line['step']:>4}  system reward {fmt('system_reward')}  policy correct {fmt('policy_correct')}  "
-        f"loss {fmt('loss')}  turns {fmt('policy_turns')}  tokens {fmt('policy_tokens')}  {fmt('wall_s')} s"
+        f"loss {fmt('loss')}  turns {fmt('policy_turns')}  tokens {fmt('policy_tokens')}  {fmt('wall_s')} s "
+        f"(rollouts {fmt('generation_s')}, credit {fmt('credit_s')}, training {fmt('training_s')})"
     )
 
 
