@@ -64,9 +64,9 @@ def study(
         progress.update(task, total=planned, completed=recorded)
 
     def on_progress(n: int) -> None:
-        progress.update(
-            task, advance=n, status=f"calls {client.stats.made} made, {client.stats.cached} cached"
-        )
+        # On Ray the calls are the workers': the driver's client makes none.
+        status = "" if ray else f"calls {client.stats.made} made, {client.stats.cached} cached"
+        progress.update(task, advance=n, status=status)
 
     try:
         with progress:

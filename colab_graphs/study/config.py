@@ -14,6 +14,8 @@
     limit: 20                               # default limit of every dataset
     seed: 0                                 # shuffles the data before limit; seeds the estimators
     max_concurrency: 16                     # in-flight calls per endpoint
+    force: false                            # allow exact Shapley over more than 12 members
+    shard_size: 16                          # on Ray: examples per shard (default: 4 shards per worker)
 
 Every key is checked before anything runs; a relative path is read relative to the study file.
 """

@@ -25,6 +25,7 @@ from colab_graphs.study.worker import ShardResult, StudyWorker
 
 MAX_SHARD_ATTEMPTS = 3
 _POLL_S = 0.5
+_RESTART_WAIT_S = 1.0  # before a shard goes back to an actor that Ray is restarting
 
 
 class DistributedError(RuntimeError):
@@ -36,6 +37,7 @@ class RayRun:
     workers: int
     shards: int
     retried_shards: int
+    worker_cpu_s: float  # CPU the workers spent on the shards that came back
 
 
 def _import_ray() -> Any:
@@ -93,8 +95,9 @@ def play_on_ray(
     attempts = {s.index: 0 for s in shards}
     running: dict[Any, tuple[Any, Shard]] = {}
     shown: dict[Any, int] = {}  # plays of each running shard already passed to on_progress
-    idle = list(actors)
+    idle = [(0.0, actor) for actor in actors]  # (usable from, actor): a restarting actor waits a moment
     retried = 0
+    cpu_s = 0.0
 
     def advance(ref: Any, count: int) -> None:
         if on_progress is not None and count > shown.get(ref, 0):
@@ -103,28 +106,39 @@ def play_on_ray(
 
     try:
         while queue or running:
-            while queue and idle:
-                actor, shard = idle.pop(), queue.popleft()
+            now = time.monotonic()
+            for ready_at, actor in [a for a in idle if a[0] <= now]:
+                if not queue:
+                    break
+                idle.remove((ready_at, actor))
+                shard = queue.popleft()
                 attempts[shard.index] += 1
                 running[actor.run_shard.remote([plan_ref], shard, done_for(shard))] = (actor, shard)
-            ready, _ = ray.wait(list(running), num_returns=1, timeout=_POLL_S)
+            ready, _ = ray.wait(list(running), num_returns=1, timeout=_POLL_S) if running else ([], [])
+            if not running:
+                time.sleep(_POLL_S)  # every actor is restarting
             for ref in ready:
                 actor, shard = running.pop(ref)
-                idle.append(actor)
                 try:
                     result = ray.get(ref)
                 except ray.exceptions.RayActorError as err:
                     shown.pop(ref, None)
-                    if attempts[shard.index] >= MAX_SHARD_ATTEMPTS:
+                    idle.append((time.monotonic() + _RESTART_WAIT_S, actor))
+                    if isinstance(err, ray.exceptions.ActorUnavailableError):
+                        attempts[shard.index] -= 1  # still restarting from an earlier death: nothing ran
+                    elif attempts[shard.index] >= MAX_SHARD_ATTEMPTS:
                         raise DistributedError(
                             f"shard {shard.index}: its worker died {MAX_SHARD_ATTEMPTS} times ({err})"
                         ) from None
-                    retried += 1
+                    else:
+                        retried += 1
                     queue.appendleft(shard)  # the restarted actor (or another) plays it again
                     continue
                 except ray.exceptions.RayTaskError as err:
                     raise DistributedError(f"shard {shard.index} failed: {err.cause!r}") from None
+                idle.append((0.0, actor))
                 on_result(result)
+                cpu_s += result.cpu_s
                 advance(ref, len(result.plays))
                 shown.pop(ref, None)
             if on_progress is not None and running:
@@ -132,7 +146,7 @@ def play_on_ray(
     finally:
         for actor in actors:
             ray.kill(actor, no_restart=True)
-    return RayRun(len(actors), len(shards), retried)
+    return RayRun(len(actors), len(shards), retried, round(cpu_s, 2))
 
 
 def _poll_progress(ray: Any, running: dict, advance: Callable[[Any, int], None]) -> None:

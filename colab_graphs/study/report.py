@@ -23,6 +23,17 @@ SCHEMA_VERSION = 1
 STUDY_JSON = "study.json"
 STUDY_MD = "study.md"
 ALPHA = 0.05
+# Fields that describe a run (where, when, how long), not the study's results.
+RUN_FIELDS = {
+    "version",
+    "created_at",
+    "backend",
+    "workers",
+    "shards",
+    "worker_cpu_s",
+    "retried_shards",
+    "wall_s",
+}
 
 
 class SettingResult(BaseModel):
@@ -79,13 +90,15 @@ class StudyReport(BaseModel):
     backend: str = "in-process"
     workers: int = 1
     shards: int = 1
+    worker_cpu_s: float | None = Field(
+        None, description="Ray workers' CPU seconds on the shards they returned"
+    )
+    retried_shards: int = Field(0, description="Shards played again because their worker died")
     wall_s: float = 0.0
 
     def comparable(self) -> dict[str, Any]:
         """What two runs of the same study must agree on, whatever ran them and however long it took."""
-        return self.model_dump(
-            mode="json", exclude={"version", "created_at", "backend", "workers", "shards", "wall_s"}
-        )
+        return self.model_dump(mode="json", exclude=RUN_FIELDS)
 
 
 def setting_result(

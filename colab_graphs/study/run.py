@@ -154,7 +154,7 @@ async def run_study(
     if on_plan is not None:
         on_plan(plan.plays_planned(), sum(len(v) for v in done.values()))
 
-    backend = {"backend": "in-process", "workers": 1, "shards": 1}
+    backend: dict[str, Any] = {"backend": "in-process", "workers": 1, "shards": 1}
     if ray_address is None:
         runner = ShardRunner(plan, client)
 
@@ -273,7 +273,13 @@ def _play_on_ray(
     finally:
         if connected:
             ray.shutdown()
-    return {"backend": f"ray ({address})", "workers": run.workers, "shards": run.shards}
+    return {
+        "backend": f"ray ({address})",
+        "workers": run.workers,
+        "shards": run.shards,
+        "worker_cpu_s": run.worker_cpu_s,
+        "retried_shards": run.retried_shards,
+    }
 
 
 def _study_calls(plan: StudyPlan, out: Path, client: ModelClient, started_at: float) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,7 @@ class ShardResult:
     shard: int
     plays: list[tuple[str, Play]] = field(default_factory=list)
     entries: list[tuple[str, str, dict, dict]] = field(default_factory=list)
+    cpu_s: float = 0.0  # the worker process's CPU time while it played the shard
 
 
 class RecordingCache(CallCache):
@@ -152,12 +154,13 @@ class StudyWorker:
         self._plan_id: str | None = None
 
     async def run_shard(self, plan: list[Any], shard: Shard, done: dict[str, list[Play]]) -> ShardResult:
+        started = time.process_time()
         ref = plan[0]
         if self.runner is None or self._plan_id != ref.hex():
             self.runner, self._plan_id = ShardRunner(await ref, self.client), ref.hex()
         plays = await self.runner.run(shard, done)
         entries = self._recording.take_entries() if self._recording is not None else []
-        return ShardResult(shard.index, plays, entries)
+        return ShardResult(shard.index, plays, entries, time.process_time() - started)
 
     async def progress(self) -> int:
         """New plays finished in the shard this worker is playing."""
