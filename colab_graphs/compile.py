@@ -19,7 +19,7 @@ from langchain_core.runnables import RunnableConfig, RunnableLambda
 from colab_graphs.aggregators import get_aggregator, get_router
 from colab_graphs.data.example import Example
 from colab_graphs.data.tasks import DEFAULT_INSTRUCTION, TaskType, TaskView
-from colab_graphs.models.client import ModelClient
+from colab_graphs.models.client import ModelClient, being_cancelled
 from colab_graphs.pool import Pool
 from colab_graphs.spec import END, START, Aggregate, Edge, GraphSpec, LogitSeat, Seat, is_pattern
 from colab_graphs.trace import Trace
@@ -57,18 +57,9 @@ class Runtime:
     trace: Trace | None = None
     task: TaskView | None = None
     # Seat results by request, shared by the runs of one example (an audit's coalitions): a seat whose request
-    # is already here takes its result and records a cached call, as the client's cache would serve it.
-    memo: dict[tuple, tuple[Any, Any]] | None = None
-
-
-def graph_input(view: TaskView) -> dict[str, Any]:
-    """A graph's input state for one example: the question as its task shows it (options included) and the
-    example's fields, with `answer_format` (the task's answer instruction) for prompt templates."""
-    example = view.example
-    return {
-        "input": view.task.question(example),
-        "example": {**example.fields, "answer_format": view.task.instruction(example)},
-    }
+    # is already here takes its result and records a cached call, as the client's cache would serve it; one
+    # whose request is in flight waits for it.
+    memo: dict[Any, Any] | None = None
 
 
 def task_view(state: GraphState, config: Any, fallback: Runtime | None) -> TaskView:
@@ -115,6 +106,8 @@ def _writer_order(spec: GraphSpec) -> dict[str, int]:
 
 def resolve_reads(reads: dict[str, str], state: GraphState, order: dict[str, int]) -> dict[str, Any]:
     """Template variable -> value: a string for exact reads, a list (writer order) for pattern reads."""
+    if not reads:
+        return {}
     values = state.get("values") or {}
     out: dict[str, Any] = {}
     for var, ref in reads.items():
@@ -212,29 +205,63 @@ def _update(node_name: str, written: dict[str, Any], output_key: str) -> dict[st
 
 
 def _seat_fn(seat: Seat, order: dict[str, int], fallback: Runtime | None, output_key: str):
+    """A seat's async node function; its `ready` attribute answers at once when the run's memo has the request."""
     settings_key = json.dumps(seat.settings, sort_keys=True, default=str) if seat.settings else ""
+    replay = {"node": seat.name, "seat": seat.name, "cached": True, "latency_s": 0.0, "attempts": 0}
+    templates = ("rendered", seat.prompt, seat.system)
 
-    async def run(state: GraphState, config: RunnableConfig | None = None) -> dict[str, Any]:
+    def prepare(state: GraphState, config: Any) -> tuple[Runtime, str | None, str, tuple]:
         rt = _runtime(config, fallback)
-        reads = resolve_reads(seat.reads, state, order)
-        prompt = render(seat.prompt, seat.name, state, reads)
-        system = render(seat.system, seat.name, state, reads) if seat.system else None
-        memo = rt.memo
+        # A seat that reads no state renders the same prompt in every run of an example: the memo keeps it.
+        rendered = rt.memo.get(templates) if rt.memo is not None and not seat.reads else None
+        if rendered is None:
+            reads = resolve_reads(seat.reads, state, order)
+            prompt = render(seat.prompt, seat.name, state, reads)
+            system = render(seat.system, seat.name, state, reads) if seat.system else None
+            if rt.memo is not None and not seat.reads:
+                rt.memo[templates] = (system, prompt)
+        else:
+            system, prompt = rendered
         # Member, sample, settings and messages make the request (and its cache key): an equal tuple is the
         # same request, whose result the cache would return.
-        request = (seat.member, seat.sample, settings_key, system, prompt)
-        if memo is not None and request in memo:
-            result, record = memo[request]
-            if rt.trace is not None:
-                replay = {
-                    "node": seat.name,
-                    "seat": seat.name,
-                    "cached": True,
-                    "latency_s": 0.0,
-                    "attempts": 0,
-                }
-                rt.trace.calls.append(record.model_copy(update=replay))
-        else:
+        return rt, system, prompt, (seat.member, seat.sample, settings_key, system, prompt)
+
+    def written(result: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {seat.writes: result.text}
+        if result.logprobs:
+            out[seat.writes + "#logprob"] = sum(result.logprobs) / len(result.logprobs)
+        return _update(seat.name, out, output_key)
+
+    def replayed(rt: Runtime, hit: list[Any]) -> dict[str, Any]:
+        result, record, copies = hit
+        if rt.trace is not None:
+            if seat.name not in copies:  # one cached copy of the record per seat, shared by the replays
+                copies[seat.name] = record.model_copy(update=replay)
+            rt.trace.calls.append(copies[seat.name])
+        return written(result)
+
+    def ready(state: GraphState, config: Any) -> dict[str, Any] | None:
+        rt, _, _, request = prepare(state, config)
+        hit = rt.memo.get(request) if rt.memo is not None else None
+        return replayed(rt, hit) if isinstance(hit, list) else None
+
+    async def run(state: GraphState, config: RunnableConfig | None = None) -> dict[str, Any]:
+        rt, system, prompt, request = prepare(state, config)
+        memo = rt.memo
+        while memo is not None and (hit := memo.get(request)) is not None:
+            if isinstance(hit, list):
+                return replayed(rt, hit)
+            # Another run of this example is making the same request: wait for it (as the client's single
+            # flight would, for less), and take the call over if that run was cancelled and this one was not.
+            try:
+                return replayed(rt, await asyncio.shield(hit))
+            except asyncio.CancelledError:
+                if not (hit.cancelled() and not being_cancelled()):
+                    raise
+        flight = asyncio.get_running_loop().create_future() if memo is not None else None
+        if memo is not None:
+            memo[request] = flight
+        try:
             result, record = await rt.client.complete_recorded(
                 rt.pool[seat.member],
                 _messages(system, prompt),
@@ -244,13 +271,21 @@ def _seat_fn(seat: Seat, order: dict[str, int], fallback: Runtime | None, output
                 seat=seat.name,
                 trace=rt.trace,
             )
-            if memo is not None:
-                memo[request] = (result, record)
-        written: dict[str, Any] = {seat.writes: result.text}
-        if result.logprobs:
-            written[seat.writes + "#logprob"] = sum(result.logprobs) / len(result.logprobs)
-        return _update(seat.name, written, output_key)
+        except BaseException as exc:
+            if flight is not None:
+                del memo[request]
+                if isinstance(exc, asyncio.CancelledError):
+                    flight.cancel()
+                else:
+                    flight.set_exception(exc)
+                    flight.exception()  # retrieved: waiters re-raise it themselves
+            raise
+        if flight is not None:
+            memo[request] = entry = [result, record, {}]
+            flight.set_result(entry)
+        return written(result)
 
+    run.ready = ready
     return run
 
 
@@ -306,6 +341,7 @@ def _aggregate_fns(node: Aggregate, order: dict[str, int], output_key: str, fall
     async def arun(state: GraphState, config: RunnableConfig | None = None) -> dict[str, Any]:
         return run(state, config)
 
+    arun.ready = run
     return run, arun
 
 
@@ -363,19 +399,33 @@ async def _all_or_cancel(coros: list[Any]) -> list[Any]:
 
 def _fused_fn(levels: list[list[str]], fns: dict[str, Any]):
     """One node that runs the protocol's levels in order, each level's nodes concurrently."""
+    readies = {name: getattr(fn, "ready", None) for name, fn in fns.items()}
 
     async def run(state: GraphState, config: RunnableConfig | None = None) -> dict[str, Any]:
-        local: dict[str, Any] = dict(state)
+        # The state as the graph's reducers would build it (merged values, counted visits), grown in place:
+        # a level's updates apply only after all its nodes have read the state.
+        values, visits = dict(state.get("values") or {}), dict(state.get("visits") or {})
+        view = {**state, "values": values, "visits": visits}
         total: dict[str, Any] = {"values": {}, "visits": {}}
         for names in levels:
-            view = dict(local)  # every node of a level reads the state as the level began
-            if len(names) == 1:
-                updates = [await fns[names[0]](view, config)]
-            else:
-                updates = await _all_or_cancel([fns[n](view, config) for n in names])
+            # Nodes that can answer at once do (pure-Python nodes, seats whose request the memo holds); the
+            # others run concurrently. Updates apply in declaration order either way.
+            updates: list[Any] = [ready(view, config) if (ready := readies[n]) else None for n in names]
+            pending = [i for i, u in enumerate(updates) if u is None]
+            if len(pending) == 1:
+                updates[pending[0]] = await fns[names[pending[0]]](view, config)
+            elif pending:
+                done = await _all_or_cancel([fns[names[i]](view, config) for i in pending])
+                for i, update in zip(pending, done, strict=True):
+                    updates[i] = update
             for update in updates:
-                _apply(local, update)
-                _apply(total, update)
+                values.update(update["values"])
+                total["values"].update(update["values"])
+                for name, n in update["visits"].items():
+                    visits[name] = visits.get(name, 0) + n
+                    total["visits"][name] = total["visits"].get(name, 0) + n
+                if "answer" in update:
+                    view["answer"] = total["answer"] = update["answer"]
         return total
 
     return run

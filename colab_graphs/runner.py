@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from colab_graphs.compile import RUNTIME_KEY, Runtime, TemplateError, compile_graph, graph_input
+from colab_graphs.compile import RUNTIME_KEY, Runtime, TemplateError, compile_graph
 from colab_graphs.data.example import Example
 from colab_graphs.data.scoring import ScorerFn, task_for, view_for
 from colab_graphs.data.tasks import TaskType, TaskView
@@ -81,7 +81,7 @@ async def run_example(
     runtime = Runtime(client, pool, trace, view, memo)
     config = {"configurable": {RUNTIME_KEY: runtime}, "recursion_limit": 200}
     try:
-        state = await graph.ainvoke(graph_input(view), config=config)
+        state = await graph.ainvoke(view.graph_input(), config=config)
     except CallError as err:
         trace.failed, trace.error = True, str(err)
         return ExampleOutcome(example.id, None, None, None, True, str(err), trace)

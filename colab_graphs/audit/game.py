@@ -12,6 +12,7 @@ command reads it back and only runs what is missing (whose finished calls the ca
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -23,13 +24,14 @@ from typing import Any
 import numpy as np
 
 from colab_graphs.coalition import restrict
-from colab_graphs.compile import compile_graph
+from colab_graphs.compile import compile_direct
 from colab_graphs.data.example import Example
-from colab_graphs.data.scoring import apply_scorer
+from colab_graphs.data.scoring import view_for
+from colab_graphs.data.tasks import TaskView
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.protocols.fitting import Fitted, fit_coalition
-from colab_graphs.runner import resolve_scorer, run_example, run_fingerprint
+from colab_graphs.runner import run_example, run_fingerprint
 from colab_graphs.spec import GraphSpec
 
 Coalition = frozenset[str]
@@ -68,7 +70,8 @@ class CoalitionGame:
         client: the shared call path (its cache makes reruns free).
         scorer: scorer name, or None for each example's default.
         store: folder for `game.jsonl` (resume); None keeps everything in memory.
-        max_in_flight: (coalition, example) runs in flight at once.
+        max_in_flight: examples whose coalitions run at once (default: twice the client's concurrency, so that
+            the few distinct calls of each example keep every call slot busy).
     """
 
     def __init__(
@@ -88,7 +91,7 @@ class CoalitionGame:
         self.client = client
         self.scorer = scorer
         self.store = Path(store) if store is not None else None
-        self.max_in_flight = max_in_flight or max(4 * client.max_concurrency, 8)
+        self.max_in_flight = max_in_flight or max(2 * client.max_concurrency, 4)
         self.plays: dict[tuple[str, str], Play] = {}
         # When this audit first started (kept across resumes): cache entries written since then are calls this
         # audit made, even where a resumed run found them in the cache.
@@ -136,11 +139,10 @@ class CoalitionGame:
         tmp.write_text("".join(good), encoding="utf-8")
         os.replace(tmp, path)
 
-    def _record(self, play: Play) -> None:
+    def _record(self, play: Play, log: Any) -> None:
         self.plays[(coalition_id(play.game, play.members), play.example_id)] = play
-        if self.store is not None:
-            with open(self.store / GAME_FILE, "a", encoding="utf-8") as fh:
-                fh.write(play.to_json() + "\n")
+        if log is not None:
+            log.write(play.to_json() + "\n")
 
     # --- evaluation ----------------------------------------------------------------------------------------
 
@@ -154,19 +156,20 @@ class CoalitionGame:
             else:
                 fitted = self.fits.get(cid)
                 spec = fitted.spec if fitted is not None else restrict(self.spec, members)
-            graph = compile_graph(spec, self.pool, self.client, fuse=True) if spec is not None else None
+            graph = compile_direct(spec, self.pool, self.client) if spec is not None else None
             self._graphs[cid] = (spec, graph)
         return self._graphs[cid]
 
-    async def _play(self, game: str, members: list[str], example: Example) -> Play:
+    async def _play(
+        self, game: str, members: list[str], example: Example, view: TaskView, memo: dict
+    ) -> Play:
         spec, graph = self._graph(game, members)
         if spec is None:  # the empty coalition: no member, no call
             score = 0.0
             if self.spec.empty_fallback is not None:
-                fn = resolve_scorer(self.scorer, example)
-                score = (await apply_scorer(fn, self.spec.empty_fallback, example)).value
+                score = (await view.score(self.spec.empty_fallback)).value
             return Play(game, members, example.id, score, False)
-        outcome = await run_example(graph, spec, self.pool, self.client, example, self.scorer)
+        outcome = await run_example(graph, spec, self.pool, self.client, example, view=view, memo=memo)
         calls = [
             [
                 c.key,
@@ -196,23 +199,36 @@ class CoalitionGame:
             self._graph(game, members)  # compile (and validate every coalition) before any call
         limit = asyncio.Semaphore(self.max_in_flight)
 
-        async def one(game: str, members: list[str], example: Example) -> None:
-            async with limit:
-                play = await self._play(game, members, example)
-            self._record(play)
+        async def one(game: str, members: list[str], example: Example, view: TaskView, memo: dict) -> None:
+            play = await self._play(game, members, example, view, memo)
+            self._record(play, log)
             if on_progress:
                 on_progress(play)
 
+        async def plays_of(example: Example, todo: list[tuple[str, list[str]]]) -> None:
+            # An example's coalitions run together (their identical calls meet in flight), with one task view
+            # and one seat memo: a request another coalition already made is taken from the memo (as the
+            # cache would serve it), and an answer already extracted or scored is not extracted or scored again.
+            async with limit:
+                view, memo = view_for(example, self.scorer), {}
+                await asyncio.gather(*(one(game, members, example, view, memo) for game, members in todo))
+
         tasks = []
-        for example in self.examples:  # example-major: identical calls of coalitions meet in flight
+        for example in self.examples:
+            todo = []
             for game, members in jobs:
                 done = self.plays.get((coalition_id(game, members), example.id))
-                if done is not None:
-                    if on_progress:
-                        on_progress(done)
-                    continue
-                tasks.append(one(game, members, example))
-        await asyncio.gather(*tasks)
+                if done is None:
+                    todo.append((game, members))
+                elif on_progress:
+                    on_progress(done)
+            if todo:
+                tasks.append(plays_of(example, todo))
+        with contextlib.ExitStack() as stack:
+            # Line-buffered: each finished play reaches the file at once, without an open() per play.
+            path = self.store / GAME_FILE if self.store else None
+            log = stack.enter_context(open(path, "a", encoding="utf-8", buffering=1)) if path else None
+            await asyncio.gather(*tasks)
 
     async def _fit(self, game: str, members: list[str]) -> None:
         """Run the protocol's fit step for one coalition, once (see `colab_graphs.protocols.fitting`)."""

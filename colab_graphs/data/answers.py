@@ -123,6 +123,7 @@ def _delatex(text: str) -> str:
     return _LATEX_NOISE.sub("", text.replace("{,}", ",")).strip()
 
 
+@functools.lru_cache(maxsize=65536)
 def parse_number(text: str) -> Decimal | None:
     """A number written as `1,234`, `$12`, `-3/4`, `50%`, `0.5.` or LaTeX `\\frac{1}{2}`; None if it is not one."""
     t = _delatex(text).strip("$ ").replace(",", "")

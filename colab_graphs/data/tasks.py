@@ -375,6 +375,17 @@ class TaskView:
     # Extractions and verdicts already made for this example: an audit asks again for every coalition.
     _extracted: dict[str, str | None] = field(default_factory=dict, compare=False, repr=False)
     _verdicts: dict[str, Score] = field(default_factory=dict, compare=False, repr=False)
+    _input: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    _same: dict[tuple[str, str], bool] = field(default_factory=dict, compare=False, repr=False)
+
+    def graph_input(self) -> dict[str, Any]:
+        """A graph's input state for this example: the question as the task shows it (options included) and
+        the example's fields, with `answer_format` (the task's answer instruction) for prompt templates."""
+        if not self._input:
+            example = self.example
+            self._input["input"] = self.task.question(example)
+            self._input["example"] = {**example.fields, "answer_format": self.task.instruction(example)}
+        return dict(self._input)
 
     def extract(self, reply: str) -> str | None:
         reply = reply or ""
@@ -392,7 +403,9 @@ class TaskView:
         return self._verdicts[output]
 
     def same(self, a: str, b: str) -> bool:
-        return self.task.same(a, b, self.example)
+        if (a, b) not in self._same:
+            self._same[(a, b)] = self.task.same(a, b, self.example)
+        return self._same[(a, b)]
 
     def vote(self, replies: Sequence[str]) -> str:
         """Deterministic majority vote over the answers the replies commit to (replies committing to none abstain).

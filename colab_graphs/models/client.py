@@ -111,7 +111,7 @@ def classify_error(exc: BaseException) -> str:
     return "unknown"
 
 
-def _being_cancelled() -> bool:
+def being_cancelled() -> bool:
     """Whether the current task has been asked to stop (as opposed to an awaited future being cancelled)."""
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
@@ -224,24 +224,10 @@ class ModelClient:
         kwargs = {**settings, "messages": messages}
         return request, kwargs
 
-    async def complete(
-        self,
-        member: Member,
-        messages: list[dict[str, Any]],
-        *,
-        sample: int = 0,
-        overrides: dict[str, Any] | None = None,
-        node: str | None = None,
-        seat: str | None = None,
-        trace: Trace | None = None,
-    ) -> CallResult:
-        """Call `member` on `messages`. Raises `CallError` when the call fails after retries.
-
-        The call is recorded in `trace` (when given) whether it succeeded, was served from cache, or failed.
-        """
-        result, _ = await self.complete_recorded(
-            member, messages, sample=sample, overrides=overrides, node=node, seat=seat, trace=trace
-        )
+    async def complete(self, member: Member, messages: list[dict[str, Any]], **options: Any) -> CallResult:
+        """Call `member` on `messages` (options as `complete_recorded`). Raises `CallError` when the call fails
+        after retries."""
+        result, _ = await self.complete_recorded(member, messages, **options)
         return result
 
     async def complete_recorded(
@@ -255,7 +241,11 @@ class ModelClient:
         seat: str | None = None,
         trace: Trace | None = None,
     ) -> tuple[CallResult, Call]:
-        """`complete`, also returning the call's trace record (what a replay of the same request copies)."""
+        """Call `member` on `messages`; the result and the call's trace record (what a replay copies).
+
+        The call is recorded in `trace` (when given) whether it succeeded, was served from cache, or failed.
+        Raises `CallError` when the call fails after retries.
+        """
         self._bind_loop()
         request, kwargs = self.canonical_request(member, messages, sample, overrides)
         key = request_key(request)
@@ -320,7 +310,7 @@ class ModelClient:
             try:
                 result = await asyncio.shield(flight)
             except asyncio.CancelledError:
-                if flight.cancelled() and not _being_cancelled():
+                if flight.cancelled() and not being_cancelled():
                     # The caller that owned the flight was cancelled (a sibling branch failed, say), not
                     # this one: take the call over rather than fail with a cancellation nobody asked for.
                     continue
