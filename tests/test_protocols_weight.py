@@ -516,3 +516,13 @@ def test_run_fits_the_whole_pool_first(tiny, data, tmp_path):
     assert result.exit_code == 0, result.output
     traces = [json.loads(line) for line in (out / "traces.jsonl").read_text().splitlines()]
     assert {c["model"].split("/")[-1].split("-")[0] for t in traces for c in t["calls"]} == {"dare_ties"}
+
+
+@pytest.mark.slow
+def test_a_spec_run_without_its_fit_step_fails_naming_the_step(tiny, data):
+    from colab_graphs.runner import run_dataset
+
+    spec = build_protocol("dare_ties", MEMBERS)
+    examples = load_examples(data["test"])[:1]
+    outcomes, _ = asyncio.run(run_dataset(spec, local_pool(tiny), examples, client=ModelClient(None, retries=0)))
+    assert outcomes[0].failed and "fit-step" in outcomes[0].error

@@ -18,9 +18,12 @@ Merged models are ordinary model folders under ``merges_home()``, named by a key
 sha256 of every input's weights and the parameters; a folder is written once (atomically, one writer across
 threads and processes) and found again by every later audit. ``stats`` counts the merges this process wrote.
 
-mergekit installs beside this project's pinned stack, but merging here is done on state dicts instead: the
-search methods score many candidates that only ever live in memory, DARE needs a seeded draw, and LoraHub is
-no mergekit method. The definitions above follow mergekit's (``tests/test_protocols_weight.py`` checks them).
+mergekit (0.1.5) installs beside this project's pinned stack, but merging here is done on state dicts instead:
+the search methods score many candidates that only ever live in memory, DARE needs a seeded draw (mergekit draws
+from torch's global generator), and LoraHub is no mergekit method. ``ties`` equals mergekit's ``ties`` (checked
+to the bit on the tiny models, densities 1 and 0.5); ``dare_ties`` equals mergekit's ``dare_ties`` with
+``normalize: true``: mergekit's default for it sums the agreeing entries instead of averaging them, so its drop
+rate 0 is not TIES, while the DARE paper applies TIES' disjoint mean after DARE, as here.
 """
 
 from __future__ import annotations
