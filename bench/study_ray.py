@@ -27,8 +27,6 @@ import json
 import os
 import platform
 import resource
-import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -39,6 +37,7 @@ from typing import Any
 
 import yaml
 
+from colab_graphs.study.distributed import local_cluster
 from colab_graphs.study.report import StudyReport
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -123,35 +122,6 @@ def bytes_per_example(out: Path, cache: Path, n_examples: int) -> dict[str, floa
     return {"plays": round(plays / n_examples), "cache_entries": round((entries or 0) / n_examples)}
 
 
-@contextlib.contextmanager
-def local_cluster(cpus: int):
-    temp = tempfile.mkdtemp(prefix="cg-ray-", dir="/tmp")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
-               "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}", "--include-dashboard=false",
-               "--disable-usage-stats", f"--temp-dir={temp}", "--block"]  # fmt: skip
-    with open(Path(temp) / "ray-start.log", "w") as log:
-        head = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            deadline = time.time() + 90
-            while True:
-                with socket.socket() as s, contextlib.suppress(OSError):
-                    s.connect(("127.0.0.1", port))
-                    break
-                if head.poll() is not None or time.time() > deadline:
-                    raise RuntimeError("the Ray head did not start; see " + log.name)
-                time.sleep(0.2)
-            yield f"127.0.0.1:{port}"
-        finally:
-            head.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                head.wait(timeout=40)
-            if head.poll() is None:
-                os.killpg(head.pid, signal.SIGKILL)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--examples", type=int, default=100, help="examples per dataset (two datasets)")
@@ -179,7 +149,7 @@ def main() -> None:
         runs["fixed in process"] = run_cli(small, work / "s-in", work / "c-s-in", conc, server.pid)
         runs["in process"] = run_cli(full, work / "in", work / "c-in", conc, server.pid)
         with contextlib.ExitStack() as stack:
-            address = args.ray or stack.enter_context(local_cluster(args.workers))
+            address = args.ray or stack.enter_context(local_cluster(args.workers))[0]
             ray = ("--ray", address, "--workers", str(args.workers))
             # The cluster's first workers start slower (worker pool, first imports): warm it, do not count it.
             run_cli(small, work / "w-ray", work / "c-w-ray", conc, server.pid, *ray)

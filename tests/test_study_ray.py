@@ -2,8 +2,9 @@
 its shard's calls again.
 
 The cluster is started once for this module with `ray start --head --block` on 127.0.0.1 with 2 CPUs, in a
-session of its own, and stopped afterwards (SIGTERM to that command, which drains and stops what it started;
-anything left in its session is then killed by pid). The study is the hand-computed one of tests/test_study.py.
+session of its own, and stopped afterwards (`colab_graphs.study.distributed.local_cluster`: SIGTERM to that
+command, which drains and stops what it started; anything left in its session is then killed by pid). The study
+is the hand-computed one of tests/test_study.py.
 """
 
 from __future__ import annotations
@@ -11,10 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -24,6 +22,7 @@ import pytest
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient
 from colab_graphs.study import StudyError, load_study_config, read_study, run_study
+from colab_graphs.study.distributed import local_cluster, session_processes
 from colab_graphs.testing import ScriptedServer
 
 pytest.importorskip("ray")
@@ -35,19 +34,9 @@ pytestmark = pytest.mark.integration
 CPUS = 2
 
 
-def _session_processes(sid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                if os.getsid(int(entry)) == sid:
-                    found.append(int(entry))
-    return found
-
-
 def _study_workers(sid: int) -> list[int]:
     pids = []
-    for pid in _session_processes(sid):
+    for pid in session_processes(sid):
         with contextlib.suppress(OSError):
             if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::StudyWorker"):
                 pids.append(pid)
@@ -56,35 +45,9 @@ def _study_workers(sid: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """A local Ray head with 2 CPUs: yields (address, session id of its processes)."""
-    temp = tempfile.mkdtemp(prefix="cg-ray-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = open(Path(temp) / "ray-start.log", "w")  # noqa: SIM115 - open for the cluster's life
-    command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
-               "--node-ip-address=127.0.0.1", f"--num-cpus={CPUS}", "--include-dashboard=false",
-               "--disable-usage-stats", f"--temp-dir={temp}", "--block"]  # fmt: skip
-    head = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.time() + 90
-        while True:
-            with socket.socket() as s, contextlib.suppress(OSError):
-                s.connect(("127.0.0.1", port))
-                break
-            assert head.poll() is None and time.time() < deadline, (Path(temp) / "ray-start.log").read_text()
-            time.sleep(0.2)
-        yield f"127.0.0.1:{port}", head.pid
-    finally:
-        head.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            head.wait(timeout=40)
-        for pid in _session_processes(head.pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        if head.poll() is None:
-            head.wait(timeout=10)
-        log.close()
+    """A local Ray head with 2 CPUs, stopped afterwards: yields (address, session id of its processes)."""
+    with local_cluster(CPUS) as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="module")

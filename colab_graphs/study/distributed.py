@@ -12,11 +12,19 @@ Ray is an optional extra (`pip install 'colab-graphs[ray]'`); it is imported onl
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from colab_graphs.audit.game import Play
@@ -166,3 +174,53 @@ def wait_for_workers(ray: Any, seconds: float = 60.0) -> None:
         if time.time() > deadline:
             raise DistributedError("the Ray cluster has no CPU to run workers on")
         time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def local_cluster(cpus: int) -> Iterator[tuple[str, int]]:
+    """A Ray head on this machine for tests and benchmarks: yields (address, session id of its processes).
+
+    `ray start --head --block` on 127.0.0.1 with `cpus` CPUs, in a session of its own; on exit it gets SIGTERM
+    (it drains and stops what it started) and anything left in its session is killed by pid. Unlike `ray stop`
+    it ends only this cluster.
+    """
+    temp = tempfile.mkdtemp(prefix="cg-ray-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
+               "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}", "--include-dashboard=false",
+               "--disable-usage-stats", f"--temp-dir={temp}", "--block"]  # fmt: skip
+    log_path = Path(temp) / "ray-start.log"
+    with open(log_path, "w") as log:
+        head = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 90
+        while True:
+            with socket.socket() as s, contextlib.suppress(OSError):
+                s.connect(("127.0.0.1", port))
+                break
+            if head.poll() is not None or time.time() > deadline:
+                raise DistributedError(f"the Ray head did not start: {log_path.read_text()[-2000:]}")
+            time.sleep(0.2)
+        yield f"127.0.0.1:{port}", head.pid
+    finally:
+        head.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            head.wait(timeout=40)
+        for pid in session_processes(head.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if head.poll() is None:
+            head.wait(timeout=10)
+
+
+def session_processes(sid: int) -> list[int]:
+    """Pids of the processes in session `sid` (Linux /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if os.getsid(int(entry)) == sid:
+                    found.append(int(entry))
+    return found
