@@ -212,9 +212,9 @@ def linear(states: Sequence[State], coefficients: Sequence[float]) -> State:
         if not first.is_floating_point():
             out[k] = first.clone()
             continue
-        acc = first * coefficients[0]
+        acc = first.mul(coefficients[0])
         for state, c in zip(states[1:], coefficients[1:], strict=True):
-            acc = acc + state[k] * c
+            acc.add_(state[k], alpha=c)
         out[k] = acc
     return out
 
@@ -278,19 +278,23 @@ def ties(
         if not b.is_floating_point():
             out[k] = b.clone()
             continue
-        deltas = []
-        for i, state in enumerate(states):
+        weighted = []  # w_i τ_i, sparsified and trimmed
+        for i, (state, w) in enumerate(zip(states, weights, strict=True)):
             delta = state[k] - b
             if sparsify is not None:
                 delta = sparsify(k, i, delta)
-            deltas.append(_trim(delta, density))
-        w = torch.tensor(weights, dtype=b.dtype).reshape(-1, *([1] * b.dim()))
-        weighted = torch.stack(deltas) * w
-        elected = torch.where(weighted.sum(dim=0) >= 0, 1.0, -1.0)
-        agree = (torch.sign(weighted) == elected).to(b.dtype)
-        divisor = (w * agree).sum(dim=0)
-        divisor = torch.where(divisor == 0, torch.ones_like(divisor), divisor)
-        out[k] = b + (weighted * agree).sum(dim=0) / divisor
+            weighted.append(_trim(delta, density).mul_(w))
+        elected = weighted[0].clone()
+        for wd in weighted[1:]:
+            elected.add_(wd)
+        positive = elected >= 0  # the elected sign of Σ w_i τ_i (0 counts as +)
+        total = torch.zeros_like(b)
+        divisor = torch.zeros_like(b)
+        for wd, w in zip(weighted, weights, strict=True):
+            agree = torch.where(positive, wd > 0, wd < 0)  # zero entries agree with no sign
+            total.add_(torch.where(agree, wd, 0.0))
+            divisor.add_(agree.to(b.dtype), alpha=w)
+        out[k] = total.div_(torch.where(divisor == 0, 1.0, divisor)).add_(b)
     return out
 
 
