@@ -39,7 +39,8 @@ LOCAL_PREFIX = "local/"
 REQUIREMENT = "local_weights"
 # The seat's model until the fit step routes it: a call fails, and the failure names what is missing.
 UNFITTED_MODEL = "local/unfitted-weight-merge(run-the-protocol's-fit-step:colab_graphs.protocols.fitting)"
-_DEV_PARAMS = ("dev", "dev_split", "dev_limit")
+# Parameters the fit key holds by content instead (the dev examples, the weights of `base` / `reference`).
+_BY_CONTENT = ("dev", "dev_split", "dev_limit", "base", "reference")
 
 
 class WeightPoolError(SpecError):
@@ -238,7 +239,7 @@ class _Coalition:
             "method": self.name,
             "members": [[m, merge.identity(self.folders[m])] for m in self.members],
             "inputs": {label: merge.identity(p) for label, p in self.extra.items()},
-            "params": {k: v for k, v in self.params.items() if k not in _DEV_PARAMS},
+            "params": {k: v for k, v in self.params.items() if k not in _BY_CONTENT},
             "dev": [e.model_dump() for e in self.dev()],
             "scorer": self.scorer,
             "seat": {
