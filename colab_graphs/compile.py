@@ -1,8 +1,8 @@
 """GraphSpec -> LangGraph `CompiledStateGraph`.
 
 The compiled graph is a plain LangGraph object: invoke, stream, checkpoint it, or add it as a node of another
-graph (it reads `input` and writes `answer`). Model calls go through the `ModelClient` found in the run config
-(`config["configurable"]["colab_graphs"]`, set by the runner, which also carries the trace), else through the
+graph (it reads `input` and writes `answer`). Model calls go through the `ModelClient` of the run's context
+(LangGraph's `context=`: a `RunContext`, set by the runner, which also carries the trace), else through the
 client and pool given at compile time.
 """
 
@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass
 from typing import Annotated, Any, TypedDict
 
-from langchain_core.runnables import RunnableConfig, RunnableLambda
+from langgraph.runtime import Runtime
 
 from colab_graphs.aggregators import get_aggregator, get_router
 from colab_graphs.data.example import Example
@@ -24,7 +24,6 @@ from colab_graphs.pool import Pool
 from colab_graphs.spec import END, START, Aggregate, Edge, GraphSpec, LogitSeat, Seat, is_pattern
 from colab_graphs.trace import Trace
 
-RUNTIME_KEY = "colab_graphs"
 FUSED_NODE = "protocol"  # the one node of a fused protocol (see compile_graph(fuse=True))
 
 
@@ -48,8 +47,8 @@ class GraphState(TypedDict, total=False):
 
 
 @dataclass
-class Runtime:
-    """What nodes need at run time: the call path, the pool, the trace being recorded (if any), and the task
+class RunContext:
+    """What nodes need at run time (LangGraph's run context: `graph.ainvoke(state, context=RunContext(...))`): the call path, the pool, the trace being recorded (if any), and the task
     bound to the example being run (what aggregators and routers ask about answers)."""
 
     client: ModelClient
@@ -62,9 +61,9 @@ class Runtime:
     memo: dict[Any, Any] | None = None
 
 
-def task_view(state: GraphState, config: Any, fallback: Runtime | None) -> TaskView:
+def task_view(state: GraphState, runtime: Any, fallback: RunContext | None) -> TaskView:
     """The run's task, else one derived from the state's example (a graph invoked directly by a user)."""
-    rt = ((config or {}).get("configurable") or {}).get(RUNTIME_KEY) or fallback
+    rt = getattr(runtime, "context", None) or fallback
     if rt is not None and rt.task is not None:
         return rt.task
     fields = dict(state.get("example") or {})
@@ -143,8 +142,9 @@ def render(template: str, node: str, state: GraphState, reads: dict[str, Any]) -
         ) from None
 
 
-def _runtime(config: Any, fallback: Runtime | None) -> Runtime:
-    rt = ((config or {}).get("configurable") or {}).get(RUNTIME_KEY)
+def _context(runtime: Any, fallback: RunContext | None) -> RunContext:
+    """The run's context (LangGraph hands nodes its `Runtime`, whose `context` is ours), else the fallback."""
+    rt = getattr(runtime, "context", None)
     if rt is not None:
         return rt
     if fallback is not None:
@@ -179,17 +179,18 @@ def _node(afn, fn=None):
     """A node that runs `afn` under `ainvoke` and `fn` under `invoke`.
 
     Without `fn`, `invoke` runs `afn` on a background loop (model seats). Built as LangGraph builds nodes from
-    plain functions (no tracing callbacks, no thread hop for pure-Python nodes under `ainvoke`).
+    plain functions (no tracing callbacks, no thread hop for pure-Python nodes under `ainvoke`), with its
+    `Runtime` (and so our `RunContext`) passed to the parameter named `runtime`. LangGraph's builder takes one
+    function per node; a node with both a sync and an async form needs its `RunnableCallable`, the one private
+    LangGraph name this package uses (tests/test_compile.py pins it).
     """
+    from langgraph._internal._runnable import RunnableCallable
+
     if fn is None:
 
-        def fn(state: GraphState, config: RunnableConfig | None = None) -> dict[str, Any]:
-            return asyncio.run_coroutine_threadsafe(afn(state, config), _background_loop()).result()
+        def fn(state: GraphState, runtime: Runtime | None = None) -> dict[str, Any]:
+            return asyncio.run_coroutine_threadsafe(afn(state, runtime), _background_loop()).result()
 
-    try:
-        from langgraph._internal._runnable import RunnableCallable
-    except ImportError:  # a LangGraph that moved it: the public wrapper works, with tracing overhead
-        return RunnableLambda(fn, afunc=afn)
     return RunnableCallable(fn, afn, name=getattr(afn, "__name__", None), trace=False)
 
 
@@ -204,14 +205,14 @@ def _update(node_name: str, written: dict[str, Any], output_key: str) -> dict[st
     return update
 
 
-def _seat_fn(seat: Seat, order: dict[str, int], fallback: Runtime | None, output_key: str):
+def _seat_fn(seat: Seat, order: dict[str, int], fallback: RunContext | None, output_key: str):
     """A seat's async node function; its `ready` attribute answers at once when the run's memo has the request."""
     settings_key = json.dumps(seat.settings, sort_keys=True, default=str) if seat.settings else ""
     replay = {"node": seat.name, "seat": seat.name, "cached": True, "latency_s": 0.0, "attempts": 0}
     templates = ("rendered", seat.prompt, seat.system)
 
-    def prepare(state: GraphState, config: Any) -> tuple[Runtime, str | None, str, tuple]:
-        rt = _runtime(config, fallback)
+    def prepare(state: GraphState, runtime: Any) -> tuple[RunContext, str | None, str, tuple]:
+        rt = _context(runtime, fallback)
         # A seat that reads no state renders the same prompt in every run of an example: the memo keeps it.
         rendered = rt.memo.get(templates) if rt.memo is not None and not seat.reads else None
         if rendered is None:
@@ -240,13 +241,13 @@ def _seat_fn(seat: Seat, order: dict[str, int], fallback: Runtime | None, output
             rt.trace.calls.append(copies[seat.name])
         return written(result)
 
-    def ready(state: GraphState, config: Any) -> dict[str, Any] | None:
-        rt, _, _, request = prepare(state, config)
+    def ready(state: GraphState, runtime: Any) -> dict[str, Any] | None:
+        rt, _, _, request = prepare(state, runtime)
         hit = rt.memo.get(request) if rt.memo is not None else None
         return replayed(rt, hit) if isinstance(hit, list) else None
 
-    async def run(state: GraphState, config: RunnableConfig | None = None) -> dict[str, Any]:
-        rt, system, prompt, request = prepare(state, config)
+    async def run(state: GraphState, runtime: Runtime | None = None) -> dict[str, Any]:
+        rt, system, prompt, request = prepare(state, runtime)
         memo = rt.memo
         while memo is not None and (hit := memo.get(request)) is not None:
             if isinstance(hit, list):
@@ -289,9 +290,9 @@ def _seat_fn(seat: Seat, order: dict[str, int], fallback: Runtime | None, output
     return run
 
 
-def _logit_fn(node: LogitSeat, order: dict[str, int], fallback: Runtime | None, output_key: str):
-    async def run(state: GraphState, config: RunnableConfig | None = None) -> dict[str, Any]:
-        rt = _runtime(config, fallback)
+def _logit_fn(node: LogitSeat, order: dict[str, int], fallback: RunContext | None, output_key: str):
+    async def run(state: GraphState, runtime: Runtime | None = None) -> dict[str, Any]:
+        rt = _context(runtime, fallback)
         reads = resolve_reads(node.reads, state, order)
         prompt = render(node.prompt, node.name, state, reads)
         system = render(node.system, node.name, state, reads) if node.system else None
@@ -328,18 +329,18 @@ def _takes_task(fn: Any) -> bool:
     return any(p.name == "task" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
-def _aggregate_fns(node: Aggregate, order: dict[str, int], output_key: str, fallback: Runtime | None):
+def _aggregate_fns(node: Aggregate, order: dict[str, int], output_key: str, fallback: RunContext | None):
     """(sync, async) functions of an aggregate node. Aggregators that take `task` get the run's task."""
     fn = get_aggregator(node.fn)
     takes_task = _takes_task(fn)
 
-    def run(state: GraphState, config: RunnableConfig | None = None) -> dict[str, Any]:
+    def run(state: GraphState, runtime: Runtime | None = None) -> dict[str, Any]:
         reads = resolve_reads(node.reads, state, order)
-        params = {**node.params, "task": task_view(state, config, fallback)} if takes_task else node.params
+        params = {**node.params, "task": task_view(state, runtime, fallback)} if takes_task else node.params
         return _update(node.name, {node.writes: fn(reads, **params)}, output_key)
 
-    async def arun(state: GraphState, config: RunnableConfig | None = None) -> dict[str, Any]:
-        return run(state, config)
+    async def arun(state: GraphState, runtime: Runtime | None = None) -> dict[str, Any]:
+        return run(state, runtime)
 
     arun.ready = run
     return run, arun
@@ -401,7 +402,7 @@ def _fused_fn(levels: list[list[str]], fns: dict[str, Any]):
     """One node that runs the protocol's levels in order, each level's nodes concurrently."""
     readies = {name: getattr(fn, "ready", None) for name, fn in fns.items()}
 
-    async def run(state: GraphState, config: RunnableConfig | None = None) -> dict[str, Any]:
+    async def run(state: GraphState, runtime: Runtime | None = None) -> dict[str, Any]:
         # The state as the graph's reducers would build it (merged values, counted visits), grown in place:
         # a level's updates apply only after all its nodes have read the state.
         values, visits = dict(state.get("values") or {}), dict(state.get("visits") or {})
@@ -410,12 +411,12 @@ def _fused_fn(levels: list[list[str]], fns: dict[str, Any]):
         for names in levels:
             # Nodes that can answer at once do (pure-Python nodes, seats whose request the memo holds); the
             # others run concurrently. Updates apply in declaration order either way.
-            updates: list[Any] = [ready(view, config) if (ready := readies[n]) else None for n in names]
+            updates: list[Any] = [ready(view, runtime) if (ready := readies[n]) else None for n in names]
             pending = [i for i, u in enumerate(updates) if u is None]
             if len(pending) == 1:
-                updates[pending[0]] = await fns[names[pending[0]]](view, config)
+                updates[pending[0]] = await fns[names[pending[0]]](view, runtime)
             elif pending:
-                done = await _all_or_cancel([fns[names[i]](view, config) for i in pending])
+                done = await _all_or_cancel([fns[names[i]](view, runtime) for i in pending])
                 for i, update in zip(pending, done, strict=True):
                     updates[i] = update
             for update in updates:
@@ -431,12 +432,12 @@ def _fused_fn(levels: list[list[str]], fns: dict[str, Any]):
     return run
 
 
-def _route_fn(route, order: dict[str, int], fallback: Runtime | None):
+def _route_fn(route, order: dict[str, int], fallback: RunContext | None):
     fn = get_router(route.fn)
     key = route.params.get("key")
     params = {k: v for k, v in route.params.items() if k != "key"}
 
-    def choose(state: GraphState, config: RunnableConfig) -> str:
+    def choose(state: GraphState, runtime: Runtime) -> str:
         values = state.get("values") or {}
         if (
             route.max_visits is not None
@@ -447,7 +448,7 @@ def _route_fn(route, order: dict[str, int], fallback: Runtime | None):
             "text": values.get(key, "") if key else "",
             "logprob": values.get(f"{key}#logprob"),
             "values": values,
-            "task": task_view(state, config, fallback),
+            "task": task_view(state, runtime, fallback),
         }
         choice = fn(view, route.path_map, **params)
         return _target(route.path_map.get(choice, route.default))
@@ -466,7 +467,7 @@ def _node_functions(spec: GraphSpec, pool: Pool | None, client: ModelClient | No
         from colab_graphs.protocols.logit import check_pool_supports
 
         check_pool_supports(spec, pool)  # API members cannot give next-token distributions: fail before calls
-    fallback = Runtime(client or default_client(), pool) if pool is not None else None
+    fallback = RunContext(client or default_client(), pool) if pool is not None else None
     order = _writer_order(spec)
     afns: dict[str, Any] = {}
     syncs: dict[str, Any] = {}
@@ -487,7 +488,7 @@ def compile_graph(
 
     Args:
         spec: the protocol (validated here).
-        pool: members by name; needed unless every run passes a runtime in its config.
+        pool: members by name; needed unless every run passes a `RunContext` (`ainvoke(state, context=...)`).
         client: the call path; defaults to a process-wide client with the default cache.
         fuse: run a protocol without routes as one LangGraph node that runs its nodes level by level (same
             calls, same trace, same answer; see `fusion_levels`). LangGraph's per-node machinery is most of
@@ -501,7 +502,7 @@ def compile_graph(
     from langgraph.graph import StateGraph
 
     afns, syncs, fallback = _node_functions(spec, pool, client)
-    builder = StateGraph(GraphState)
+    builder = StateGraph(GraphState, context_schema=RunContext)
     levels = fusion_levels(spec) if fuse else None
     if levels is not None:
         run = _fused_fn(levels, afns)
@@ -540,8 +541,10 @@ class DirectGraph:
         self.name = name
         self._run = run
 
-    async def ainvoke(self, state: dict[str, Any], config: Any = None) -> dict[str, Any]:
-        update = await self._run(state, config)
+    async def ainvoke(
+        self, state: dict[str, Any], config: Any = None, *, context: RunContext | None = None
+    ) -> dict[str, Any]:
+        update = await self._run(state, Runtime(context=context))
         out = dict(state)
         _apply(out, update)
         return out
@@ -549,7 +552,7 @@ class DirectGraph:
 
 def compile_direct(spec: GraphSpec, pool: Pool | None = None, client: ModelClient | None = None):
     """`DirectGraph` of `spec` when it fuses (no routes, one incoming edge per node), else the fused LangGraph
-    graph (`compile_graph(..., fuse=True)`): either way an object with `ainvoke(state, config)`."""
+    graph (`compile_graph(..., fuse=True)`): either way an object with `ainvoke(state, config, context=...)`."""
     levels = fusion_levels(spec)
     if levels is None:
         return compile_graph(spec, pool, client, fuse=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from colab_graphs.compile import RUNTIME_KEY, Runtime, TemplateError, compile_graph
+from colab_graphs.compile import RunContext, TemplateError, compile_graph
 from colab_graphs.data.example import Example
 from colab_graphs.data.scoring import ScorerFn, task_for, view_for
 from colab_graphs.data.tasks import TaskType, TaskView
@@ -74,14 +74,13 @@ async def run_example(
 
     The example's task (`scorer`, else its fields' default; or `view`, the task already bound to it) shapes the
     question the members see, answers their votes and cascades, and scores the final output. `memo` shares
-    seat results between runs of the same example (see `Runtime.memo`).
+    seat results between runs of the same example (see `RunContext.memo`).
     """
     view = view or view_for(example, scorer)
     trace = Trace(example_id=example.id, protocol=spec.name, coalition=list(spec.members))
-    runtime = Runtime(client, pool, trace, view, memo)
-    config = {"configurable": {RUNTIME_KEY: runtime}, "recursion_limit": 200}
+    context = RunContext(client, pool, trace, view, memo)
     try:
-        state = await graph.ainvoke(view.graph_input(), config=config)
+        state = await graph.ainvoke(view.graph_input(), {"recursion_limit": 200}, context=context)
     except CallError as err:
         trace.failed, trace.error = True, str(err)
         return ExampleOutcome(example.id, None, None, None, True, str(err), trace)

@@ -14,6 +14,7 @@ from colab_graphs.compile import TemplateError, compile_graph
 from colab_graphs.models.client import ModelClient
 from colab_graphs.spec import END, START
 from colab_graphs.testing import Member, echo
+from colab_graphs.trace import Trace
 
 pytestmark = pytest.mark.integration
 
@@ -221,3 +222,23 @@ def test_compile_checks_members_against_the_pool(scripted_server, pool_for) -> N
     spec = GraphBuilder("g", members=["zed"]).seat("s", member="zed", prompt="{input}").chain("s").output("s")
     with pytest.raises(SpecError, match="member\\(s\\) zed not in the pool"):
         compile_graph(spec.build(), pool_for(server, ["a"]), ModelClient())
+
+
+def test_the_one_private_langgraph_seam_builds_nodes_that_receive_the_run_context(scripted_server, pool_for):
+    """compile._node builds nodes with LangGraph's private RunnableCallable (sync and async forms in one node):
+    pin it, and check that LangGraph hands such a node our RunContext through its `runtime` parameter."""
+    from langgraph._internal._runnable import RunnableCallable
+
+    from colab_graphs.compile import RunContext, _node
+
+    async def afn(state, runtime=None):
+        return {"values": {"seen": type(runtime.context).__name__}}
+
+    assert isinstance(_node(afn), RunnableCallable)
+    server = scripted_server({"a": "The answer is 4"})
+    pool = pool_for(server, ["a"])
+    b = GraphBuilder("g", members=["a"]).seat("s", member="a", prompt="{input}", writes="s")
+    graph = compile_graph(b.chain("s").output("s").build())  # no pool: only the context can supply one
+    trace = Trace(example_id="x", protocol="g")
+    state = graph.invoke({"input": "2 + 2?"}, context=RunContext(ModelClient(None), pool, trace))
+    assert state["answer"] == "The answer is 4" and [c.member for c in trace.calls] == ["a"]

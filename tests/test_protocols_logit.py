@@ -176,12 +176,12 @@ def test_compiling_for_an_api_pool_fails_before_any_call():
 
 
 def test_a_pool_given_only_at_run_time_is_checked_before_the_call(arun):
-    from colab_graphs.compile import RUNTIME_KEY, Runtime
+    from colab_graphs.compile import RunContext
 
     graph = compile_graph(build_protocol("logit_fusion", ["a", "b"]))  # no pool yet: nothing to check
-    runtime = Runtime(ModelClient(None), api_pool(a="local/tiny-random", b="openai/b"))
+    context = RunContext(ModelClient(None), api_pool(a="local/tiny-random", b="openai/b"))
     with pytest.raises(LogitPoolError, match=r"member\(s\) b \(openai/b\)"):
-        arun(graph.ainvoke({"input": "2 + 2?"}, config={"configurable": {RUNTIME_KEY: runtime}}))
+        arun(graph.ainvoke({"input": "2 + 2?"}, context=context))
 
 
 def test_other_graphs_pass_the_pool_check():
