@@ -1,27 +1,29 @@
 """A real policy in a real team: C-RL (uniform and replay credit) vs solo RL vs SFT, on CPU.
 
-The system: mixture-of-agents with one proposer layer (`mixture_of_agents`, layers=1) over three members,
-all SmolLM2-135M-Instruct from the zoo (offline): the trained `policy` proposes an answer and then, as the
-aggregator, reads every proposal and gives the final answer; `careful` and `quick` are the embedded
-default's personas (greedy; a step-by-step tutor, its budget cut to 8 tokens over the policy's, and a
-number-only answerer) and only propose. The task is
-the built-in arithmetic (numeric answers). Collaboration matters here: the aggregator decides the system's
-answer from proposals of very different quality, and without the policy seat the system scores far lower
-(its LOO before training is large).
+The system: prompt routing (`prompt_routing`) over three members, all SmolLM2-135M-Instruct from the zoo
+(offline). The trained `policy` sits in the router seat: it reads the question and the candidates' names and
+descriptions and ranks them; the first one it names answers alone (itself included: a reply naming nobody
+goes to the first candidate, the policy). `careful` and `quick` are the embedded default's personas (greedy;
+a step-by-step tutor and a number-only answerer). The task is the built-in arithmetic (numeric answers).
+Collaboration matters here: who answers decides the system's score (the tutor answers about half the
+questions right, the terse persona almost none), and the policy's own arithmetic matters only for the
+questions it keeps. Solo RL trains that arithmetic and never the routing.
 
 Every arm starts from the same policy and takes the same number of policy updates (`--steps` optimizer
-steps of 2 prompts x 4 rollouts), with the same optimizer, schedule, clipping and precision (one
-`CRLTrainer`, see colab_graphs/trainers/baselines.py; a LoRA adapter, r 16, on every linear layer):
+steps of 2 prompts x 4 rollouts, sampled at temperature 0.7: at 1.0 this policy mostly writes off-topic
+text), with the same optimizer, schedule, clipping and precision (one `CRLTrainer`, see
+colab_graphs/trainers/baselines.py; a LoRA adapter, r 16, on every linear layer):
 
     uniform  reward: system, credit: uniform   (C-RL, the paper's credit)
     replay   reward: system, credit: replay    (C-RL, turn-level credit from K=2 re-runs per turn)
     solo     reward: solo                      (RL on the policy's own correctness, answering alone)
     sft      reward: sft                       (cross-entropy on the policy's turns of rollouts that scored 1)
 
-Reported per arm: the held-out system score, the policy seat's leave-one-out value and the policy's solo
-score, before (once: every arm starts from the same weights, and the evaluation is greedy) and after; the
-training curves (mean reward of each step's rollouts: the system's score, except for `solo`, whose rollouts
-are the policy alone); wall time. Writes OUT/compare.json and OUT/crl_compare.png.
+Reported per arm: the held-out system score, the policy seat's leave-one-out value (without the policy the
+first member left, `careful`, routes) and the policy's solo score, before (once: every arm starts from the
+same weights, and the evaluation is greedy) and after; the training curves (mean reward of each step's
+rollouts: the system's score, except for `solo`, whose rollouts are the policy alone); wall time. Writes
+OUT/compare.json and OUT/crl_compare.png.
 
     python bench/crl_compare.py --steps 8 --eval-size 24 --out runs/crl_compare
 """
@@ -49,11 +51,18 @@ ARMS = {
 def settings(args: argparse.Namespace, arm: str, seed: int, out: Path) -> dict:
     """The training config of one arm (everything but `reward` / `credit` shared by all arms)."""
     return {
-        "protocol": "mixture_of_agents",
-        "protocol_params": {"layers": 1, "aggregator": "policy"},
+        "protocol": "prompt_routing",
+        "protocol_params": {
+            "router": "policy",
+            "descriptions": {
+                "policy": "SmolLM2-135M, the router itself",
+                "careful": DEFAULT_POOL["careful"]["description"],
+                "quick": DEFAULT_POOL["quick"]["description"],
+            },
+        },
         "pool": {
             "policy": {"max_tokens": args.tokens},
-            "careful": {**DEFAULT_POOL["careful"], "max_tokens": args.tokens + 8},
+            "careful": DEFAULT_POOL["careful"],
             "quick": DEFAULT_POOL["quick"],
         },
         "policy_model": args.policy,
@@ -69,7 +78,7 @@ def settings(args: argparse.Namespace, arm: str, seed: int, out: Path) -> dict:
         "lora_r": 16,
         "lora_alpha": 32,
         "max_completion_length": args.tokens,
-        "temperature": 1.0,
+        "temperature": 0.7,
         "replay_samples": 2,
         "seed": seed,
         "save_steps": 0,
@@ -120,8 +129,8 @@ def main() -> None:
     parser.add_argument("--policy", default="smollm2-135m", help="zoo name, HF folder or hub id")
     parser.add_argument("--steps", type=int, default=8, help="policy updates per arm")
     parser.add_argument("--eval-size", type=int, default=24)
-    parser.add_argument("--tokens", type=int, default=24, help="most tokens per policy turn")
-    parser.add_argument("--lr", type=float, default=1e-4, help="learning rate of the LoRA adapter (r 16)")
+    parser.add_argument("--tokens", type=int, default=16, help="most tokens per policy turn")
+    parser.add_argument("--lr", type=float, default=2e-4, help="learning rate of the LoRA adapter (r 16)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--out", type=Path, default=Path("runs/crl_compare"))
