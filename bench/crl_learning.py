@@ -9,18 +9,21 @@ leave-one-out value after, and the mean sampled system reward over the first and
 
     python bench/crl_learning.py [--steps 12] [--seeds 0 1]
 
-Measured (2 shared CPU cores, 12 steps of 4 prompts x 4 rollouts, lr 2e-3, seeds 0/1/2; held-out n=16):
+Measured 2026-11-30 (2 shared CPU cores, load 8-13; 12 steps of 4 prompts x 4 rollouts, lr 2e-3, seeds
+0/1/2; held-out n=16), after `sft` moved onto the GRPO runs' TRL trainer (same AdamW, schedule, clipping):
 
     reward   eval system before -> after          train reward first 3 steps -> last 3
-    system   0.0 -> 0.750 / 0.688 / 0.750         0.27->0.92  0.17->0.77  0.21->0.67
-    solo     0.0 -> 0.0   / 0.0   / 0.0           0.0 (the policy alone never holds the number: no signal)
-    sft      0.0 -> 0.688 / 0.750 / 0.750         0.10->0.60  0.10->1.00  0.27->0.92
+    system   0.0 -> 0.06 / 0.75 / 0.75            0.06->0.08  0.17->0.81  0.17->0.69
+    solo     0.0 -> 0.0  / 0.0  / 0.0             0.0 (the policy alone never holds the number: no signal)
+    sft      0.0 -> 0.75 / 0.75 / 0.44            0.40->0.92  0.17->0.83  0.15->0.31
 
 C-RL raises the system score where solo RL cannot move (by construction of the task: the policy's own
-correctness is always 0). Collaborative fine-tuning on successful rollouts does as well as C-RL here: the
-behaviour is one marker token, which rejection-sampled SFT picks up as fast as GRPO. The eval after C-RL
-equals the policy seat's LOO (the collaborators alone score 0). tests/test_trainer.py runs the C-RL vs
-solo comparison (12 steps, seeded sampling) as a slow test.
+correctness is always 0). Runs are not bit-reproducible: the policy engine batches the rollouts' turns by
+arrival time and batched float arithmetic differs in the last bits, so a seed's trajectory varies; seed 0's
+C-RL run above ended at 0.06, and two more runs of it at 0.44 and 0.63. Collaborative fine-tuning on
+successful rollouts does about as well as C-RL here: the behaviour is one marker token, which
+rejection-sampled SFT picks up as fast as GRPO. The eval after C-RL equals the policy seat's LOO (the
+collaborators alone score 0). tests/test_trainer.py runs the C-RL vs solo comparison as a slow test.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import json
 import tempfile
 from pathlib import Path
 
-import colab_graphs._env  # noqa: F401  (offline settings first)
+import colab_graphs._env  # noqa: F401  (process defaults before transformers / litellm load)
 from colab_graphs.trainers.config import load_config
 from colab_graphs.trainers.pipeline import train
 
