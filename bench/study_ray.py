@@ -14,8 +14,9 @@ Each backend runs `colab-graphs study` in a child process with a fresh call cach
 A one-example study on each backend first measures the fixed cost (process start, LiteLLM import, Ray actors
 starting and importing it), so the play phase can be told apart (on Ray after one uncounted warm-up study). The two study.json files must agree (values,
 correlations, calls). Reported: wall time of each run, the driver's and the server's CPU seconds, calls made,
-calls/s per worker in the play phase, and the bytes a worker sends back per example (its plays; with workers on
-other machines also its cache entries), the figures the 100-machine estimate in BENCHMARKS.md starts from.
+calls/s per worker in the play phase and per CPU-second of the workers, and the driver's work per example (the
+bytes of plays a worker sends back, and of cache entries from a worker on another machine; the time to record the
+one and merge the other): the figures the 100-machine estimate in BENCHMARKS.md starts from.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ import contextlib
 import datetime
 import json
 import os
+import pickle
 import platform
 import resource
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -37,8 +40,14 @@ from typing import Any
 
 import yaml
 
+from colab_graphs.audit.game import GAME_FILE, Play
+from colab_graphs.models.cache import CallCache
+from colab_graphs.models.client import ModelClient
+from colab_graphs.study.config import load_study_config
 from colab_graphs.study.distributed import local_cluster
+from colab_graphs.study.plan import build_plan
 from colab_graphs.study.report import StudyReport
+from colab_graphs.study.run import _Ledgers
 
 sys.path.insert(0, str(Path(__file__).parent))
 from audit_efficiency import start_server  # noqa: E402
@@ -109,17 +118,49 @@ def comparable(study: dict) -> dict:
     }
 
 
-def bytes_per_example(out: Path, cache: Path, n_examples: int) -> dict[str, float]:
-    """What workers send back per example: the plays (JSON lines as in game.jsonl; the pickled objects are of
-    the same order) and the cache entries a worker on another machine adds (request + response JSON)."""
-    plays = sum(p.stat().st_size for p in (out / "solo").rglob("game.jsonl"))
-    for path in (out / "audits").rglob("game.jsonl"):
-        plays += sum(len(line) + 1 for line in path.read_text().splitlines() if '"game":"coalition"' in line)
+def driver_costs(config: Path, out: Path, cache: Path, n_examples: int, shards: int) -> dict[str, float]:
+    """What the driver does per example of a Ray study, measured on this run's own results: unpickling and
+    recording the plays a worker sends back (the study's `_Ledgers.record`, into a fresh folder) and merging the
+    cache entries a worker on another machine sends back (`CallCache.put`, into a fresh cache)."""
+    plan = build_plan(load_study_config(config))
+    plays = []
+    for setting in plan.settings:
+        kind = "solo" if setting.protocol is None else "coalition"
+        for line in (out / setting.folder / GAME_FILE).read_text().splitlines():
+            play = Play(**json.loads(line))
+            if play.game == kind:
+                plays.append((setting.key, play))
+    blob = pickle.dumps([plays[i::shards] for i in range(shards)])  # as if from `shards` shards
     with sqlite3.connect(cache / "calls.sqlite") as db:
-        entries = db.execute(
-            "SELECT SUM(LENGTH(key) + LENGTH(request) + LENGTH(response)) FROM calls"
-        ).fetchone()[0]
-    return {"plays": round(plays / n_examples), "cache_entries": round((entries or 0) / n_examples)}
+        rows = db.execute("SELECT key, model, request, response FROM calls").fetchall()
+    entries = [(k, m, json.loads(req), json.loads(resp)) for k, m, req, resp in rows]
+    entries_blob = pickle.dumps(entries)
+    with tempfile.TemporaryDirectory() as fresh:
+        ledgers = _Ledgers(plan, Path(fresh) / "study", ModelClient(None))
+        merged_into = CallCache(Path(fresh) / "cache")
+        started = time.perf_counter()
+        for chunk in pickle.loads(blob):  # what arrives from the workers, a shard at a time, then recorded
+            ledgers.record_many(chunk)
+        recorded = time.perf_counter()
+        for entry in pickle.loads(entries_blob):
+            merged_into.put(*entry)
+        merged = time.perf_counter()
+        merged_into.close()
+    per_play = (recorded - started) / len(plays)
+    per_entry = (merged - recorded) / max(1, len(entries))
+    plays_per_example, entries_per_example = len(plays) / n_examples, len(entries) / n_examples
+    return {
+        "plays_per_example": round(plays_per_example, 1),
+        "entries_per_example": round(entries_per_example, 1),
+        "pickled_plays_bytes_per_example": round(len(blob) / n_examples),
+        "pickled_entries_bytes_per_example": round(len(entries_blob) / n_examples),
+        "record_us_per_play": round(1e6 * per_play, 1),
+        "merge_us_per_entry": round(1e6 * per_entry, 1),
+        "driver_examples_per_s_shared_cache": round(1 / (plays_per_example * per_play), 1),
+        "driver_examples_per_s_merging": round(
+            1 / (plays_per_example * per_play + entries_per_example * per_entry), 1
+        ),
+    }
 
 
 def main() -> None:
@@ -132,6 +173,7 @@ def main() -> None:
     )
     parser.add_argument("--ray", help="an existing cluster's address (default: start a local one)")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (studies, caches)")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="study-bench-"))
@@ -178,13 +220,17 @@ def main() -> None:
                     made / (runs["in process"]["driver_cpu_s"] - runs["fixed in process"]["driver_cpu_s"]), 1
                 ),
                 "driver_cpu_s_per_1000_calls_on_ray": round(1000 * runs["on ray"]["driver_cpu_s"] / made, 2),
-                "bytes_per_example": bytes_per_example(work / "ray", work / "c-ray", n_examples),
+                "driver": driver_costs(
+                    full, work / "ray", work / "c-ray", n_examples, runs["on ray"]["shards"]
+                ),
                 "load_after": os.getloadavg()[0],
             }
         )
     finally:
         server.terminate()
         server.wait(timeout=10)
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
     print(
         f"{'run':<18} {'wall s':>8} {'study s':>8} {'driver CPU s':>12} {'server CPU s':>12} {'made':>6} {'shards':>6}"
     )
@@ -193,7 +239,7 @@ def main() -> None:
               f"{r['calls']['made']:>6} {r['shards']:>6}")  # fmt: skip
     keys = ("same_study_json", "ratio_wall", "ratio_play_phase", "play_phase_s", "calls_per_s_per_worker",
             "calls_per_s_in_process", "calls_per_worker_cpu_s", "calls_per_driver_cpu_s_in_process",
-            "driver_cpu_s_per_1000_calls_on_ray", "bytes_per_example", "load_before", "load_after")  # fmt: skip
+            "driver_cpu_s_per_1000_calls_on_ray", "driver", "load_before", "load_after")  # fmt: skip
     for key in keys:
         print(f"{key}: {results[key]}")
     if args.json:

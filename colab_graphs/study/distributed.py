@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -213,6 +214,7 @@ def local_cluster(cpus: int) -> Iterator[tuple[str, int]]:
                 os.kill(pid, signal.SIGKILL)
         if head.poll() is None:
             head.wait(timeout=10)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def session_processes(sid: int) -> list[int]:

@@ -91,7 +91,7 @@ def plot_scatter_grid(report: StudyReport, path: str | Path) -> Path:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, handle)
     if handles:
-        fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=min(4, len(handles)),
+        fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=min(3, len(handles)),
                    fontsize=8)  # fmt: skip
     path = Path(path)
     fig.savefig(path, dpi=_DPI)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,11 +69,16 @@ class _Ledgers:
             solo.key: [a.key for a in plan.audits if (a.pool, a.dataset) == (solo.pool, solo.dataset)]
             for solo in plan.solos
         }
-        for solo in plan.solos:  # an audit added to the study takes the solo plays made before
-            for play in self.done(solo):
-                for key in self.audits_of[solo.key]:
-                    if play_key(play) not in self.games[key].plays:
-                        self._append(key, play)
+        # An audit added to the study takes the solo plays made before.
+        self._store(
+            [
+                (key, play)
+                for solo in plan.solos
+                for play in self.done(solo)
+                for key in self.audits_of[solo.key]
+                if play_key(play) not in self.games[key].plays
+            ]
+        )
 
     def done(self, setting: Setting) -> list[Play]:
         """The setting's finished plays (an audit's own, not the solo plays it was given)."""
@@ -81,16 +86,26 @@ class _Ledgers:
         return [p for p in self.games[setting.key].plays.values() if p.game == game]
 
     def record(self, key: str, play: Play) -> None:
-        self._append(key, play)
-        for audit in self.audits_of.get(key, ()):
-            self._append(audit, play)
+        self.record_many([(key, play)])
 
-    def _append(self, key: str, play: Play) -> None:
-        game = self.games[key]
-        game.plays[play_key(play)] = play
-        assert game.store is not None
-        with open(game.store / GAME_FILE, "a", encoding="utf-8") as fh:
-            fh.write(play.to_json() + "\n")
+    def record_many(self, plays: Sequence[tuple[str, Play]]) -> None:
+        """Record plays (setting key, play); a solo play also goes to every audit of its pool and dataset."""
+        self._store([(target, play) for key, play in plays for target in (key, *self.audits_of.get(key, ()))])
+
+    def _store(self, placed: list[tuple[str, Play]]) -> None:
+        # One append per ledger file, each play serialised once.
+        lines: dict[str, list[str]] = {}
+        text: dict[int, str] = {}
+        for target, play in placed:
+            self.games[target].plays[play_key(play)] = play
+            if id(play) not in text:
+                text[id(play)] = play.to_json() + "\n"
+            lines.setdefault(target, []).append(text[id(play)])
+        for target, items in lines.items():
+            store = self.games[target].store
+            assert store is not None
+            with open(store / GAME_FILE, "a", encoding="utf-8") as fh:
+                fh.write("".join(items))
 
 
 def _read_state(out: Path) -> float:
@@ -253,8 +268,7 @@ def _play_on_ray(
             if client.cache is not None:
                 for key, model, request, response in result.entries:
                     client.cache.put(key, model, request, response)
-            for key, play in result.plays:
-                ledgers.record(key, play)
+            ledgers.record_many(result.plays)
 
         options = {
             "max_concurrency": client.max_concurrency,
