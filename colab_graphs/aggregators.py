@@ -16,54 +16,20 @@ from collections.abc import Callable
 from typing import Any
 
 from colab_graphs.data.tasks import TaskView
+from colab_graphs.registry import aggregator, registry_lookup, router
 
 AggregatorFn = Callable[..., str]
 RouterFn = Callable[..., str]
 
-AGGREGATORS: dict[str, AggregatorFn] = {}
-ROUTERS: dict[str, RouterFn] = {}
-
-
-def aggregator(name: str) -> Callable[[AggregatorFn], AggregatorFn]:
-    def decorate(fn: AggregatorFn) -> AggregatorFn:
-        AGGREGATORS[name] = fn
-        return fn
-
-    return decorate
-
-
-def router(name: str) -> Callable[[RouterFn], RouterFn]:
-    def decorate(fn: RouterFn) -> RouterFn:
-        ROUTERS[name] = fn
-        return fn
-
-    return decorate
-
-
-def _load_protocol_modules() -> None:
-    # Protocol modules register the aggregators and routers they use; a spec loaded from JSON may name them
-    # before any protocol was built in this process.
-    from colab_graphs.protocols.registry import list_protocols
-
-    list_protocols()
+__all__ = ["aggregator", "get_aggregator", "get_router", "router"]
 
 
 def get_aggregator(name: str) -> AggregatorFn:
-    if name not in AGGREGATORS:
-        _load_protocol_modules()
-    try:
-        return AGGREGATORS[name]
-    except KeyError:
-        raise KeyError(f"unknown aggregator {name!r}; known: {', '.join(sorted(AGGREGATORS))}") from None
+    return registry_lookup("aggregator", name).obj
 
 
 def get_router(name: str) -> RouterFn:
-    if name not in ROUTERS:
-        _load_protocol_modules()
-    try:
-        return ROUTERS[name]
-    except KeyError:
-        raise KeyError(f"unknown router {name!r}; known: {', '.join(sorted(ROUTERS))}") from None
+    return registry_lookup("router", name).obj
 
 
 def _items(inputs: dict[str, Any]) -> list[str]:

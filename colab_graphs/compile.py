@@ -16,11 +16,12 @@ from typing import Annotated, Any, TypedDict
 
 from langgraph.runtime import Runtime
 
-from colab_graphs.aggregators import get_aggregator, get_router
 from colab_graphs.data.example import Example
 from colab_graphs.data.tasks import DEFAULT_INSTRUCTION, TaskType, TaskView
+from colab_graphs.logit_pool import check_pool_supports, check_seat_supports
 from colab_graphs.models.client import ModelClient, being_cancelled
 from colab_graphs.pool import Pool
+from colab_graphs.registry import registry_lookup
 from colab_graphs.spec import END, START, Aggregate, Edge, GraphSpec, LogitSeat, Seat, is_pattern
 from colab_graphs.trace import Trace
 
@@ -298,8 +299,6 @@ def _logit_fn(node: LogitSeat, order: dict[str, int], fallback: RunContext | Non
         system = render(node.system, node.name, state, reads) if node.system else None
         members = [rt.pool[m] for m in node.members]
         # The run's pool may not be the one compile_graph checked (or it had none): check it again, cheaply.
-        from colab_graphs.protocols.logit import check_seat_supports
-
         check_seat_supports(node, rt.pool, graph=node.name)
         overrides = dict(node.settings)
         if len(members) > 1:
@@ -331,7 +330,7 @@ def _takes_task(fn: Any) -> bool:
 
 def _aggregate_fns(node: Aggregate, order: dict[str, int], output_key: str, fallback: RunContext | None):
     """(sync, async) functions of an aggregate node. Aggregators that take `task` get the run's task."""
-    fn = get_aggregator(node.fn)
+    fn = registry_lookup("aggregator", node.fn).obj
     takes_task = _takes_task(fn)
 
     def run(state: GraphState, runtime: Runtime | None = None) -> dict[str, Any]:
@@ -433,7 +432,7 @@ def _fused_fn(levels: list[list[str]], fns: dict[str, Any]):
 
 
 def _route_fn(route, order: dict[str, int], fallback: RunContext | None):
-    fn = get_router(route.fn)
+    fn = registry_lookup("router", route.fn).obj
     key = route.params.get("key")
     params = {k: v for k, v in route.params.items() if k != "key"}
 
@@ -464,8 +463,6 @@ def _node_functions(spec: GraphSpec, pool: Pool | None, client: ModelClient | No
     """(async functions of every node, sync functions of pure-Python nodes, the fallback runtime)."""
     spec.validate_for(pool.names if pool is not None else None)
     if pool is not None and any(isinstance(n, LogitSeat) for n in spec.nodes):
-        from colab_graphs.protocols.logit import check_pool_supports
-
         check_pool_supports(spec, pool)  # API members cannot give next-token distributions: fail before calls
     fallback = RunContext(client or default_client(), pool) if pool is not None else None
     order = _writer_order(spec)

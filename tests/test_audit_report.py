@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from colab_graphs.audit.estimators import plan_coalitions
+from colab_graphs.audit.plots import write_plots
 from colab_graphs.audit.report import (
     SCHEMA_VERSION,
     AuditReport,
@@ -229,7 +230,8 @@ def is_png(path) -> bool:
 
 def test_plots_are_written_and_shown_in_the_markdown(tmp_path):
     pytest.importorskip("matplotlib")
-    written = write_report(make_report(), tmp_path, plots=True)
+    report = make_report()
+    written = write_report(report, tmp_path, images=write_plots(report, tmp_path))
     assert is_png(written["contributions"]) and is_png(written["individual_vs_compositional"])
     text = written["md"].read_text()
     assert "![contributions](contributions.png)" in text
@@ -238,7 +240,7 @@ def test_plots_are_written_and_shown_in_the_markdown(tmp_path):
 
 def test_contribution_plot_works_without_shapley_or_individual_strengths(tmp_path):
     pytest.importorskip("matplotlib")
-    from colab_graphs.audit.plots import plot_contributions, write_plots
+    from colab_graphs.audit.plots import plot_contributions
 
     report = make_report("loo").model_copy(update={"individual": {}})
     assert is_png(plot_contributions(report, tmp_path / "bars.png"))

@@ -397,24 +397,22 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_report(report: AuditReport, out_dir: str | Path, *, plots: bool = False) -> dict[str, Path]:
-    """Write `report.json` and `report.md` (and, with `plots`, the PNG plots the markdown shows).
+def write_report(
+    report: AuditReport, out_dir: str | Path, *, images: dict[str, Path] | None = None
+) -> dict[str, Path]:
+    """Write `report.json` and `report.md` (which shows `images`, the plots `audit.plots.write_plots` drew).
 
     Args:
         report: The audit report.
         out_dir: Folder to write into; created if missing.
-        plots: Also draw `contributions.png` and `individual_vs_compositional.png` (needs matplotlib).
+        images: Plot name -> PNG path, already written in `out_dir`.
 
     Returns:
-        Name ("json", "md", and the plot names) -> path written.
+        Name ("json", "md", and the plot names) -> path.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    written: dict[str, Path] = {}
-    if plots:
-        from colab_graphs.audit.plots import write_plots
-
-        written.update(write_plots(report, out))
+    written: dict[str, Path] = dict(images or {})
     _write_atomic(out / REPORT_JSON, report.model_dump_json(indent=2) + "\n")
     written["json"] = out / REPORT_JSON
     images = {name: path.name for name, path in written.items() if path.suffix == ".png"}

@@ -9,6 +9,7 @@ from typing import Any
 
 from colab_graphs.audit.estimators import Method, plan_coalitions
 from colab_graphs.audit.game import CoalitionGame, Play
+from colab_graphs.audit.plots import plots_available, write_plots
 from colab_graphs.audit.report import (
     AuditReport,
     CoalitionUsage,
@@ -26,14 +27,6 @@ from colab_graphs.spec import GraphSpec
 
 class AuditError(RuntimeError):
     pass
-
-
-def plots_available() -> bool:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 async def run_audit(
@@ -121,7 +114,8 @@ async def run_audit(
         **fitting,
     )
     if out is not None:
-        write_report(report, out, plots=plots_available() if plots is None else plots)
+        images = write_plots(report, out) if (plots_available() if plots is None else plots) else {}
+        write_report(report, out, images=images)
     return report
 
 

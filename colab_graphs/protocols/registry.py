@@ -1,4 +1,4 @@
-"""The protocol registry: built-in and user protocols by name, with family, parameters and defaults.
+"""Protocols by name: look up, list, and build them from the one registry (`colab_graphs.registry`).
 
 A protocol is a builder `(members: list[str], **params) -> GraphSpec` registered with `@protocol(...)`. The
 registry records each parameter's default (from the signature) and its doc (from the `Args:` section of the
@@ -7,30 +7,31 @@ docstring), so `colab-graphs protocols` can list them and `-P key=value` can be 
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import json
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from colab_graphs.registry import FAMILIES, RegistryInfo, protocol, registry_find, registry_lookup
 from colab_graphs.spec import GraphSpec
 
 Builder = Callable[..., GraphSpec]
 
-FAMILIES = ("api", "text", "logit", "weight", "basic")
-_BUILTIN_MODULES = (
-    "colab_graphs.protocols.basic",
-    "colab_graphs.protocols.api",
-    "colab_graphs.protocols.text",
-    "colab_graphs.protocols.logit",
-    "colab_graphs.protocols.weight",
-)
+__all__ = [
+    "FAMILIES",
+    "ProtocolInfo",
+    "build_protocol",
+    "coerce_param",
+    "get_protocol",
+    "list_protocols",
+    "protocol",
+]
 
 
 @dataclass
 class ProtocolInfo:
+    """A registered protocol: its builder and what its `@protocol` decorator recorded."""
+
     name: str
     family: str
     description: str
@@ -40,6 +41,10 @@ class ProtocolInfo:
     requires: list[str] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)
     param_docs: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, info: RegistryInfo) -> ProtocolInfo:
+        return cls(name=info.name, builder=info.obj, **info.metadata)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -54,9 +59,6 @@ class ProtocolInfo:
         }
 
 
-_REGISTRY: dict[str, ProtocolInfo] = {}
-
-
 def _jsonable(value: Any) -> Any:
     try:
         json.dumps(value)
@@ -65,80 +67,14 @@ def _jsonable(value: Any) -> Any:
         return repr(value)
 
 
-def _param_docs(fn: Callable[..., Any]) -> dict[str, str]:
-    doc = inspect.getdoc(fn) or ""
-    m = re.search(r"^Args:\n((?:[ \t]+.*\n?)+)", doc, re.MULTILINE)
-    if not m:
-        return {}
-    out: dict[str, str] = {}
-    current = None
-    for line in m.group(1).splitlines():
-        pm = re.match(r"^\s{2,4}(\w+)(?: \([^)]*\))?:\s*(.*)$", line)
-        if pm:
-            current = pm.group(1)
-            out[current] = pm.group(2).strip()
-        elif current and line.strip():
-            out[current] += " " + line.strip()
-    return out
-
-
-def protocol(
-    name: str,
-    *,
-    family: str,
-    description: str,
-    min_members: int = 1,
-    max_members: int | None = None,
-    requires: Sequence[str] = (),
-) -> Callable[[Builder], Builder]:
-    """Register a protocol builder under `name`."""
-    if family not in FAMILIES:
-        raise ValueError(f"protocol {name!r}: family must be one of {FAMILIES}")
-
-    def decorate(fn: Builder) -> Builder:
-        sig = inspect.signature(fn)
-        params = {
-            p.name: p.default
-            for p in list(sig.parameters.values())[1:]
-            if p.default is not inspect.Parameter.empty and p.kind is not inspect.Parameter.VAR_KEYWORD
-        }
-        _REGISTRY[name] = ProtocolInfo(
-            name=name,
-            family=family,
-            description=description,
-            builder=fn,
-            min_members=min_members,
-            max_members=max_members,
-            requires=list(requires),
-            params=params,
-            param_docs=_param_docs(fn),
-        )
-        return fn
-
-    return decorate
-
-
-def _load_builtins() -> None:
-    for module in _BUILTIN_MODULES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-
-
 def list_protocols() -> list[ProtocolInfo]:
-    _load_builtins()
+    """Every registered protocol, by family (api, text, logit, weight, basic) then name."""
     order = {f: i for i, f in enumerate(FAMILIES)}
-    return sorted(_REGISTRY.values(), key=lambda p: (order[p.family], p.name))
+    return sorted(map(ProtocolInfo.of, registry_find("protocol")), key=lambda p: (order[p.family], p.name))
 
 
 def get_protocol(name: str) -> ProtocolInfo:
-    _load_builtins()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown protocol {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+    return ProtocolInfo.of(registry_lookup("protocol", name))
 
 
 def coerce_param(info: ProtocolInfo, key: str, raw: Any) -> Any:

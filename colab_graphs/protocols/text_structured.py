@@ -1,6 +1,6 @@
 """Text-level protocols with structure beyond all-see-all: topology, blackboard, LLM-Blender.
 
-Part of the text family (conventions in `colab_graphs.protocols.text`, which imports this module). This
+Part of the text family (conventions in `colab_graphs.protocols.text`). This
 module also registers the pure-Python nodes they use: aggregators `inbox` (labelled messages from chosen
 members), `count` (how many texts were read) and `pairwise_rank` (rank candidates from pairwise verdicts),
 and the router `at_least` (a count against a threshold).
@@ -11,11 +11,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from colab_graphs.aggregators import aggregator, router
 from colab_graphs.builder import GraphBuilder
 from colab_graphs.protocols.prompts import ANSWER
-from colab_graphs.protocols.registry import protocol
-from colab_graphs.protocols.text import (
+from colab_graphs.protocols.stages import (
     add_stage,
     check_count,
     check_members,
@@ -23,6 +21,7 @@ from colab_graphs.protocols.text import (
     finish_with_vote,
     pick_member,
 )
+from colab_graphs.registry import aggregator, protocol, router
 from colab_graphs.spec import END, GraphSpec
 
 TOPOLOGIES = ("chain", "ring", "star", "tree", "complete")

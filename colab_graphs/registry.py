@@ -1,0 +1,183 @@
+"""The one registry: protocols, aggregators, routers and scorers by kind and name.
+
+Each is registered by a decorator that records its arguments (a protocol's family, description, member bounds,
+and the defaults and docs of its parameters), as inspect_ai's registry does, so a report can name what ran and
+the CLI can list and rebuild it:
+
+    @protocol("draft_critique", family="text", description="...")      # a GraphSpec builder
+    @aggregator("vote")                                                 # (inputs, *, task, **params) -> str
+    @router("confidence")                                               # (view, path_map, **params) -> key
+    register_task(NumericTask())                                        # a scorer: a task type (data/tasks.py)
+
+Plugins: every entry point of the group ``colab_graphs.plugins`` is loaded (imported; a callable entry point
+is also called) the first time a name is looked up. The package's own built-ins are such a plugin
+(``builtins = "colab_graphs.builtins"`` in pyproject.toml), so the core never imports the protocol library; a
+user package adds a protocol or a scorer the same way:
+
+    [project.entry-points."colab_graphs.plugins"]
+    my_protocols = "my_package.protocols"
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any, Literal, TypeVar
+
+Kind = Literal["protocol", "aggregator", "router", "scorer"]
+KINDS: tuple[Kind, ...] = ("protocol", "aggregator", "router", "scorer")
+FAMILIES = ("api", "text", "logit", "weight", "basic")
+PLUGIN_GROUP = "colab_graphs.plugins"
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RegistryInfo:
+    """One registered object: its kind, name, the object itself, and what its decorator recorded."""
+
+    kind: Kind
+    name: str
+    obj: Any
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class PluginError(RuntimeError):
+    """A plugin entry point could not be loaded; the message names it."""
+
+
+_entries: dict[tuple[str, str], RegistryInfo] = {}
+_plugins_loaded = False
+_plugins_lock = threading.RLock()
+
+
+def registry_add(kind: Kind, name: str, obj: Any, **metadata: Any) -> RegistryInfo:
+    """Register `obj` under (`kind`, `name`), replacing an earlier one of the same name."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown registry kind {kind!r}; kinds: {', '.join(KINDS)}")
+    info = RegistryInfo(kind, name, obj, metadata)
+    _entries[(kind, name)] = info
+    return info
+
+
+def load_plugins() -> None:
+    """Load every ``colab_graphs.plugins`` entry point once (the package's built-ins are one)."""
+    global _plugins_loaded
+    with _plugins_lock:
+        if _plugins_loaded:
+            return
+        _plugins_loaded = True
+        for ep in sorted(entry_points(group=PLUGIN_GROUP), key=lambda e: (e.name != "builtins", e.name)):
+            try:
+                loaded = ep.load()
+            except Exception as exc:  # a broken third-party plugin must say which one it is
+                raise PluginError(f"plugin {ep.name!r} ({ep.value}) failed to load: {exc}") from exc
+            if callable(loaded):
+                loaded()
+
+
+def registry_lookup(kind: Kind, name: str) -> RegistryInfo:
+    """The entry (`kind`, `name`); plugins load on the first lookup. KeyError lists the known names."""
+    if (kind, name) not in _entries:
+        load_plugins()
+    try:
+        return _entries[(kind, name)]
+    except KeyError:
+        known = ", ".join(registry_names(kind)) or "(none: is colab-graphs installed? pip install -e .)"
+        raise KeyError(f"unknown {kind} {name!r}; known: {known}") from None
+
+
+def registry_find(kind: Kind) -> list[RegistryInfo]:
+    """Every entry of `kind`, in name order (plugins loaded)."""
+    load_plugins()
+    return sorted((i for (k, _), i in _entries.items() if k == kind), key=lambda i: i.name)
+
+
+def registry_names(kind: Kind) -> list[str]:
+    return [info.name for info in registry_find(kind)]
+
+
+# --- decorators ------------------------------------------------------------------------------------------------
+
+
+def aggregator(name: str) -> Callable[[T], T]:
+    """Register a pure-Python aggregator `(inputs, *, task, **params) -> str` under `name`."""
+
+    def decorate(fn: T) -> T:
+        registry_add("aggregator", name, fn)
+        return fn
+
+    return decorate
+
+
+def router(name: str) -> Callable[[T], T]:
+    """Register a router `(view, path_map, **params) -> path key` under `name`."""
+
+    def decorate(fn: T) -> T:
+        registry_add("router", name, fn)
+        return fn
+
+    return decorate
+
+
+def protocol(
+    name: str,
+    *,
+    family: str,
+    description: str,
+    min_members: int = 1,
+    max_members: int | None = None,
+    requires: Sequence[str] = (),
+) -> Callable[[T], T]:
+    """Register a protocol builder `(members, **params) -> GraphSpec` under `name`.
+
+    Records the decorator's arguments and, from the builder, each parameter's default (its signature) and doc
+    (the `Args:` section of its docstring), so `colab-graphs protocols` can list them and `-P key=value` is
+    parsed to the parameter's type.
+    """
+    if family not in FAMILIES:
+        raise ValueError(f"protocol {name!r}: family must be one of {FAMILIES}")
+
+    def decorate(fn: T) -> T:
+        params = {
+            p.name: p.default
+            for p in list(inspect.signature(fn).parameters.values())[1:]  # type: ignore[arg-type]
+            if p.default is not inspect.Parameter.empty and p.kind is not inspect.Parameter.VAR_KEYWORD
+        }
+        registry_add(
+            "protocol",
+            name,
+            fn,
+            family=family,
+            description=description,
+            min_members=min_members,
+            max_members=max_members,
+            requires=list(requires),
+            params=params,
+            param_docs=param_docs(fn),
+        )
+        return fn
+
+    return decorate
+
+
+def param_docs(fn: Callable[..., Any]) -> dict[str, str]:
+    """Parameter name -> its doc, from the `Args:` section of `fn`'s Google-style docstring."""
+    doc = inspect.getdoc(fn) or ""
+    m = re.search(r"^Args:\n((?:[ \t]+.*\n?)+)", doc, re.MULTILINE)
+    if not m:
+        return {}
+    out: dict[str, str] = {}
+    current = None
+    for line in m.group(1).splitlines():
+        pm = re.match(r"^\s{2,4}(\w+)(?: \([^)]*\))?:\s*(.*)$", line)
+        if pm:
+            current = pm.group(1)
+            out[current] = pm.group(2).strip()
+        elif current and line.strip():
+            out[current] += " " + line.strip()
+    return out
