@@ -25,8 +25,8 @@ def module_name(path: Path) -> str:
 
 
 def imports_of(path: Path, modules: set[str]) -> set[str]:
-    """The package modules `path` imports anywhere in its body (a `from pkg import name` that names a module
-    counts as that module)."""
+    """The package modules `path` imports anywhere in its body (`from pkg import mod` counts as `pkg.mod`;
+    `pkg` itself only when some name imported from it is not a module)."""
     found: set[str] = set()
     me = module_name(path)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
@@ -38,8 +38,10 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, base] if base else anchor)
-            found.add(base)
-            found.update(f"{base}.{a.name}" for a in node.names)
+            submodules = {f"{base}.{a.name}" for a in node.names} & modules
+            found.update(submodules)
+            if len(submodules) < len(node.names):  # some name is an object defined in `base` itself
+                found.add(base)
     return {m for m in found if m in modules and m != me}
 
 
