@@ -14,7 +14,6 @@ import threading
 from dataclasses import dataclass
 from typing import Annotated, Any, TypedDict
 
-from langgraph.runtime import Runtime
 
 from colab_graphs.data.example import Example
 from colab_graphs.data.tasks import DEFAULT_INSTRUCTION, TaskType, TaskView
@@ -189,7 +188,7 @@ def _node(afn, fn=None):
 
     if fn is None:
 
-        def fn(state: GraphState, runtime: Runtime | None = None) -> dict[str, Any]:
+        def fn(state: GraphState, runtime: Any = None) -> dict[str, Any]:
             return asyncio.run_coroutine_threadsafe(afn(state, runtime), _background_loop()).result()
 
     return RunnableCallable(fn, afn, name=getattr(afn, "__name__", None), trace=False)
@@ -234,7 +233,7 @@ def _seat_fn(seat: Seat, order: dict[str, int], fallback: RunContext | None, out
             out[seat.writes + "#logprob"] = sum(result.logprobs) / len(result.logprobs)
         return _update(seat.name, out, output_key)
 
-    def replayed(rt: Runtime, hit: list[Any]) -> dict[str, Any]:
+    def replayed(rt: RunContext, hit: list[Any]) -> dict[str, Any]:
         result, record, copies = hit
         if rt.trace is not None:
             if seat.name not in copies:  # one cached copy of the record per seat, shared by the replays
@@ -247,7 +246,7 @@ def _seat_fn(seat: Seat, order: dict[str, int], fallback: RunContext | None, out
         hit = rt.memo.get(request) if rt.memo is not None else None
         return replayed(rt, hit) if isinstance(hit, list) else None
 
-    async def run(state: GraphState, runtime: Runtime | None = None) -> dict[str, Any]:
+    async def run(state: GraphState, runtime: Any = None) -> dict[str, Any]:
         rt, system, prompt, request = prepare(state, runtime)
         memo = rt.memo
         while memo is not None and (hit := memo.get(request)) is not None:
@@ -292,7 +291,7 @@ def _seat_fn(seat: Seat, order: dict[str, int], fallback: RunContext | None, out
 
 
 def _logit_fn(node: LogitSeat, order: dict[str, int], fallback: RunContext | None, output_key: str):
-    async def run(state: GraphState, runtime: Runtime | None = None) -> dict[str, Any]:
+    async def run(state: GraphState, runtime: Any = None) -> dict[str, Any]:
         rt = _context(runtime, fallback)
         reads = resolve_reads(node.reads, state, order)
         prompt = render(node.prompt, node.name, state, reads)
@@ -333,12 +332,12 @@ def _aggregate_fns(node: Aggregate, order: dict[str, int], output_key: str, fall
     fn = registry_lookup("aggregator", node.fn).obj
     takes_task = _takes_task(fn)
 
-    def run(state: GraphState, runtime: Runtime | None = None) -> dict[str, Any]:
+    def run(state: GraphState, runtime: Any = None) -> dict[str, Any]:
         reads = resolve_reads(node.reads, state, order)
         params = {**node.params, "task": task_view(state, runtime, fallback)} if takes_task else node.params
         return _update(node.name, {node.writes: fn(reads, **params)}, output_key)
 
-    async def arun(state: GraphState, runtime: Runtime | None = None) -> dict[str, Any]:
+    async def arun(state: GraphState, runtime: Any = None) -> dict[str, Any]:
         return run(state, runtime)
 
     arun.ready = run
@@ -401,7 +400,7 @@ def _fused_fn(levels: list[list[str]], fns: dict[str, Any]):
     """One node that runs the protocol's levels in order, each level's nodes concurrently."""
     readies = {name: getattr(fn, "ready", None) for name, fn in fns.items()}
 
-    async def run(state: GraphState, runtime: Runtime | None = None) -> dict[str, Any]:
+    async def run(state: GraphState, runtime: Any = None) -> dict[str, Any]:
         # The state as the graph's reducers would build it (merged values, counted visits), grown in place:
         # a level's updates apply only after all its nodes have read the state.
         values, visits = dict(state.get("values") or {}), dict(state.get("visits") or {})
@@ -436,7 +435,7 @@ def _route_fn(route, order: dict[str, int], fallback: RunContext | None):
     key = route.params.get("key")
     params = {k: v for k, v in route.params.items() if k != "key"}
 
-    def choose(state: GraphState, runtime: Runtime) -> str:
+    def choose(state: GraphState, runtime: Any) -> str:
         values = state.get("values") or {}
         if (
             route.max_visits is not None
@@ -541,6 +540,8 @@ class DirectGraph:
     async def ainvoke(
         self, state: dict[str, Any], config: Any = None, *, context: RunContext | None = None
     ) -> dict[str, Any]:
+        from langgraph.runtime import Runtime
+
         update = await self._run(state, Runtime(context=context))
         out = dict(state)
         _apply(out, update)
