@@ -481,10 +481,13 @@ def test_lora_training_exports_a_merged_policy_that_differs_from_the_start(tmp_p
         max_steps=2,
         save_steps=0,
         eval_size=2,
+        eval_before=False,  # runs that share a starting policy evaluate it once
         output_dir=str(tmp_path / "lora"),
         cache_dir=str(tmp_path / "cache"),
     )
-    train(config)
+    summary = train(config)
+    assert summary["eval_before"] is None and summary["eval_after"]["n"] == 2
+    assert not (tmp_path / "lora" / "eval_before.json").exists()
     folder = tmp_path / "lora" / "policy"
     trained = AutoModelForCausalLM.from_pretrained(folder)
     assert not any("lora" in name for name in trained.state_dict())  # merged: a plain model folder
