@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -63,50 +61,6 @@ def load_data(source: str | None, limit: int | None, seed: int | None = None, sp
     return examples
 
 
-def load_user_graph(ref: str, members: list[str], params: dict[str, Any]) -> GraphSpec:
-    """`path/to/file.py:NAME`, NAME a GraphSpec, a builder `(members, **params) -> GraphSpec`, or a GraphBuilder."""
-    path_s, sep, name = ref.rpartition(":")
-    if not sep or not path_s or not name:
-        fail(f"--graph expects path/to/file.py:NAME, got {ref!r}")
-    path = Path(path_s)
-    if not path.exists():
-        fail(f"--graph: {path} does not exist")
-    module_name = f"colab_graphs_user_{path.stem}"
-    spec_obj = importlib.util.spec_from_file_location(module_name, path)
-    assert spec_obj and spec_obj.loader
-    module = importlib.util.module_from_spec(spec_obj)
-    sys.modules[module_name] = module
-    spec_obj.loader.exec_module(module)
-    if not hasattr(module, name):
-        fail(f"--graph: {path} defines no {name!r}")
-    obj = getattr(module, name)
-    from colab_graphs.builder import GraphBuilder
-
-    if isinstance(obj, GraphSpec):
-        if params:
-            fail(f"--graph {ref}: -P parameters need a builder function, and {name} is a fixed GraphSpec")
-        return obj
-    if isinstance(obj, GraphBuilder):
-        return obj.build()
-    if callable(obj):
-        from colab_graphs.protocols.registry import get_protocol
-
-        try:
-            info = get_protocol(name)
-            if info.builder is obj:
-                from colab_graphs.protocols.registry import build_protocol
-
-                return build_protocol(name, members, **params)
-        except KeyError:
-            pass
-        spec = obj(members, **params)
-        if not isinstance(spec, GraphSpec):
-            fail(f"--graph: {ref} returned {type(spec).__name__}, expected a GraphSpec")
-        return spec
-    fail(f"--graph: {ref} is a {type(obj).__name__}, expected a GraphSpec or a builder function")
-    raise AssertionError
-
-
 def resolve_protocol(
     protocol: str | None,
     graph: str | None,
@@ -114,25 +68,15 @@ def resolve_protocol(
     params: dict[str, Any],
     pool: Pool | None = None,
 ) -> GraphSpec:
-    """The GraphSpec a command runs. Pool member descriptions fill a protocol's `descriptions` parameter."""
+    """The GraphSpec a command runs (`colab_graphs.protocols.resolve`); a problem is a usage error."""
+    from colab_graphs.protocols.resolve import ProtocolError
+    from colab_graphs.protocols.resolve import resolve_protocol as resolve
     from colab_graphs.spec import SpecError
 
-    if protocol and graph:
-        fail("give --protocol or --graph, not both")
     try:
-        if graph:
-            return load_user_graph(graph, members, params)
-        from colab_graphs.defaults import DEFAULT_PROTOCOL
-        from colab_graphs.protocols.registry import build_protocol, get_protocol
-
-        name = protocol or DEFAULT_PROTOCOL
-        if pool is not None and "descriptions" in get_protocol(name).params and "descriptions" not in params:
-            described = {m.name: m.description for m in pool if m.description}
-            if described:
-                params = {**params, "descriptions": described}
-        return build_protocol(name, members, **params)
-    except (KeyError, ValueError, SpecError) as err:
-        fail(str(err.args[0]) if isinstance(err, KeyError) else str(err))
+        return resolve(protocol, members, params, graph=graph, pool=pool)
+    except (ProtocolError, SpecError) as err:
+        fail(str(err))
         raise
 
 
