@@ -10,7 +10,7 @@ answers every request after `--latency` seconds. Scenarios, each audit with each
 over 4 members, leave-one-out), `exact` (majority vote over 5 members, exact Shapley: 32 coalitions) and
 `sampled8` (majority vote over 8 members, sampled Shapley with 64 permutations). For each it measures:
 
-1. **audit**: `run_audit` with a fresh call cache, all coalitions interleaved on one loop.
+1. **audit**: `play_audit` with a fresh call cache, all coalitions interleaved on one loop.
 2. **floor (litellm)**: the distinct requests the audit made (read back from its cache), sent with bare
    `litellm.acompletion` under one `asyncio.Semaphore(concurrency)`, all at once, no graph, no cache. It
    ignores that a debate's round 2 must wait for round 1: no real evaluation can beat it.
@@ -49,7 +49,7 @@ from typing import Any
 
 import colab_graphs._env  # noqa: F401  (offline settings before litellm loads)
 from colab_graphs.audit.estimators import plan_coalitions
-from colab_graphs.audit.run import run_audit
+from colab_graphs.audit.run import play_audit
 from colab_graphs.coalition import restrict
 from colab_graphs.data.builtin import builtin_task
 from colab_graphs.models.cache import CallCache
@@ -188,12 +188,12 @@ async def scenario(
         client = ModelClient(CallCache(cache_dir), max_concurrency=args.concurrency)
         if profiler:
             profiler.enable()
-        report = await run_audit(spec, pool, examples, client=client, **plan)
+        report = await play_audit(spec, pool, examples, client=client, **plan)
         if profiler:
             profiler.disable()
     with Phase(server) as warm:  # the same audit again, every call a cache hit: the framework's own cost
         client = ModelClient(CallCache(cache_dir), max_concurrency=args.concurrency)
-        again = await run_audit(spec, pool, examples, client=client, **plan)
+        again = await play_audit(spec, pool, examples, client=client, **plan)
     assert again.calls.made == 0 and again.loo == report.loo and again.shapley == report.shapley
     requests = distinct_requests(cache_dir)
     assert len(requests) == report.calls.unique, (len(requests), report.calls)

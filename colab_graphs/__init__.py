@@ -1,51 +1,94 @@
 """colab-graphs: measure and train language models for what they add to a team of models.
 
-The public API is re-exported here lazily (attribute access imports the submodule), so `import colab_graphs`
-stays instant and heavy packages load only when used.
+The curated public API. Heavy packages (LiteLLM, torch, transformers, TRL, matplotlib) load only inside the
+functions that use them, so importing this package stays quick.
+
+    >>> import colab_graphs as cg
+    >>> report = cg.run_audit("majority_vote", "pool.yaml", "gsm8k", limit=50, method="exact")  # doctest: +SKIP
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import Any
+from colab_graphs.aggregators import get_aggregator, get_router
+from colab_graphs.api import (
+    RunResult,
+    arun,
+    arun_audit,
+    arun_study,
+    as_examples,
+    as_pool,
+    atrain,
+    run,
+    run_audit,
+    run_study,
+    train,
+)
+from colab_graphs.builder import GraphBuilder
+from colab_graphs.coalition import restrict
+from colab_graphs.compile import RunContext, compile_graph
+from colab_graphs.data.example import DatasetError, Example
+from colab_graphs.data.loaders import load_examples
+from colab_graphs.data.scoring import get_scorer, get_task, register_scorer, register_task, task_for
+from colab_graphs.data.tasks import Score, TaskType, TaskView
+from colab_graphs.models.cache import CallCache
+from colab_graphs.models.client import CallError, ModelClient
+from colab_graphs.pool import Member, Pool, PoolError
+from colab_graphs.protocols.registry import build_protocol, get_protocol, list_protocols
+from colab_graphs.registry import aggregator, protocol, router
+from colab_graphs.runner import run_dataset
+from colab_graphs.spec import END, START, Aggregate, GraphSpec, LogitSeat, Seat, SpecError
+from colab_graphs.trace import Call, Trace
 
 __version__ = "0.1.0"
 
-_EXPORTS = {
-    "Pool": "colab_graphs.pool",
-    "Member": "colab_graphs.pool",
-    "PoolError": "colab_graphs.pool",
-    "GraphSpec": "colab_graphs.spec",
-    "Seat": "colab_graphs.spec",
-    "Aggregate": "colab_graphs.spec",
-    "LogitSeat": "colab_graphs.spec",
-    "SpecError": "colab_graphs.spec",
-    "START": "colab_graphs.spec",
-    "END": "colab_graphs.spec",
-    "GraphBuilder": "colab_graphs.builder",
-    "compile_graph": "colab_graphs.compile",
-    "restrict": "colab_graphs.coalition",
-    "ModelClient": "colab_graphs.models.client",
-    "CallError": "colab_graphs.models.client",
-    "CallCache": "colab_graphs.models.cache",
-    "Trace": "colab_graphs.trace",
-    "Call": "colab_graphs.trace",
-    "run_dataset": "colab_graphs.runner",
-    "Example": "colab_graphs.data.example",
-    "register_scorer": "colab_graphs.data.scoring",
-    "get_scorer": "colab_graphs.data.scoring",
-    "aggregator": "colab_graphs.aggregators",
-    "router": "colab_graphs.aggregators",
-    "protocol": "colab_graphs.protocols.registry",
-    "build_protocol": "colab_graphs.protocols.registry",
-    "list_protocols": "colab_graphs.protocols.registry",
-}
-
-__all__ = sorted(_EXPORTS) + ["__version__"]
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'colab_graphs' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__all__ = [
+    "END",
+    "START",
+    "Aggregate",
+    "Call",
+    "CallCache",
+    "CallError",
+    "DatasetError",
+    "Example",
+    "GraphBuilder",
+    "GraphSpec",
+    "LogitSeat",
+    "Member",
+    "ModelClient",
+    "Pool",
+    "PoolError",
+    "RunContext",
+    "RunResult",
+    "Score",
+    "Seat",
+    "SpecError",
+    "TaskType",
+    "TaskView",
+    "Trace",
+    "__version__",
+    "aggregator",
+    "arun",
+    "arun_audit",
+    "arun_study",
+    "as_examples",
+    "as_pool",
+    "atrain",
+    "build_protocol",
+    "compile_graph",
+    "get_aggregator",
+    "get_protocol",
+    "get_router",
+    "get_scorer",
+    "get_task",
+    "list_protocols",
+    "load_examples",
+    "protocol",
+    "register_scorer",
+    "register_task",
+    "restrict",
+    "router",
+    "run",
+    "run_audit",
+    "run_dataset",
+    "run_study",
+    "task_for",
+    "train",
+]

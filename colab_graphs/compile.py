@@ -14,7 +14,6 @@ import threading
 from dataclasses import dataclass
 from typing import Annotated, Any, TypedDict
 
-
 from colab_graphs.data.example import Example
 from colab_graphs.data.tasks import DEFAULT_INSTRUCTION, TaskType, TaskView
 from colab_graphs.logit_pool import check_pool_supports, check_seat_supports
@@ -165,7 +164,7 @@ _loop: asyncio.AbstractEventLoop | None = None
 _loop_lock = threading.Lock()
 
 
-def _background_loop() -> asyncio.AbstractEventLoop:
+def background_loop() -> asyncio.AbstractEventLoop:
     """One event loop in a daemon thread, where model nodes run when a graph is invoked synchronously."""
     global _loop
     with _loop_lock:
@@ -189,7 +188,7 @@ def _node(afn, fn=None):
     if fn is None:
 
         def fn(state: GraphState, runtime: Any = None) -> dict[str, Any]:
-            return asyncio.run_coroutine_threadsafe(afn(state, runtime), _background_loop()).result()
+            return asyncio.run_coroutine_threadsafe(afn(state, runtime), background_loop()).result()
 
     return RunnableCallable(fn, afn, name=getattr(afn, "__name__", None), trace=False)
 

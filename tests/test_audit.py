@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from colab_graphs.audit.run import run_audit
+from colab_graphs.audit.run import play_audit
 from colab_graphs.data.builtin import builtin_task
 from colab_graphs.data.example import Example
 from colab_graphs.models.cache import CallCache
@@ -90,7 +90,7 @@ def vote_server(scripted_server):
 
 def audit(arun, spec, pool, examples, cache_dir: Path, out: Path | None = None, **kwargs):
     client = ModelClient(CallCache(cache_dir), max_concurrency=8, backoff_s=0.01)
-    return arun(run_audit(spec, pool, examples, client=client, out=out, **kwargs)), client
+    return arun(play_audit(spec, pool, examples, client=client, out=out, **kwargs)), client
 
 
 @pytest.fixture(scope="module")

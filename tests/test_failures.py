@@ -31,7 +31,7 @@ import pytest
 from conftest import write_pool_file
 
 from colab_graphs.audit.report import read_report
-from colab_graphs.audit.run import AuditError, run_audit
+from colab_graphs.audit.run import AuditError, play_audit
 from colab_graphs.data.builtin import builtin_task
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient
@@ -81,7 +81,7 @@ def report_values(report) -> dict:
 def audit(arun, server: ScriptedServer, cache_dir: Path):
     """A LOO audit of the debate in-process, with a fresh client whose retries wait 10 ms first."""
     client = ModelClient(CallCache(cache_dir), max_concurrency=CONCURRENCY, backoff_s=0.01)
-    return arun(run_audit(debate(), pool_of(server), EXAMPLES, client=client, method="loo"))
+    return arun(play_audit(debate(), pool_of(server), EXAMPLES, client=client, method="loo"))
 
 
 @pytest.fixture(scope="module")

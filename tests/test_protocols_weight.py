@@ -362,13 +362,15 @@ def params_for(name: str, tiny, data) -> dict:
 
 
 def audit(name, tiny, adapters, data, out: Path, **params):
-    from colab_graphs.audit.run import run_audit
+    from colab_graphs.audit.run import play_audit
 
     pool = local_pool(adapters if name == "lorahub" else tiny)
     spec = build_protocol(name, MEMBERS, **{**params_for(name, tiny, data), **params})
     examples = load_examples(data["test"])
     client = ModelClient(None)
-    return asyncio.run(run_audit(spec, pool, examples, client=client, method="exact", scorer=SCORER, out=out))
+    return asyncio.run(
+        play_audit(spec, pool, examples, client=client, method="exact", scorer=SCORER, out=out)
+    )
 
 
 @pytest.mark.slow
@@ -524,5 +526,7 @@ def test_a_spec_run_without_its_fit_step_fails_naming_the_step(tiny, data):
 
     spec = build_protocol("dare_ties", MEMBERS)
     examples = load_examples(data["test"])[:1]
-    outcomes, _ = asyncio.run(run_dataset(spec, local_pool(tiny), examples, client=ModelClient(None, retries=0)))
+    outcomes, _ = asyncio.run(
+        run_dataset(spec, local_pool(tiny), examples, client=ModelClient(None, retries=0))
+    )
     assert outcomes[0].failed and "fit-step" in outcomes[0].error

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from colab_graphs.audit.run import run_audit
+from colab_graphs.audit.run import play_audit
 from colab_graphs.data.example import Example
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient
@@ -92,7 +92,7 @@ def replicated_pool(bases: list[str], weights: list[int] | None = None, **router
 def audit(arun, pool: Pool, cache_dir: Path, out: Path | None = None):
     client = ModelClient(CallCache(cache_dir), max_concurrency=4, backoff_s=0.01)
     spec = build_protocol("majority_vote", PLAYERS)
-    return arun(run_audit(spec, pool, examples(), client=client, method="loo", out=out))
+    return arun(play_audit(spec, pool, examples(), client=client, method="loo", out=out))
 
 
 def assert_hand_values(report) -> None:

@@ -53,7 +53,7 @@ from colab_graphs.audit.report import read_report
 from colab_graphs.data.example import Example
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient
-from colab_graphs.study import StudyConfigError, StudyError, load_study_config, read_study, run_study
+from colab_graphs.study import StudyConfigError, StudyError, load_study_config, play_study, read_study
 from colab_graphs.study.plan import make_shards
 from colab_graphs.study.report import SettingResult, correlation_rows
 from colab_graphs.study.stats import regularized_incomplete_beta, spearman_p_value
@@ -255,10 +255,10 @@ def test_adding_a_pool_and_a_dataset_plays_only_what_is_new(arun, hand_study, tm
     with ScriptedServer(member_scripts()) as server:
         client = ModelClient(CallCache(tmp_path / "cache"), max_concurrency=4)
         small = write_study(tmp_path, server, pools={"P1": POOLS["P1"]}, datasets=("d1",))
-        arun(run_study(load_study_config(small), tmp_path / "out", client=client, plots=False))
+        arun(play_study(load_study_config(small), tmp_path / "out", client=client, plots=False))
         assert len(server.request_counts()) == 3 * 5
         full = write_study(tmp_path, server)
-        report = arun(run_study(load_study_config(full), tmp_path / "out", client=client, plots=False))
+        report = arun(play_study(load_study_config(full), tmp_path / "out", client=client, plots=False))
         counts = server.request_counts()
     assert len(counts) == DISTINCT_REQUESTS and set(counts.values()) == {1}
     assert report.comparable() == expected.comparable()
@@ -268,11 +268,11 @@ def test_a_changed_setting_is_an_error_that_names_it(arun, tmp_path):
     with ScriptedServer(member_scripts()) as server:
         client = ModelClient(CallCache(tmp_path / "cache"), max_concurrency=4)
         config = write_study(tmp_path, server, pools={"P2": ["c", "d"]}, datasets=("d1",))
-        arun(run_study(load_study_config(config), tmp_path / "out", client=client, plots=False))
+        arun(play_study(load_study_config(config), tmp_path / "out", client=client, plots=False))
         changed = write_study(tmp_path, server, pools={"P2": ["c", "d"]}, datasets=("d1",), limit=2)
         with pytest.raises(StudyError, match=r"study.yaml: setting P2/.*/d1 was played .* --overwrite"):
-            arun(run_study(load_study_config(changed), tmp_path / "out", client=client, plots=False))
-        report = arun(run_study(load_study_config(changed), tmp_path / "out", client=client, overwrite=True))
+            arun(play_study(load_study_config(changed), tmp_path / "out", client=client, plots=False))
+        report = arun(play_study(load_study_config(changed), tmp_path / "out", client=client, overwrite=True))
     assert report.settings[0].n_examples == 2
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient
-from colab_graphs.study import StudyError, load_study_config, read_study, run_study
+from colab_graphs.study import StudyError, load_study_config, play_study, read_study
 from colab_graphs.study.distributed import local_cluster, session_processes
 from colab_graphs.testing import ScriptedServer
 
@@ -99,14 +99,14 @@ def test_a_worker_killed_mid_study_costs_at_most_its_shards_calls(arun, ray_clus
         # Workers keep caches of their own (as on other machines): the dead worker's calls are lost with it.
         client = ModelClient(CallCache(tmp_path / "cache"), max_concurrency=2)
         report = arun(
-            run_study(load_study_config(config), tmp_path / "out", client=client, ray_address=address,
+            play_study(load_study_config(config), tmp_path / "out", client=client, ray_address=address,
                       share_cache=False, plots=False)
         )  # fmt: skip
         killer.join()
         answered = server.request_counts(successful_only=True)
         server.reset()
         # The driver merged every worker's cache into the study's: in process, nothing is asked again.
-        again = arun(run_study(load_study_config(config), tmp_path / "again", client=client, plots=False))
+        again = arun(play_study(load_study_config(config), tmp_path / "again", client=client, plots=False))
         assert server.request_counts() == {}
     assert killed, "no study worker was found to kill"
     assert len(answered) == DISTINCT_REQUESTS
@@ -121,4 +121,4 @@ def test_ray_missing_is_a_clear_error(arun, tmp_path, monkeypatch):
         config = write_study(tmp_path, server, pools={"P2": ["c", "d"]}, datasets=("d1",))
     client = ModelClient(CallCache(tmp_path / "cache"))
     with pytest.raises(StudyError, match=r"pip install 'colab-graphs\[ray\]'"):
-        arun(run_study(load_study_config(config), tmp_path / "out", client=client, ray_address="auto"))
+        arun(play_study(load_study_config(config), tmp_path / "out", client=client, ray_address="auto"))

@@ -1,4 +1,4 @@
-"""`run_audit`: plan the coalitions, play the game, estimate, and write the report."""
+"""`play_audit`: plan the coalitions, play the game, estimate, and write the report."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class AuditError(RuntimeError):
     pass
 
 
-async def run_audit(
+async def play_audit(
     spec: GraphSpec,
     pool: Pool,
     examples: Sequence[Example],

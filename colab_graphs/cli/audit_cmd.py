@@ -52,7 +52,7 @@ def audit(
     no_plots: Annotated[bool, typer.Option("--no-plots", help="Do not draw PNG plots.")] = False,
 ) -> None:
     """Audit how much each member adds to a protocol: writes report.json, report.md and PNG plots."""
-    from colab_graphs.audit.run import AuditError, run_audit
+    from colab_graphs.audit.run import AuditError, play_audit
     from colab_graphs.spec import SpecError
 
     if method not in ("loo", "exact", "sampled"):
@@ -79,7 +79,7 @@ def audit(
     try:
         with progress:
             report = asyncio.run(
-                run_audit(
+                play_audit(
                     spec,
                     the_pool,
                     examples,

@@ -49,7 +49,7 @@ def study(
 
     Writes DIR/study.json, DIR/study.md (a heatmap and a scatter grid) and one audit folder per setting under DIR/audits/. Run the same command again after a crash to finish it: nothing is played or called twice.
     """
-    from colab_graphs.study import StudyConfigError, StudyError, load_study_config, run_study
+    from colab_graphs.study import StudyConfigError, StudyError, load_study_config, play_study
 
     try:
         the_config = load_study_config(config)
@@ -71,7 +71,7 @@ def study(
     try:
         with progress:
             report = asyncio.run(
-                run_study(
+                play_study(
                     the_config,
                     out,
                     client=client,

@@ -1,4 +1,4 @@
-"""`run_study`: play every setting of a study (in process or on Ray), then write its audits and `study.json`.
+"""`play_study`: play every setting of a study (in process or on Ray), then write its audits and `study.json`.
 
 The study folder holds one audit folder per setting, `audits/POOL/PROTOCOL/DATASET/`, and the solo runs of each
 pool on each dataset, `solo/POOL/DATASET/`. Each folder's `game.jsonl` is the setting's ledger: the driver
@@ -7,7 +7,7 @@ pool and dataset, which is how one solo run serves all protocols), so a study ki
 plays only what is missing, and a setting added to the study file is played while every other is reused. Calls
 are never repeated either: they are in the call cache, written as each one succeeds.
 
-When every play is recorded, each audit folder is finished by `run_audit` itself, which finds all its plays
+When every play is recorded, each audit folder is finished by `play_audit` itself, which finds all its plays
 done and writes the standard audit report (`report.json`, `report.md`) without a call; a play that had failed
 is retried once more there, as any resumed audit retries failed plays.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from colab_graphs.audit.game import GAME_FILE, CoalitionGame, Play
-from colab_graphs.audit.run import AuditError, plots_available, run_audit
+from colab_graphs.audit.run import AuditError, play_audit, plots_available
 from colab_graphs.models.client import ModelClient
 from colab_graphs.study.config import StudyConfig
 from colab_graphs.study.plan import Setting, Shard, StudyPlan, build_plan, make_shards, shard_count
@@ -125,7 +125,7 @@ def _discard(out: Path) -> None:
         (out / name).unlink(missing_ok=True)
 
 
-async def run_study(
+async def play_study(
     config: StudyConfig,
     out: str | Path,
     *,
@@ -189,7 +189,7 @@ async def run_study(
     for setting in plan.audits:
         dataset = plan.datasets[setting.dataset]
         try:
-            report = await run_audit(
+            report = await play_audit(
                 setting.spec,
                 plan.pools[setting.pool],
                 plan.examples[setting.dataset],
