@@ -15,8 +15,8 @@ from colab_graphs.audit.report import (
     AuditReport,
     Calls,
     CoalitionUsage,
+    MemberUsage,
     TokenCount,
-    Usage,
     contribution_fields,
     read_report,
     write_report,
@@ -44,7 +44,7 @@ def make_report(method: str = "exact", **overrides) -> AuditReport:
         "calls": Calls(made=12, unique=12, cached=4, failed=0, naive=24),
         "tokens": TokenCount(prompt=1000, completion=200),
         "cost_usd": 0.0125,
-        "usage": {p: Usage(calls=6, tokens=TokenCount(prompt=500, completion=100)) for p in PLAYERS},
+        "usage": {p: MemberUsage(calls=6, tokens=TokenCount(prompt=500, completion=100)) for p in PLAYERS},
         "per_coalition": [CoalitionUsage(members=["alpha", "beta"], calls=8, tokens=TokenCount(prompt=640))],
         "wall_s": 3.5,
     }

@@ -53,7 +53,7 @@ class TokenCount(BaseModel):
         return self.prompt + self.completion
 
 
-class Usage(BaseModel):
+class MemberUsage(BaseModel):
     """What one member's calls cost: the calls made (cache hits excluded), their tokens and price."""
 
     calls: int = 0
@@ -138,7 +138,7 @@ class AuditReport(BaseModel):
     calls: Calls = Field(default_factory=Calls)
     tokens: TokenCount = Field(default_factory=TokenCount)
     cost_usd: float | None = None
-    usage: dict[str, Usage] = Field(default_factory=dict)
+    usage: dict[str, MemberUsage] = Field(default_factory=dict)
     per_coalition: list[CoalitionUsage] = Field(default_factory=list)
     wall_s: float = 0.0
 

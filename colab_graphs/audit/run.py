@@ -13,8 +13,8 @@ from colab_graphs.audit.plots import plots_available, write_plots
 from colab_graphs.audit.report import (
     AuditReport,
     CoalitionUsage,
+    MemberUsage,
     TokenCount,
-    Usage,
     contribution_fields,
     write_report,
 )
@@ -74,7 +74,7 @@ async def play_audit(
     fields = contribution_fields(plan, values, solo, seed=seed)
     acct = game.accounting()
     usage = {
-        m: Usage(
+        m: MemberUsage(
             calls=u["calls"],
             tokens=TokenCount(prompt=u["prompt"], completion=u["completion"]),
             cost_usd=u["cost_usd"],
