@@ -9,7 +9,18 @@ from __future__ import annotations
 from colab_graphs import aggregators  # noqa: F401  (vote, first, last, concat, extract; match_name, confidence)
 from colab_graphs.data.scoring import register_task
 from colab_graphs.data.tasks import BUILTIN_TASKS
-from colab_graphs.protocols import api, basic, logit, text, text_structured, weight  # noqa: F401
+from colab_graphs.protocols import (  # noqa: F401
+    api,
+    api_decoding,
+    api_mentor,
+    api_trained,
+    basic,
+    logit,
+    text,
+    text_select,
+    text_structured,
+    weight,
+)
 
 for _task in BUILTIN_TASKS:
     register_task(_task)

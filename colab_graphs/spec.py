@@ -63,12 +63,13 @@ class Seat(BaseModel):
 
 
 class LogitSeat(BaseModel):
-    """A logit-level node: several local members decode one answer together (fusion or contrastive)."""
+    """A logit-level node: several local members decode one answer together (fusion, contrastive, or one model
+    guiding another: nudging, co_llm)."""
 
     kind: Literal["logit"] = "logit"
     name: str
     members: list[str]
-    mode: Literal["fusion", "contrastive"]
+    mode: Literal["fusion", "contrastive", "nudging", "co_llm"]
     prompt: str
     system: str | None = None
     reads: dict[str, str] = Field(default_factory=dict)

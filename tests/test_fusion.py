@@ -30,7 +30,8 @@ EXAMPLES = [
 
 
 def _api_protocols() -> list[str]:
-    local_only = {"local_logits", "local_weights"}  # need in-process models, not scripted API members
+    # need in-process models, or a fit on a dev split, not scripted API members alone
+    local_only = {"local_logits", "local_weights", "dev_split"}
     return [p.name for p in list_protocols() if not local_only & set(p.requires or [])]
 
 

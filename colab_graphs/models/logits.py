@@ -60,14 +60,17 @@ def _engines(models: Sequence[str]) -> list[LocalEngine]:
 
 
 class _Member:
-    """One model's running forward state during a logit-level decode."""
+    """One model's running forward state during a logit-level decode (with `hidden`, also the last layer's
+    hidden state at the last position, for deferral heads: see `colab_graphs.models.guided`)."""
 
-    def __init__(self, engine: LocalEngine, prompt_ids: list[int]) -> None:
+    def __init__(self, engine: LocalEngine, prompt_ids: list[int], hidden: bool = False) -> None:
         import torch
 
         self.engine = engine
         self.cache: Any = None
         self.position = 0
+        self.hidden = hidden
+        self.state: Any = None
         self.logits = self._forward(torch.tensor([prompt_ids]))
 
     def _forward(self, ids: Any) -> Any:
@@ -81,16 +84,23 @@ class _Member:
                 input_ids=ids.to(model.device),
                 position_ids=positions.to(model.device),
                 use_cache=True,
+                output_hidden_states=self.hidden,
                 **extra,
             )
         self.cache = output_cache(out)
         self.position += ids.shape[1]
+        if self.hidden:
+            self.state = out.hidden_states[-1][0, -1, :].float()
         return out.logits[0, -1, :].float()
 
     def feed(self, token: int) -> None:
+        self.feed_ids([token])
+
+    def feed_ids(self, tokens: Sequence[int]) -> None:
         import torch
 
-        self.logits = self._forward(torch.tensor([[token]]))
+        if tokens:
+            self.logits = self._forward(torch.tensor([list(tokens)]))
 
 
 def _decode(
@@ -271,4 +281,10 @@ def generate_logit_level(
             beta=float(settings.get("beta", 1.0)),
             **common,
         )
-    raise ValueError(f"colab_graphs.logit_mode must be 'fusion' or 'contrastive', got {mode!r}")
+    if mode in ("nudging", "co_llm"):  # two models guiding one decode: colab_graphs.models.guided
+        from colab_graphs.models.guided import generate_guided
+
+        return generate_guided(mode, members, messages, settings, **common)
+    raise ValueError(
+        f"colab_graphs.logit_mode must be 'fusion', 'contrastive', 'nudging' or 'co_llm', got {mode!r}"
+    )
