@@ -2,9 +2,11 @@
 
 1. load examples (train / held out), start scripted test members if the config has any, build the pool and
    the protocol, load the policy and serve it in process as the policy member;
-2. evaluate the system on held-out examples (system score, the policy seat's LOO, the policy's solo score);
-3. train: `reward: system` (C-RL: GRPO on the system's score), `reward: solo` (GRPO on the policy's own
-   score, answering alone), or `reward: sft` (fine-tuning on the policy's turns from successful rollouts);
+2. evaluate the system on held-out examples (system score, the policy seat's LOO, the policy's solo score;
+   skipped when `eval_before` is false);
+3. train, always through `CRLTrainer` (see `colab_graphs.trainers.baselines` for what each objective is):
+   `reward: system` (C-RL: GRPO on the system's score), `reward: solo` (GRPO on the policy's own score,
+   answering alone), or `reward: sft` (cross-entropy on the policy's turns from successful rollouts);
 4. evaluate again, export the policy folder, write `summary.json`.
 
 Outputs under `output_dir`: `metrics.jsonl` (a line per step), `checkpoints/` (TRL's, when `save_steps`),
