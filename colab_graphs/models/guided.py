@@ -1,6 +1,6 @@
 """Guided decoding across two local models, token by token: nudging and Co-LLM deferral.
 
-* :func:`nudging` (Fei et al., 2024, "Nudging: Inference-time Alignment via Model Collaboration"): a *base*
+* :func:`nudging` (Fei et al., 2024, "Nudging: Inference-time Alignment of LLMs via Guided Decoding"): a *base*
   model writes; where its top-1 next-token probability is below ``gamma`` (it is unsure), the *nudging* model
   writes instead, until it has finished a word and the base is sure again. The first token is always the
   nudging model's. Members may have different tokenizers: a chosen piece of text is fed to the other model

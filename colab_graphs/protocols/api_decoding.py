@@ -78,7 +78,7 @@ def nudging(
     gamma: float = 0.4,
     prompt: str = ANSWER,
 ) -> GraphSpec:
-    """Nudging (Fei et al., 2024, "Nudging: Inference-time Alignment via Model Collaboration"): a base model is
+    """Nudging (Fei et al., 2024, "Nudging: Inference-time Alignment of LLMs via Guided Decoding"): a base model is
     nudged by a (usually smaller, aligned) model at the tokens where the base is unsure.
 
     Token by token: the nudging model writes the first token, then keeps writing while its word is unfinished

@@ -78,7 +78,7 @@ def mentor_collab(
     prompt: str = STEP_PROMPT,
     choice_prompt: str = CHOICE_PROMPT,
 ) -> GraphSpec:
-    """MentorCollab (Wang et al., 2025, "MentorCollab: Selective Large-to-Small Inference-Time Guidance for
+    """MentorCollab (Wang et al., 2026, "MentorCollab: Selective Large-to-Small Inference-Time Guidance for
     Efficient Reasoning"): a mentor intervenes in a student's generation only at some points, and the student
     decides whether to follow it.
 

@@ -84,8 +84,8 @@ def trained_router(
     l2: float = 0.001,
     prompt: str = ANSWER,
 ) -> GraphSpec:
-    """Trained router (MoCo's `trained_router`; after RouterBench-style routers, e.g. Hu et al., 2024,
-    "RouterBench", and MoCo, Feng et al., 2025): learn on dev which member answers which question.
+    """Trained router (MoCo's `trained_router`, after RouteLLM: Ong et al., 2024, "RouteLLM: Learning to Route
+    LLMs with Preference Data"): learn on dev which member answers which question.
 
     Fit: every member of the coalition answers the dev questions alone; each question's label is the member
     with the best dev score (the best ones shared equally on a tie: MoCo breaks ties with a reward model and
