@@ -40,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from colab_graphs.audit.game import GAME_FILE, Play
+from colab_graphs.audit.game import read_plays
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient
 from colab_graphs.study.config import load_study_config
@@ -132,8 +132,7 @@ def driver_costs(config: Path, out: Path, cache: Path, n_examples: int, shards: 
     plays = []
     for setting in plan.settings:
         kind = "solo" if setting.protocol is None else "coalition"
-        for line in (out / setting.folder / GAME_FILE).read_text().splitlines():
-            play = Play(**json.loads(line))
+        for play in read_plays(out / setting.folder):
             if play.game == kind:
                 plays.append((setting.key, play))
     blob = pickle.dumps([plays[i::shards] for i in range(shards)])  # as if from `shards` shards

@@ -1,9 +1,10 @@
 """Run a graph over a dataset: one event loop, bounded concurrency, progress, resume, traces.
 
 Outputs (`--out DIR`): `results.jsonl` (one line per example: id, output, answer, score, failed, error),
-`traces.jsonl` (every call), `summary.json`. Each example's lines are appended the moment it finishes, so a
-killed run loses nothing; running the same command again skips finished examples (their calls are cached
-anyway) and rewrites the files in dataset order at the end.
+`traces.jsonl` (every call), `summary.json`, and the run's log (`log.jsonl`, see `colab_graphs.log`: header,
+examples, each distinct call once, one play per example). Each example's lines are appended the moment it
+finishes, so a killed run loses nothing; running the same command again skips finished examples (their calls
+are cached anyway) and rewrites the files in dataset order at the end.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from colab_graphs.compile import RunContext, TemplateError, compile_graph
 from colab_graphs.data.example import Example
 from colab_graphs.data.scoring import ScorerFn, task_for, view_for
 from colab_graphs.data.tasks import TaskType, TaskView
+from colab_graphs.log import Header, LogWriter, Play, read_records
 from colab_graphs.models.client import CallError, ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.spec import GraphSpec
@@ -42,6 +44,20 @@ class ExampleOutcome:
     failed: bool
     error: str | None
     trace: Trace
+
+    def play(self, members: list[str]) -> Play:
+        """The outcome as the log records it (a play of the game "run")."""
+        return Play(
+            "run",
+            members,
+            self.example_id,
+            self.score,
+            self.failed,
+            self.error,
+            self.trace.calls,
+            self.answer,
+            self.output,
+        )
 
     def result_line(self) -> dict[str, Any]:
         return {
@@ -146,12 +162,23 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _load_finished(out: Path, fingerprint: str) -> dict[str, ExampleOutcome]:
+def _previous_fingerprint(out: Path) -> str | None:
+    """The fingerprint of the run already in `out` (its log's header; `run.json` before the log), if any."""
+    log = out / "log.jsonl"
+    if log.exists():
+        records, _ = read_records(log, strict=False)
+        return records[0][1].fingerprint if records and isinstance(records[0][1], Header) else ""
     manifest = out / "run.json"
-    if not manifest.exists():
+    if manifest.exists():
+        return json.loads(manifest.read_text()).get("fingerprint")
+    return None
+
+
+def _load_finished(out: Path, fingerprint: str) -> dict[str, ExampleOutcome]:
+    previous = _previous_fingerprint(out)
+    if previous is None:
         return {}
-    previous = json.loads(manifest.read_text())
-    if previous.get("fingerprint") != fingerprint:
+    if previous != fingerprint:
         raise RunError(
             f"{out} holds a different run (protocol, pool, data or scorer changed); choose another --out "
             "or pass --overwrite"
@@ -192,15 +219,27 @@ async def run_dataset(
     fingerprint = run_fingerprint(spec, pool, examples, scorer)
     out_dir = Path(out) if out is not None else None
     finished: dict[str, ExampleOutcome] = {}
+    log: LogWriter | None = None
+    members = list(spec.members)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         if overwrite:
-            for name in ("results.jsonl", "traces.jsonl", "summary.json", "run.json"):
+            for name in ("results.jsonl", "traces.jsonl", "summary.json", "run.json", "log.jsonl"):
                 (out_dir / name).unlink(missing_ok=True)
         finished = _load_finished(out_dir, fingerprint)
-        _atomic_write(
-            out_dir / "run.json", json.dumps({"fingerprint": fingerprint, "protocol": spec.name}) + "\n"
+        (out_dir / "run.json").unlink(missing_ok=True)  # a run from before the log: its log takes over
+        header = Header(
+            kind="run",
+            protocol=spec.name,
+            protocol_params=spec.params,
+            members=members,
+            pool=pool.to_public_dict(),
+            spec=spec.to_dict(),
+            scorer=scorer,
+            fingerprint=fingerprint,
         )
+        log = LogWriter(out_dir)
+        log.start(header, examples, log.plays_text([o.play(members) for o in finished.values()]))
         # Keep only lines of finished examples, so a resumed file has each example once.
         write_traces(out_dir / "traces.jsonl", [o.trace for o in finished.values()], append=False)
         with open(out_dir / "results.jsonl", "w", encoding="utf-8") as fh:
@@ -221,6 +260,8 @@ async def run_dataset(
                 with open(out_dir / "results.jsonl", "a", encoding="utf-8") as fh:
                     fh.write(json.dumps(outcome.result_line()) + "\n")
                 write_traces(out_dir / "traces.jsonl", [outcome.trace])
+                if log is not None:
+                    log.append(log.plays_text([outcome.play(members)]))
         if on_progress:
             on_progress(outcome)
         return outcome

@@ -5,19 +5,19 @@ loop, interleaved example by example under one concurrency limit, through one `M
 that several coalitions make identically is made once (single-flight while in flight, the cache after), so the
 calls made equal the distinct requests.
 
-Each finished (coalition, example) is appended to `game.jsonl` at once; a killed audit rerun with the same
-command reads it back and only runs what is missing (whose finished calls the cache holds anyway).
+The audit's folder holds its log (`log.jsonl`, see `colab_graphs.log`): the header (protocol, pool, data,
+fingerprint), the examples, the plan, and each example's plays appended as soon as its coalitions are all
+played, every distinct call recorded once (prompt, reply, tokens, cost, latency) and each play referring to
+its calls by number. A killed audit rerun with the same command reads the log back and only runs what is
+missing (whose finished calls the cache holds anyway).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,17 @@ from colab_graphs.compile import compile_direct
 from colab_graphs.data.example import Example
 from colab_graphs.data.scoring import view_for
 from colab_graphs.data.tasks import TaskView
+from colab_graphs.log import (
+    LOG_VERSION,
+    CallRecord,
+    Header,
+    LogVersionError,
+    LogWriter,
+    PlanRecord,
+    Play,
+    PlayRecord,
+    read_records,
+)
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.protocols.fitting import Fitted, fit_coalition
@@ -35,25 +46,8 @@ from colab_graphs.runner import run_example, run_fingerprint
 from colab_graphs.spec import GraphSpec
 
 Coalition = frozenset[str]
-GAME_FILE = "game.jsonl"
-MANIFEST_FILE = "game.json"
-
-
-@dataclass
-class Play:
-    """One (game, coalition, example) evaluation: its score and the calls it needed."""
-
-    game: str
-    members: list[str]
-    example_id: str
-    score: float | None
-    failed: bool
-    error: str | None = None
-    # Each call: [key, member, cached, failed, prompt_tokens, completion_tokens, cost_usd]
-    calls: list[list[Any]] = field(default_factory=list)
-
-    def to_json(self) -> str:
-        return json.dumps(self.__dict__, separators=(",", ":"))
+# What audits wrote before the log (log version 0): read by `colab_graphs.log`, not continued.
+LEGACY_FILES = ("game.jsonl", "game.json")
 
 
 def coalition_id(game: str, members: Sequence[str]) -> str:
@@ -69,9 +63,10 @@ class CoalitionGame:
         examples: the dataset.
         client: the shared call path (its cache makes reruns free).
         scorer: scorer name, or None for each example's default.
-        store: folder for `game.jsonl` (resume); None keeps everything in memory.
+        store: folder for the audit's log (`log.jsonl`, read back to resume); None keeps everything in memory.
         max_in_flight: examples whose coalitions run at once (default: twice the client's concurrency, so that
             the few distinct calls of each example keep every call slot busy).
+        dataset: the dataset's name, for the log's header.
     """
 
     def __init__(
@@ -84,13 +79,16 @@ class CoalitionGame:
         scorer: str | None = None,
         store: str | os.PathLike[str] | None = None,
         max_in_flight: int | None = None,
+        dataset: str | None = None,
     ):
         self.spec = spec
         self.pool = pool
         self.examples = list(examples)
         self.client = client
         self.scorer = scorer
+        self.dataset = dataset
         self.store = Path(store) if store is not None else None
+        self.log: LogWriter | None = None
         self.max_in_flight = max_in_flight or max(2 * client.max_concurrency, 4)
         self.plays: dict[tuple[str, str], Play] = {}
         # When this audit first started (kept across resumes): cache entries written since then are calls this
@@ -107,42 +105,65 @@ class CoalitionGame:
     def fingerprint(self) -> str:
         return run_fingerprint(self.spec, self.pool, self.examples, self.scorer)
 
+    def _header(self) -> Header:
+        return Header(
+            kind="audit",
+            protocol=self.spec.name,
+            protocol_params=self.spec.params,
+            members=list(self.spec.members),
+            pool=self.pool.to_public_dict(),
+            spec=self.spec.to_dict(),
+            dataset=self.dataset,
+            scorer=self.scorer,
+            fingerprint=self.fingerprint(),
+            started_at=self.started_at,
+        )
+
     def _open_store(self) -> None:
         assert self.store is not None
         self.store.mkdir(parents=True, exist_ok=True)
-        manifest, path = self.store / MANIFEST_FILE, self.store / GAME_FILE
-        fp = self.fingerprint()
-        if manifest.exists():
-            previous = json.loads(manifest.read_text())
-            if previous.get("fingerprint") != fp:
-                raise ValueError(
-                    f"{self.store} holds an audit of a different protocol, pool, dataset or scorer; use another "
-                    "--out or --overwrite"
+        self.log = LogWriter(self.store)
+        if not self.log.path.exists():
+            if any((self.store / name).exists() for name in LEGACY_FILES):
+                raise LogVersionError(
+                    f"{self.store} holds an audit written before colab-graphs kept a log (game.jsonl, log version "
+                    f"0); this version (log version {LOG_VERSION}) views it but does not continue it: run again "
+                    "with --overwrite (its calls are cached: nothing is called again)"
                 )
-            self.started_at = float(previous.get("started_at", self.started_at))
-        manifest.write_text(
-            json.dumps({"fingerprint": fp, "protocol": self.spec.name, "started_at": self.started_at}) + "\n"
-        )
-        if not path.exists():
+            self.log.start(self._header(), self.examples)
             return
-        good: list[str] = []
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                try:
-                    play = Play(**json.loads(line))
-                except (json.JSONDecodeError, TypeError):
-                    continue  # a torn line from a kill mid-write; that play runs again
-                if not play.failed:  # failed plays are retried on resume
-                    self.plays[(coalition_id(play.game, play.members), play.example_id)] = play
-                    good.append(line if line.endswith("\n") else line + "\n")
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(good), encoding="utf-8")
-        os.replace(tmp, path)
+        records, _ = read_records(self.log.path, strict=False)
+        header = records[0][1] if records and isinstance(records[0][1], Header) else None
+        if header is None or header.fingerprint != self.fingerprint():
+            raise ValueError(
+                f"{self.store} holds an audit of a different protocol, pool, dataset or scorer; use another "
+                "--out or --overwrite"
+            )
+        self.started_at = header.started_at or self.started_at
+        calls = {r.n: r for _, r in records if isinstance(r, CallRecord)}
+        for _, record in records:
+            if isinstance(record, PlayRecord) and not record.failed:  # failed plays are retried on resume
+                play = Play.from_record(record, calls)
+                self.plays[(coalition_id(play.game, play.members), play.example_id)] = play
+        # Rewritten without the failed plays and torn lines a kill may have left (calls numbered afresh).
+        self.log.start(header, self.examples, self.log.plays_text(list(self.plays.values())))
 
-    def _record(self, play: Play, log: Any) -> None:
-        self.plays[(coalition_id(play.game, play.members), play.example_id)] = play
-        if log is not None:
-            log.write(play.to_json() + "\n")
+    def write_plan(self, coalitions: Sequence[Coalition], solo_members: Sequence[str]) -> None:
+        """Record in the log what will be played (a viewer shows progress against it)."""
+        if self.log is not None:
+            plan = PlanRecord(
+                coalitions=[self._ordered(c) for c in coalitions],
+                solo=list(solo_members),
+                n_examples=len(self.examples),
+            )
+            self.log.append(plan.model_dump_json() + "\n")
+
+    def record(self, plays: Sequence[Play]) -> None:
+        """Keep finished plays (and append them to the log, with the calls it does not hold yet)."""
+        for play in plays:
+            self.plays[(coalition_id(play.game, play.members), play.example_id)] = play
+        if self.log is not None:
+            self.log.append(self.log.plays_text(plays))
 
     # --- evaluation ----------------------------------------------------------------------------------------
 
@@ -170,48 +191,57 @@ class CoalitionGame:
                 score = (await view.score(self.spec.empty_fallback)).value
             return Play(game, members, example.id, score, False)
         outcome = await run_example(graph, spec, self.pool, self.client, example, view=view, memo=memo)
-        calls = [
-            [
-                c.key,
-                c.member,
-                c.cached,
-                c.error is not None,
-                c.usage.prompt_tokens,
-                c.usage.completion_tokens,
-                c.cost_usd,
-            ]
-            for c in outcome.trace.calls
-        ]
-        return Play(game, members, example.id, outcome.score, outcome.failed, outcome.error, calls)
+        return Play(
+            game,
+            members,
+            example.id,
+            outcome.score,
+            outcome.failed,
+            outcome.error,
+            outcome.trace.calls,
+            outcome.answer,
+        )
 
     async def evaluate(
         self,
         coalitions: Sequence[Coalition],
         solo_members: Sequence[str] = (),
         on_progress: Callable[[Play], None] | None = None,
+        on_plays: Callable[[list[Play]], None] | None = None,
     ) -> None:
-        """Evaluate every coalition (and each member in `solo_members` alone) on every example."""
+        """Evaluate every coalition (and each member in `solo_members` alone) on every example.
+
+        `on_progress` sees each play as it finishes (finished plays of an earlier run too); `on_plays` gets an
+        example's new plays together once they are all finished and recorded.
+        """
         jobs: list[tuple[str, list[str]]] = [("coalition", self._ordered(c)) for c in coalitions]
         jobs += [("solo", [m]) for m in solo_members]
         for game, members in sorted(jobs, key=lambda job: -len(job[1])):  # the whole pool's problems first
             await self._fit(game, members)
         for game, members in jobs:
             self._graph(game, members)  # compile (and validate every coalition) before any call
+        self.write_plan(coalitions, solo_members)
         limit = asyncio.Semaphore(self.max_in_flight)
 
-        async def one(game: str, members: list[str], example: Example, view: TaskView, memo: dict) -> None:
+        async def one(game: str, members: list[str], example: Example, view: TaskView, memo: dict) -> Play:
             play = await self._play(game, members, example, view, memo)
-            self._record(play, log)
             if on_progress:
                 on_progress(play)
+            return play
 
         async def plays_of(example: Example, todo: list[tuple[str, list[str]]]) -> None:
             # An example's coalitions run together (their identical calls meet in flight), with one task view
             # and one seat memo: a request another coalition already made is taken from the memo (as the
             # cache would serve it), and an answer already extracted or scored is not extracted or scored again.
+            # They are recorded together, so each call's record comes from the play that made it.
             async with limit:
                 view, memo = view_for(example, self.scorer), {}
-                await asyncio.gather(*(one(game, members, example, view, memo) for game, members in todo))
+                plays = await asyncio.gather(
+                    *(one(game, members, example, view, memo) for game, members in todo)
+                )
+            self.record(plays)
+            if on_plays:
+                on_plays(plays)
 
         tasks = []
         for example in self.examples:
@@ -224,11 +254,7 @@ class CoalitionGame:
                     on_progress(done)
             if todo:
                 tasks.append(plays_of(example, todo))
-        with contextlib.ExitStack() as stack:
-            # Line-buffered: each finished play reaches the file at once, without an open() per play.
-            path = self.store / GAME_FILE if self.store else None
-            log = stack.enter_context(open(path, "a", encoding="utf-8", buffering=1)) if path else None
-            await asyncio.gather(*tasks)
+        await asyncio.gather(*tasks)
 
     async def _fit(self, game: str, members: list[str]) -> None:
         """Run the protocol's fit step for one coalition, once (see `colab_graphs.protocols.fitting`)."""
@@ -272,7 +298,7 @@ class CoalitionGame:
     def accounting(self) -> dict[str, Any]:
         """Calls made / distinct / cached / failed / naive, and tokens and cost per member and per coalition."""
         cached = failed = naive = 0
-        keys: set[str] = {c[0] for play in self.plays.values() for c in play.calls}
+        keys: set[str] = {c.key for play in self.plays.values() for c in play.calls}
         made_keys: set[str] = set()
         # A call made by an earlier, killed run of this audit whose play never finished is a cache hit on
         # resume; the cache's write time still says this audit made it.
@@ -292,15 +318,17 @@ class CoalitionGame:
                     "cost_usd": 0.0,
                 },
             )
-            for key, member, was_cached, was_failed, p_tok, c_tok, cost in play.calls:
+            for call in play.calls:
+                key, member, cost = call.key, call.member, call.cost_usd
+                p_tok, c_tok = call.usage.prompt_tokens, call.usage.completion_tokens
                 naive += 1
                 pc["calls"] += 1
                 pc["prompt"] += p_tok
                 pc["completion"] += c_tok
-                if was_failed:
+                if call.error is not None:
                     failed += 1
                     continue
-                if key in made_keys or (was_cached and key not in made_before_resume):
+                if key in made_keys or (call.cached and key not in made_before_resume):
                     cached += 1
                     continue
                 made_keys.add(key)
@@ -318,3 +346,10 @@ class CoalitionGame:
             "per_member": per_member,
             "per_coalition": per_coalition,
         }
+
+
+def read_plays(store: str | os.PathLike[str]) -> list[Play]:
+    """The plays recorded in an audit folder's log (lines it cannot read left out)."""
+    records, _ = read_records(LogWriter(store).path, strict=False)
+    calls = {r.n: r for _, r in records if isinstance(r, CallRecord)}
+    return [Play.from_record(r, calls) for _, r in records if isinstance(r, PlayRecord)]

@@ -58,7 +58,7 @@ async def play_audit(
     started = time.perf_counter()
     players = list(spec.members)
     plan = plan_coalitions(players, method, budget=budget, seed=seed, force=force)
-    game = CoalitionGame(spec, pool, examples, client=client, scorer=scorer, store=out)
+    game = CoalitionGame(spec, pool, examples, client=client, scorer=scorer, store=out, dataset=dataset)
     solo_members = players if individual else []
     if on_plan:
         on_plan((len(plan.coalitions) + len(solo_members)) * len(examples))

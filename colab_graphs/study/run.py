@@ -1,8 +1,8 @@
 """`play_study`: play every setting of a study (in process or on Ray), then write its audits and `study.json`.
 
 The study folder holds one audit folder per setting, `audits/POOL/PROTOCOL/DATASET/`, and the solo runs of each
-pool on each dataset, `solo/POOL/DATASET/`. Each folder's `game.jsonl` is the setting's ledger: the driver
-appends every play the moment it learns of it (a solo play goes to its solo folder and to every audit of that
+pool on each dataset, `solo/POOL/DATASET/`. Each folder's log (`log.jsonl`) is the setting's ledger: the
+driver appends every play the moment it learns of it (a solo play goes to its solo folder and to every audit of that
 pool and dataset, which is how one solo run serves all protocols), so a study killed at any point and run again
 plays only what is missing, and a setting added to the study file is played while every other is reused. Calls
 are never repeated either: they are in the call cache, written as each one succeeds.
@@ -21,8 +21,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from colab_graphs.audit.game import GAME_FILE, CoalitionGame, Play
+from colab_graphs.audit.game import CoalitionGame, Play, read_plays
 from colab_graphs.audit.run import AuditError, play_audit, plots_available
+from colab_graphs.log import LOG_FILE, Header, LogVersionError, LogWriter
 from colab_graphs.models.client import ModelClient
 from colab_graphs.study.config import StudyConfig
 from colab_graphs.study.plan import Setting, Shard, StudyPlan, build_plan, make_shards, shard_count
@@ -59,12 +60,17 @@ class _Ledgers:
                     client=client,
                     scorer=setting.scorer,
                     store=store,
+                    dataset=plan.datasets[setting.dataset].source,
                 )
+            except LogVersionError as err:
+                raise StudyError(f"{plan.source}: setting {setting.key}: {err}") from None
             except ValueError:
                 raise StudyError(
                     f"{plan.source}: setting {setting.key} was played into {store} with another pool, protocol "
                     "parameters, data or scorer; run with --overwrite to start the study over (calls stay cached)"
                 ) from None
+        for setting in plan.settings:
+            self.games[setting.key].write_plan(setting.coalitions, setting.solo_members)
         self.audits_of = {
             solo.key: [a.key for a in plan.audits if (a.pool, a.dataset) == (solo.pool, solo.dataset)]
             for solo in plan.solos
@@ -93,19 +99,12 @@ class _Ledgers:
         self._store([(target, play) for key, play in plays for target in (key, *self.audits_of.get(key, ()))])
 
     def _store(self, placed: list[tuple[str, Play]]) -> None:
-        # One append per ledger file, each play serialised once.
-        lines: dict[str, list[str]] = {}
-        text: dict[int, str] = {}
+        # One append per ledger file: the calls it does not hold yet, then the plays referring to them.
+        by_target: dict[str, list[Play]] = {}
         for target, play in placed:
-            self.games[target].plays[play_key(play)] = play
-            if id(play) not in text:
-                text[id(play)] = play.to_json() + "\n"
-            lines.setdefault(target, []).append(text[id(play)])
-        for target, items in lines.items():
-            store = self.games[target].store
-            assert store is not None
-            with open(store / GAME_FILE, "a", encoding="utf-8") as fh:
-                fh.write("".join(items))
+            by_target.setdefault(target, []).append(play)
+        for target, plays in by_target.items():
+            self.games[target].record(plays)
 
 
 def _read_state(out: Path) -> float:
@@ -118,10 +117,34 @@ def _read_state(out: Path) -> float:
     return started
 
 
+def _write_header(plan: StudyPlan, config: StudyConfig, out: Path) -> None:
+    """The study's own log: a header naming every setting's folder (its audits' logs hold the plays)."""
+    settings = [
+        {
+            "key": s.key,
+            "pool": s.pool,
+            "protocol": s.protocol,
+            "family": s.family,
+            "dataset": s.dataset,
+            "folder": s.folder,
+            "kind": "solo" if s.protocol is None else "audit",
+        }
+        for s in plan.settings
+    ]
+    header = Header(
+        kind="study",
+        settings=settings,
+        method=config.method,
+        pools={name: pool.names for name, pool in plan.pools.items()},
+        source=str(plan.source),
+    )
+    LogWriter(out).start(header)
+
+
 def _discard(out: Path) -> None:
     for name in ("audits", "solo"):
         shutil.rmtree(out / name, ignore_errors=True)
-    for name in (STATE_FILE, STUDY_JSON, STUDY_MD):
+    for name in (STATE_FILE, STUDY_JSON, STUDY_MD, LOG_FILE):
         (out / name).unlink(missing_ok=True)
 
 
@@ -164,6 +187,7 @@ async def play_study(
         _discard(out)
     out.mkdir(parents=True, exist_ok=True)
     started_at = _read_state(out)
+    _write_header(plan, config, out)
     ledgers = _Ledgers(plan, out, client)
     done = {s.key: ledgers.done(s) for s in plan.settings}
     if on_plan is not None:
@@ -173,12 +197,12 @@ async def play_study(
     if ray_address is None:
         runner = ShardRunner(plan, client)
 
-        def on_play(key: str, play: Play) -> None:
-            ledgers.record(key, play)
+        def on_plays(plays: list[tuple[str, Play]]) -> None:
+            ledgers.record_many(plays)
             if on_progress is not None:
-                on_progress(1)
+                on_progress(len(plays))
 
-        await runner.run(Shard(0, plan.examples), done, on_play)
+        await runner.run(Shard(0, plan.examples), done, on_plays)
     else:
         # Blocking: the driver only waits for shards (Ray wants its driver calls on the main thread).
         backend = _play_on_ray(
@@ -302,11 +326,7 @@ def _study_calls(plan: StudyPlan, out: Path, client: ModelClient, started_at: fl
     everything.started_at = started_at
     for setting in plan.settings:
         kind = "solo" if setting.protocol is None else "coalition"
-        for line in (out / setting.folder / GAME_FILE).read_text(encoding="utf-8").splitlines():
-            try:
-                play = Play(**json.loads(line))
-            except (json.JSONDecodeError, TypeError):
-                continue
+        for play in read_plays(out / setting.folder):
             if play.game == kind:
                 cid, example = play_key(play)
                 everything.plays[(f"{setting.key}|{cid}", example)] = play

@@ -86,12 +86,12 @@ class ShardRunner:
         self,
         shard: Shard,
         done: Mapping[str, Sequence[Play]],
-        on_play: Callable[[str, Play], None] | None = None,
+        on_plays: Callable[[list[tuple[str, Play]]], None] | None = None,
     ) -> list[tuple[str, Play]]:
         """Play every setting on the shard's examples, skipping the plays in `done` (setting key -> plays).
 
-        Returns the new plays, each with its setting key; `on_play` sees each as soon as it is finished.
-        `plays_done` counts this shard's new plays while it runs.
+        Returns the new plays, each with its setting key; `on_plays` gets a setting's new plays of one example
+        as soon as they are all finished. `plays_done` counts this shard's new plays while it runs.
         """
         self.plays_done = 0
         fresh: list[tuple[str, Play]] = []
@@ -104,15 +104,14 @@ class ShardRunner:
             prior = {play_key(p): p for p in done.get(setting.key, ())}
             game.examples, game.plays = list(examples), dict(prior)
 
-            def record(play: Play, key: str = setting.key, prior: dict = prior) -> None:
-                if prior.get(play_key(play)) is play:
-                    return  # recorded earlier; `evaluate` reports finished plays too
-                self.plays_done += 1
-                fresh.append((key, play))
-                if on_play is not None:
-                    on_play(key, play)
+            def record(plays: list[Play], key: str = setting.key) -> None:
+                keyed = [(key, play) for play in plays]
+                self.plays_done += len(keyed)
+                fresh.extend(keyed)
+                if on_plays is not None:
+                    on_plays(keyed)
 
-            evaluations.append(game.evaluate(setting.coalitions, setting.solo_members, record))
+            evaluations.append(game.evaluate(setting.coalitions, setting.solo_members, on_plays=record))
         await asyncio.gather(*evaluations)
         return fresh
 

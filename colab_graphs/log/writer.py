@@ -1,0 +1,233 @@
+"""Writing a log as it happens: each distinct call once, plays by reference.
+
+`LogWriter` is the streaming writer behind runs, audits and studies: `start` writes the header and examples,
+`plays_text` turns finished plays into the lines to append (the records of calls this file does not hold yet,
+then one line per play referring to its calls by number), and `append` adds them at the end of the file. A
+reader can open the file at any moment; at worst its last line is cut short.
+
+`write_log` writes a whole `Log` (read with `read_log`) to a new file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+from colab_graphs.log.records import LOG_FILE, CallRecord, Header, PlayRecord
+from colab_graphs.trace import Call, Usage
+
+if TYPE_CHECKING:
+    from colab_graphs.log.reader import Log
+
+
+@dataclass
+class Play:
+    """One (game, coalition, example) evaluation in memory: its score and the calls it made, as traced.
+
+    `game` is "coalition" or "solo" in an audit, "run" in a run. Calls are the trace's `Call` records (shared,
+    never copied); a play read back from a log has calls rebuilt from the log's call records.
+    """
+
+    game: str
+    members: list[str]
+    example_id: str
+    score: float | None
+    failed: bool
+    error: str | None = None
+    calls: list[Call] = field(default_factory=list)
+    answer: str | None = None
+    output: str | None = None
+
+    @classmethod
+    def from_record(cls, record: PlayRecord, calls: Mapping[int, CallRecord]) -> Play:
+        """A play read back from a log, its calls rebuilt from the log's call records."""
+        return cls(
+            record.game,
+            record.members,
+            record.example,
+            record.score,
+            record.failed,
+            record.error,
+            [_call(calls[ref.n], ref.seat, ref.cached) for ref in record.calls],
+            record.answer,
+            record.output,
+        )
+
+
+def _call(record: CallRecord, seat: str | None, cached: bool) -> Call:
+    return Call.model_construct(
+        seat=seat if seat is not None else record.seat,
+        member=record.member,
+        model=record.model,
+        messages=record.messages or [],
+        settings=record.settings,
+        sample=record.sample,
+        key=record.key,
+        completion=record.completion,
+        usage=Usage(prompt_tokens=record.prompt_tokens, completion_tokens=record.completion_tokens),
+        latency_s=record.latency_s,
+        cost_usd=record.cost_usd,
+        cached=cached,
+        attempts=record.attempts,
+        error=record.error,
+        error_type=record.error_type,
+    )
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def _call_fields(n: int, call: Call) -> dict[str, Any]:
+    """A call's record fields; empty and default values are left out (the reader fills them in)."""
+    record: dict[str, Any] = {"type": "call", "n": n, "key": call.key, "member": call.member}
+    optional = {
+        "model": call.model,
+        "seat": call.seat,
+        "messages": call.messages,
+        "settings": call.settings,
+        "sample": call.sample,
+        "completion": call.completion,
+        "prompt_tokens": call.usage.prompt_tokens,
+        "completion_tokens": call.usage.completion_tokens,
+        "cost_usd": call.cost_usd,
+        "latency_s": round(call.latency_s, 4),
+        "attempts": call.attempts,
+        "error": call.error,
+        "error_type": call.error_type,
+    }
+    for k, v in optional.items():
+        if v or (k == "cost_usd" and v is not None):  # a known zero cost is kept; unknown is None
+            record[k] = v
+    return record
+
+
+def _rank(call: Call) -> tuple[bool, bool]:
+    """Which of a request's uses its record is made from: a success before a failure, the call made before a
+    reuse of its reply."""
+    return call.error is not None, call.cached
+
+
+class LogWriter:
+    """Appends records to one `log.jsonl`, remembering which calls it holds so that each is written once.
+
+    Args:
+        path: the log file, or the folder that holds (or will hold) `log.jsonl`.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]):
+        path = Path(path)
+        self.path = path / LOG_FILE if path.suffix != ".jsonl" else path
+        self._numbers: dict[str, int] = {}  # key -> the record plays refer to
+        self._seats: list[str | None] = []  # n -> the seat in that record
+        self._failed: set[str] = set()  # keys whose record is a failure (a later success is written anew)
+
+    def start(
+        self, header: Header, examples: Iterable[BaseModel | dict[str, Any]] = (), records: str = ""
+    ) -> None:
+        """Write a new log (replacing any file there, atomically): the header, the examples, then `records`
+        (lines already made, e.g. by `plays_text`)."""
+        lines = [header.model_dump_json(exclude_none=True)]
+        for example in examples:
+            data = example.model_dump(exclude_none=True) if isinstance(example, BaseModel) else example
+            lines.append(_dumps({"type": "example", **{k: v for k, v in data.items() if k != "type"}}))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_text("\n".join(lines) + "\n" + records, encoding="utf-8")
+        os.replace(tmp, self.path)
+
+    def remember(self, calls: Iterable[CallRecord]) -> None:
+        """Take the calls of an existing log as written (its plays refer to them; new plays will too)."""
+        for record in calls:
+            while len(self._seats) <= record.n:
+                self._seats.append(None)
+            self._seats[record.n] = record.seat
+            self._numbers[record.key] = record.n
+            if record.error is not None:
+                self._failed.add(record.key)
+            else:
+                self._failed.discard(record.key)
+
+    def plays_text(self, plays: Sequence[Play]) -> str:
+        """The lines that record `plays`: the calls this log does not hold yet, then one line per play.
+
+        A call several plays share is recorded from the play that made it (not from one that got it from the
+        cache or from another coalition), so its latency and attempts are those of the real call.
+        """
+        lines: list[str] = []
+        numbers, seats, failed = self._numbers, self._seats, self._failed
+        fresh: dict[str, Call] = {}
+        for play in plays:
+            for call in play.calls:
+                key = call.key
+                if key in numbers and key not in failed:
+                    continue
+                seen = fresh.get(key)
+                if seen is None or _rank(call) < _rank(seen):
+                    fresh[key] = call
+        for key, call in fresh.items():
+            if key in numbers and call.error is not None:
+                continue  # the log already holds this failure
+            n = len(seats)
+            seats.append(call.seat)
+            numbers[key] = n
+            if call.error is not None:
+                failed.add(key)
+            else:
+                failed.discard(key)
+            lines.append(_dumps(_call_fields(n, call)))
+        for play in plays:
+            refs = []
+            for call in play.calls:
+                n = numbers[call.key]
+                ref: list[Any] = [n, 1 if call.cached else 0]
+                if call.seat != seats[n]:
+                    ref.append(call.seat)
+                refs.append(ref)
+            record: dict[str, Any] = {
+                "type": "play",
+                "game": play.game,
+                "members": play.members,
+                "example": play.example_id,
+                "score": play.score,
+            }
+            if play.answer is not None:
+                record["answer"] = play.answer
+            if play.output is not None:
+                record["output"] = play.output
+            if play.failed:
+                record["failed"] = True
+                record["error"] = play.error
+            record["calls"] = refs
+            lines.append(_dumps(record))
+        return "".join(line + "\n" for line in lines)
+
+    def append(self, text: str) -> None:
+        """Add lines at the end of the log (one write)."""
+        if text:
+            with open(self.path, "a", encoding="utf-8") as fh:
+                fh.write(text)
+
+
+def write_log(log: Log, path: str | os.PathLike[str]) -> Path:
+    """Write `log` as a `log.jsonl` (at `path`, a file or a folder); returns the file written.
+
+    Every record is written in its current form, so this also upgrades a log read from an older version (calls
+    a version-0 audit never recorded stay without text).
+    """
+    writer = LogWriter(path)
+    header = log.header.model_copy(update={"log_version": log.current_version()})
+    body = [r.model_dump_json(exclude_none=True) for r in ([log.plan] if log.plan else [])]
+    body += [c.model_dump_json(exclude_none=True) for c in sorted(log.calls.values(), key=lambda c: c.n)]
+    body += [p.model_dump_json(exclude_none=True) for p in log.plays]
+    body += [s.model_dump_json(exclude_none=True) for s in log.steps]
+    body += [e.model_dump_json(exclude_none=True) for e in log.evaluations.values()]
+    body += [r.model_dump_json(exclude_none=True) for r in log.rollouts]
+    writer.start(header, log.examples, "".join(line + "\n" for line in body))
+    return writer.path
