@@ -25,16 +25,16 @@ is visible.
 
 from __future__ import annotations
 
-import json
 import queue
 import shutil
 import subprocess
 import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 from typing import Any
 
+from colab_graphs.models.http import OpenAIHandler, OpenAIServer
 from colab_graphs.models.local import build_request, get_engine, model_folder, to_model_response
 from colab_graphs.models.local_engine import LocalEngine
 
@@ -50,11 +50,9 @@ class LocalServer:
     def __init__(self, engine: LocalEngine, served_name: str, host: str, port: int) -> None:
         self.engine = engine
         self.served_name = served_name
-        handler = type("Handler", (_Handler,), {"server_state": self})
-        self.httpd = ThreadingHTTPServer((host, port), handler)
-        self.httpd.daemon_threads = True
+        self.httpd = OpenAIServer((host, port), _Handler, self, "colab-graphs-serve")
         self.host, self.port = self.httpd.server_address[:2]
-        self.base_url = f"http://{self.host}:{self.port}/v1"
+        self.base_url = self.httpd.base_url
         self._thread: threading.Thread | None = None
 
     def start(self) -> LocalServer:
@@ -70,9 +68,8 @@ class LocalServer:
         self.httpd.serve_forever()
 
     def close(self) -> None:
-        """Stop serving and release the port."""
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        """Stop serving, close open connections and release the port."""
+        self.httpd.stop()
 
     def __enter__(self) -> LocalServer:
         return self
@@ -81,97 +78,77 @@ class LocalServer:
         self.close()
 
 
-class _RequestError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+class _Handler(OpenAIHandler):
+    server_version = "colab-graphs-serve/1.0"
 
+    @property
+    def state(self) -> LocalServer:
+        return self.server.app
 
-class _Handler(BaseHTTPRequestHandler):
-    server_state: LocalServer
-    protocol_version = "HTTP/1.1"
+    def models(self) -> list[dict[str, Any]]:
+        return [{"id": self.state.served_name, "object": "model", "created": 0, "owned_by": "colab-graphs"}]
 
-    def log_message(self, format: str, *args: Any) -> None:  # quiet: one line per request is noise here
-        pass
-
-    def do_GET(self) -> None:
-        if self.path.rstrip("/") in ("/v1/models", "/models"):
-            state = self.server_state
-            data = [{"id": state.served_name, "object": "model", "created": 0, "owned_by": "colab-graphs"}]
-            self._json(200, {"object": "list", "data": data})
-        else:
-            self._error(404, f"no route GET {self.path}")
-
-    def do_POST(self) -> None:
-        if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
-            self._error(404, f"no route POST {self.path}")
+    def chat(self, body: Any) -> None:
+        state = self.state
+        if not isinstance(body, dict):
+            self.send_error_json(400, "request body must be a JSON object")
+            return
+        if body.get("model") not in (state.served_name, None):
+            self.send_error_json(
+                404, f"model {body.get('model')!r} is not served here; use {state.served_name!r}"
+            )
+            return
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            self.send_error_json(400, "'messages' must be a non-empty list")
+            return
+        if int(body.get("n") or 1) != 1:
+            self.send_error_json(400, "only n=1 is supported")
             return
         try:
-            body = self._body()
-            state = self.server_state
-            if body.get("model") not in (state.served_name, None):
-                raise _RequestError(
-                    404, f"model {body.get('model')!r} is not served here; use {state.served_name!r}"
-                )
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                raise _RequestError(400, "'messages' must be a non-empty list")
-            if int(body.get("n") or 1) != 1:
-                raise _RequestError(400, "only n=1 is supported")
             request = build_request(state.engine, messages, body)
-        except _RequestError as exc:
-            self._error(exc.status, str(exc))
-            return
         except (ValueError, TypeError, KeyError) as exc:
-            self._error(400, f"bad request: {exc}")
+            self.send_error_json(400, f"bad request: {exc}")
             return
         if body.get("stream"):
-            self._stream(request, body)
-        else:
-            result = state.engine.generate(request)
-            response = to_model_response(
-                state.served_name, state.engine.tokenizer, result, bool(body.get("logprobs"))
-            )
-            payload = response.model_dump()
-            for choice in payload["choices"]:
-                # LiteLLM files unknown choice keys under provider_specific_fields: send them flat so the
-                # client sees the same provider_specific_fields["colab_graphs"] as in-process callers.
-                choice.update(choice.pop("provider_specific_fields", None) or {})
-            self._json(200, payload)
+            self.send_events(self._stream(request, body))
+            return
+        result = state.engine.generate(request)
+        response = to_model_response(
+            state.served_name, state.engine.tokenizer, result, bool(body.get("logprobs"))
+        )
+        payload = response.model_dump()
+        for choice in payload["choices"]:
+            # LiteLLM files unknown choice keys under provider_specific_fields: send them flat so the
+            # client sees the same provider_specific_fields["colab_graphs"] as in-process callers.
+            choice.update(choice.pop("provider_specific_fields", None) or {})
+        self.send_json(200, payload)
 
-    def _stream(self, request: Any, body: dict[str, Any]) -> None:
+    def _stream(self, request: Any, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """Chunks as the engine writes the text, then the finish reason (and usage when asked)."""
         pieces: queue.Queue[str | None] = queue.Queue()
         request.on_text = pieces.put
-        future = self.server_state.engine.submit(request)
+        future = self.state.engine.submit(request)
         future.add_done_callback(lambda _: pieces.put(None))
-        chunk_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        head = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": self.state.served_name,
+        }
 
-        def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
-            return {
-                "id": chunk_id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": self.server_state.served_name,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-                **extra,
-            }
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+            return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.close_connection = True
-        self._event(chunk({"role": "assistant", "content": ""}))
+        yield chunk({"role": "assistant", "content": ""})
         while (piece := pieces.get()) is not None:
-            self._event(chunk({"content": piece}))
+            yield chunk({"content": piece})
         try:
             result = future.result()
-        except Exception as exc:  # headers are sent: report the failure in the stream
-            self._event({"error": {"message": f"{type(exc).__name__}: {exc}", "type": "server_error"}})
-            self.wfile.write(b"data: [DONE]\n\n")
+        except Exception as exc:  # the status is sent: report the failure in the stream
+            yield {"error": {"message": f"{type(exc).__name__}: {exc}", "type": "server_error"}}
             return
-        self._event(chunk({}, result.finish_reason))
+        yield chunk({}, result.finish_reason)
         if (body.get("stream_options") or {}).get("include_usage"):
             n_prompt, n_completion = len(result.prompt_ids), len(result.completion_ids)
             usage = {
@@ -179,37 +156,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "completion_tokens": n_completion,
                 "total_tokens": n_prompt + n_completion,
             }
-            final = chunk({}, None, usage=usage)
-            final["choices"] = []
-            self._event(final)
-        self.wfile.write(b"data: [DONE]\n\n")
-        self.wfile.flush()
-
-    def _event(self, payload: dict[str, Any]) -> None:
-        self.wfile.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
-        self.wfile.flush()
-
-    def _body(self) -> dict[str, Any]:
-        length = int(self.headers.get("Content-Length") or 0)
-        try:
-            body = json.loads(self.rfile.read(length) or b"{}")
-        except json.JSONDecodeError as exc:
-            raise _RequestError(400, f"request body is not JSON: {exc}") from exc
-        if not isinstance(body, dict):
-            raise _RequestError(400, "request body must be a JSON object")
-        return body
-
-    def _json(self, status: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _error(self, status: int, message: str) -> None:
-        kind = "invalid_request_error" if status < 500 else "server_error"
-        self._json(status, {"error": {"message": message, "type": kind, "code": status}})
+            yield {**head, "choices": [], "usage": usage}
 
 
 def start_server(
@@ -271,4 +218,4 @@ def serve(
     except KeyboardInterrupt:
         pass
     finally:
-        server.httpd.server_close()
+        server.httpd.stop()

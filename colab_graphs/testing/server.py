@@ -19,28 +19,23 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import hashlib
 import json
 import math
 import re
 import signal
-import socket
-import socketserver
 import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from colab_graphs.models.http import TRANSPORT_KEYS, OpenAIHandler, OpenAIServer, shutdown_socket
 from colab_graphs.testing.scripts import Member, Messages, Script, load_members, message_text, unit_draw
 
 FAULT_KINDS = ("429", "500", "malformed", "timeout", "drop")
-# Keys of a request body that say how to deliver a reply, not which reply: not part of the canonical request.
-_TRANSPORT_KEYS = frozenset({"model", "messages", "stream", "stream_options", "user"})
 _MALFORMED_BODY = b'{"id": "chatcmpl-malformed", "object": "chat.completion", "choices": [{"index": 0, "mess'
 
 
@@ -103,54 +98,16 @@ def _as_member(name: str, spec: Member | str | Script) -> Member:
     raise TypeError(f"member {name!r}: expected a Member, a string or a callable, got {type(spec).__name__}")
 
 
-def _error_body(message: str, kind: str, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
-
-
-class _Handler(BaseHTTPRequestHandler):
-    # HTTP/1.1 keep-alive, as vLLM and OpenAI serve: clients reuse pooled connections.
-    protocol_version = "HTTP/1.1"
+class _Handler(OpenAIHandler):
     server_version = "ScriptedServer/1.0"
-    # Headers and body go out in separate writes; with Nagle's algorithm a keep-alive client then waits
-    # for a delayed ACK, about 40 ms per request.
-    disable_nagle_algorithm = True
-    server: _HTTPServer
 
-    def setup(self) -> None:
-        super().setup()
-        self.server.scripted._track(self.connection)
+    @property
+    def scripted(self) -> ScriptedServer:
+        return self.server.app
 
-    def finish(self) -> None:
-        try:
-            super().finish()
-        finally:
-            self.server.scripted._untrack(self.connection)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Silent: the request log is `ScriptedServer.requests`."""
-
-    def do_GET(self) -> None:
-        self._begin()
-        if self._route in ("/v1/models", "/models"):
-            scripted = self.server.scripted
-            models = [
-                {"id": name, "object": "model", "created": int(scripted.started_at), "owned_by": "scripted"}
-                for name in scripted.members
-            ]
-            self._send_json(200, {"object": "list", "data": models})
-        else:
-            self._send_json(404, _error_body(f"no route GET {self._route}", "invalid_request_error"))
-
-    def do_POST(self) -> None:
-        self._begin()
-        if self._route in ("/v1/chat/completions", "/chat/completions"):
-            self._chat()
-        else:
-            self._send_json(404, _error_body(f"no route POST {self._route}", "invalid_request_error"))
-
-    def _begin(self) -> None:
+    def begin(self) -> None:
         self._started = time.time()
-        self._route = self.path.split("?", 1)[0].rstrip("/")
+        self._fault: str | None = None
         self._fields: dict[str, Any] = {
             "model": "",
             "messages": [],
@@ -159,40 +116,47 @@ class _Handler(BaseHTTPRequestHandler):
             "stream": False,
         }
 
-    def _record(self, status: int | None, fault: str | None) -> None:
+    def responding(self, status: int | None) -> None:
         # Logged before the client can read the response: a client that has its answer finds it in the log.
         duration_s = time.time() - self._started
         record = RequestRecord(
-            self._route, status=status, fault=fault, time=self._started, duration_s=duration_s, **self._fields
+            self.route,
+            status=status,
+            fault=self._fault,
+            time=self._started,
+            duration_s=duration_s,
+            **self._fields,
         )
-        self.server.scripted._log(record)
+        self.scripted._log(record)
 
-    def _chat(self) -> None:
-        scripted = self.server.scripted
-        body = self._read_json()
+    def models(self) -> list[dict[str, Any]]:
+        created = int(self.scripted.started_at)
+        return [
+            {"id": name, "object": "model", "created": created, "owned_by": "scripted"}
+            for name in self.scripted.members
+        ]
+
+    def chat(self, body: Any) -> None:
+        scripted = self.scripted
         messages = body.get("messages") if isinstance(body, dict) else None
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
-            message = "the body must be a JSON object with a string 'model' and a list 'messages'"
-            self._send_json(400, _error_body(message, "invalid_request_error"))
+            self.send_error_json(
+                400, "the body must be a JSON object with a string 'model' and a list 'messages'"
+            )
             return
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            message = "'messages' must be a list of message objects"
-            self._send_json(400, _error_body(message, "invalid_request_error", "messages"))
+            self.send_error_json(400, "'messages' must be a list of message objects", code="messages")
             return
-        params = {key: value for key, value in body.items() if key not in _TRANSPORT_KEYS}
+        params = {key: value for key, value in body.items() if key not in TRANSPORT_KEYS}
         name = scripted._resolve(body["model"])
         self._fields.update(model=name or body["model"], messages=messages, params=params)
         self._fields["stream"] = bool(body.get("stream"))
         if name in scripted.down_models:
-            self._send_json(
-                500,
-                _error_body(f"model {name!r} is down (scripted)", "server_error", "model_down"),
-                fault="down",
-            )
+            self._fault = "down"
+            self.send_error_json(500, f"model {name!r} is down (scripted)", code="model_down")
             return
         if name is None:
-            message = f"The model '{body['model']}' does not exist"
-            self._send_json(404, _error_body(message, "invalid_request_error", "model_not_found"))
+            self.send_error_json(404, f"The model '{body['model']}' does not exist", code="model_not_found")
             return
         key = RequestKey(name, _canonical_json(messages), _canonical_json(params))
         attempt, fault = scripted._next_attempt(key)
@@ -203,75 +167,35 @@ class _Handler(BaseHTTPRequestHandler):
         member = scripted.members[name]
         latency = scripted.latency_s if member.latency_s is None else member.latency_s
         if latency > 0:
-            scripted._stopping.wait(latency)  # an event, not sleep: stop() need not wait for it
+            self.server.stopping.wait(latency)  # an event, not sleep: stop() need not wait for it
         try:
             text, confidence = member.respond(messages, params)
         except Exception as exc:  # a script's bug reaches the client as a server error, as a real bug would
             message = f"script of {name!r} raised {type(exc).__name__}: {exc}"
-            self._send_json(500, _error_body(message, "server_error", "script_error"))
+            self.send_error_json(500, message, code="script_error")
             return
         reply = _Reply(key, attempt, body["model"], text, confidence, params, messages)
         if self._fields["stream"]:
-            self._send_stream(reply, body.get("stream_options") or {})
+            self.send_events(reply.chunks((body.get("stream_options") or {}).get("include_usage")))
         else:
-            self._send_json(200, reply.completion())
-
-    def _read_json(self) -> Any:
-        length = int(self.headers.get("Content-Length") or 0)
-        try:
-            return json.loads(self.rfile.read(length)) if length else None
-        except ValueError:
-            return None
-
-    def _send_json(
-        self, status: int, body: Any, headers: Mapping[str, str] | None = None, fault: str | None = None
-    ) -> None:
-        self._send_bytes(status, json.dumps(body).encode(), headers, fault)
-
-    def _send_bytes(
-        self, status: int, data: bytes, headers: Mapping[str, str] | None = None, fault: str | None = None
-    ) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self._record(status, fault)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _send_stream(self, reply: _Reply, options: Mapping[str, Any]) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
-        self._record(200, None)
-        self.end_headers()
-        events = [f"data: {json.dumps(chunk)}\n\n" for chunk in reply.chunks(options.get("include_usage"))]
-        for event in [*events, "data: [DONE]\n\n"]:
-            data = event.encode()
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-        self.wfile.write(b"0\r\n\r\n")
+            self.send_json(200, reply.completion())
 
     def _inject(self, fault: str) -> None:
+        self._fault = fault
         if fault == "429":
             message = "Rate limit reached (injected fault)"
-            self._send_json(
-                429,
-                _error_body(message, "rate_limit_error", "rate_limit_exceeded"),
-                {"Retry-After": "0"},
-                fault,
-            )
+            headers = {"Retry-After": "0"}
+            self.send_error_json(429, message, "rate_limit_error", "rate_limit_exceeded", **headers)
         elif fault == "500":
-            self._send_json(500, _error_body("Internal error (injected fault)", "server_error"), fault=fault)
+            self.send_error_json(500, "Internal error (injected fault)")
         elif fault == "malformed":
-            self._send_bytes(200, _MALFORMED_BODY, fault=fault)
+            self.send_bytes(200, _MALFORMED_BODY)
         else:
-            self._record(None, fault)
+            self.responding(None)
             if fault == "timeout":
-                self.server.scripted._stopping.wait(self.server.scripted.timeout_hold_s)
+                self.server.stopping.wait(self.scripted.timeout_hold_s)
             self.close_connection = True
-            _shutdown_socket(self.connection)
+            shutdown_socket(self.connection)
 
 
 class _Reply:
@@ -371,44 +295,6 @@ class _Reply:
         return out
 
 
-class _HTTPServer(ThreadingHTTPServer):
-    request_queue_size = 256  # the default 5 refuses connections when many clients start at once
-    daemon_threads = True
-
-    def __init__(self, address: tuple[str, int], scripted: ScriptedServer) -> None:
-        self.scripted = scripted
-        self.connection_threads: list[threading.Thread] = []
-        super().__init__(address, _Handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        # ThreadingMixIn joins only non-daemon threads on close. These are daemons (a server nobody stops
-        # must not keep the interpreter alive) that server_close still joins, so stop() leaves none behind.
-        thread = threading.Thread(
-            target=self.process_request_thread,
-            args=(request, client_address),
-            name=f"ScriptedServer:{self.server_port}:connection",
-            daemon=True,
-        )
-        self.connection_threads = [t for t in self.connection_threads if t.is_alive()]
-        self.connection_threads.append(thread)
-        thread.start()
-
-    def server_close(self) -> None:
-        super().server_close()
-        for thread in self.connection_threads:
-            thread.join()
-
-    def server_bind(self) -> None:
-        # HTTPServer.server_bind resolves the host's FQDN, which can block for seconds without DNS.
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = self.server_address[:2]
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        if isinstance(sys.exc_info()[1], OSError):
-            return  # a client hanging up, or stop() closing its socket, is not an error worth a traceback
-        super().handle_error(request, client_address)
-
-
 class ScriptedServer:
     """An OpenAI-compatible chat server whose models are scripts, run in a background thread.
 
@@ -477,9 +363,7 @@ class ScriptedServer:
         self._lock = threading.Lock()
         self._records: list[RequestRecord] = []
         self._attempts: collections.Counter[RequestKey] = collections.Counter()
-        self._connections: set[socket.socket] = set()
-        self._stopping = threading.Event()
-        self._httpd: _HTTPServer | None = None
+        self._httpd: OpenAIServer | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -524,7 +408,7 @@ class ScriptedServer:
         """Bind the port and serve in a daemon thread; returns self."""
         if self._httpd is not None:
             raise RuntimeError("a ScriptedServer starts once; make a new one to serve again")
-        self._httpd = _HTTPServer((self.host, self.port), self)
+        self._httpd = OpenAIServer((self.host, self.port), _Handler, self, "ScriptedServer")
         self.port = self._httpd.server_address[1]
         self.started_at = time.time()
         self._thread = threading.Thread(
@@ -538,18 +422,11 @@ class ScriptedServer:
 
     def stop(self) -> None:
         """Stop serving, cut open connections and join every thread; calling it again does nothing."""
-        if self._httpd is None or self._stopping.is_set():
+        if self._httpd is None or self._httpd.stopping.is_set():
             return
-        with self._lock:
-            self._stopping.set()  # wakes latency waits and "timeout" holds
-        self._httpd.shutdown()
+        self._httpd.stop()  # wakes latency waits and "timeout" holds, cuts connections, joins threads
         assert self._thread is not None
         self._thread.join()
-        with self._lock:
-            connections = list(self._connections)
-        for connection in connections:
-            _shutdown_socket(connection)  # idle keep-alive connections would otherwise block server_close
-        self._httpd.server_close()  # joins the connection threads
 
     def __enter__(self) -> ScriptedServer:
         return self if self._httpd is not None else self.start()
@@ -576,22 +453,6 @@ class ScriptedServer:
     def _log(self, record: RequestRecord) -> None:
         with self._lock:
             self._records.append(record)
-
-    def _track(self, connection: socket.socket) -> None:
-        with self._lock:
-            if not self._stopping.is_set():
-                self._connections.add(connection)
-                return
-        _shutdown_socket(connection)  # accepted while stop() was running: it will not see this one
-
-    def _untrack(self, connection: socket.socket) -> None:
-        with self._lock:
-            self._connections.discard(connection)
-
-
-def _shutdown_socket(connection: socket.socket) -> None:
-    with contextlib.suppress(OSError):  # already closed by the client
-        connection.shutdown(socket.SHUT_RDWR)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
