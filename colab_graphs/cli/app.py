@@ -1,4 +1,4 @@
-"""`colab-graphs`: run | audit | study | train | serve | protocols | show | models | cache.
+"""`colab-graphs`: run | audit | study | train | serve | view | protocols | show | models | cache.
 
 Heavy modules (litellm, torch, transformers, trl) are imported inside the commands, so `--help` is instant.
 """
@@ -14,6 +14,22 @@ import typer
 
 import colab_graphs._env  # noqa: F401  (offline settings first)
 from colab_graphs.cli.common import fail, load_data, load_pool, make_client, parse_params, resolve_protocol
+from colab_graphs.cli.options import (
+    CacheDirOpt,
+    ConcOpt,
+    DataOpt,
+    GraphOpt,
+    LimitOpt,
+    NoCacheOpt,
+    OutOpt,
+    ParamOpt,
+    PoolOpt,
+    ProtocolOpt,
+    RetriesOpt,
+    ScorerOpt,
+    SeedOpt,
+    progress_bar,
+)
 
 app = typer.Typer(
     name="colab-graphs",
@@ -24,51 +40,6 @@ app = typer.Typer(
 )
 cache_app = typer.Typer(help="Inspect or clear the call cache.", no_args_is_help=True)
 app.add_typer(cache_app, name="cache")
-
-PoolOpt = Annotated[Path | None, typer.Option("--pool", help="Pool YAML (default: the embedded local pool).")]
-DataOpt = Annotated[
-    str | None,
-    typer.Option("--data", help="JSONL/JSON file or a named source (gsm8k, builtin:arithmetic, ...)."),
-]
-ProtocolOpt = Annotated[
-    str | None, typer.Option("--protocol", help="Built-in protocol name (see `protocols`).")
-]
-GraphOpt = Annotated[str | None, typer.Option("--graph", help="User graph: path/to/file.py:NAME.")]
-ScorerOpt = Annotated[
-    str | None, typer.Option("--scorer", help="Scorer name (default: from the data's fields).")
-]
-OutOpt = Annotated[Path | None, typer.Option("--out", help="Output directory.")]
-ConcOpt = Annotated[int, typer.Option("--max-concurrency", help="In-flight calls per endpoint.")]
-CacheDirOpt = Annotated[
-    Path | None,
-    typer.Option("--cache-dir", envvar="COLAB_GRAPHS_CACHE_DIR", help="Call cache directory."),
-]
-NoCacheOpt = Annotated[bool, typer.Option("--no-cache", help="Do not read or write the call cache.")]
-LimitOpt = Annotated[int | None, typer.Option("--limit", help="Use only the first K examples.")]
-ParamOpt = Annotated[list[str] | None, typer.Option("-P", "--param", help="Protocol parameter key=value.")]
-RetriesOpt = Annotated[
-    int,
-    typer.Option(
-        "--retries", help="Retries per call on 429/5xx/timeouts/malformed replies (backoff doubles)."
-    ),
-]
-SeedOpt = Annotated[
-    int | None, typer.Option("--seed", help="Shuffle the data with this seed before --limit.")
-]
-
-
-def _progress(total: int, description: str):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    progress = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[status]}"),
-    )
-    task = progress.add_task(description, total=total, status="")
-    return progress, task
 
 
 @app.command()
@@ -99,7 +70,7 @@ def run(
     spec = resolve_protocol(protocol, graph, the_pool.names, parse_params(param), the_pool)
     client = make_client(cache_dir, no_cache, max_concurrency, retries=retries)
     out = out or Path("runs") / spec.name
-    progress, task = _progress(len(examples), f"{spec.name}")
+    progress, task = progress_bar(len(examples), f"{spec.name}")
     scores: list[float] = []
     failed = 0
 
@@ -222,10 +193,11 @@ def cache_clear(
 
 def _register_optional_commands() -> None:
     # Commands whose modules pull in heavier code register themselves here; each import is cheap (lazy inside).
-    from colab_graphs.cli import extra, study_cmd
+    from colab_graphs.cli import extra, study_cmd, view_cmd
 
     extra.register(app)
     study_cmd.register(app)
+    view_cmd.register(app)
 
 
 def main() -> None:

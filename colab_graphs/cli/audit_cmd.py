@@ -9,7 +9,8 @@ from typing import Annotated
 
 import typer
 
-from colab_graphs.cli.app import (
+from colab_graphs.cli.common import fail, load_data, load_pool, make_client, parse_params, resolve_protocol
+from colab_graphs.cli.options import (
     CacheDirOpt,
     ConcOpt,
     DataOpt,
@@ -23,9 +24,8 @@ from colab_graphs.cli.app import (
     RetriesOpt,
     ScorerOpt,
     SeedOpt,
-    _progress,
+    progress_bar,
 )
-from colab_graphs.cli.common import fail, load_data, load_pool, make_client, parse_params, resolve_protocol
 
 
 def audit(
@@ -66,7 +66,7 @@ def audit(
     out = out or Path("audits") / spec.name
     if overwrite and out.exists():
         shutil.rmtree(out)
-    progress, task = _progress(1, f"audit {spec.name} ({method})")
+    progress, task = progress_bar(1, f"audit {spec.name} ({method})")
 
     def on_plan(total: int) -> None:
         progress.update(task, total=total)

@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from colab_graphs.cli.app import CacheDirOpt, NoCacheOpt, OutOpt, RetriesOpt, _progress
 from colab_graphs.cli.common import fail, make_client
+from colab_graphs.cli.options import CacheDirOpt, NoCacheOpt, OutOpt, RetriesOpt, progress_bar
 
 
 def study(
@@ -58,7 +58,7 @@ def study(
         raise
     out = out or Path("studies") / config.stem
     client = make_client(cache_dir, no_cache, max_concurrency or the_config.max_concurrency, retries=retries)
-    progress, task = _progress(1, f"study {config.stem}")
+    progress, task = progress_bar(1, f"study {config.stem}")
 
     def on_plan(planned: int, recorded: int) -> None:
         progress.update(task, total=planned, completed=recorded)

@@ -223,16 +223,14 @@ def render_markdown(report: StudyReport, images: Mapping[str, str] | None = None
     return "\n".join(lines) + "\n"
 
 
-def write_study(report: StudyReport, out: str | Path, *, plots: bool = False) -> dict[str, Path]:
-    """Write `study.json`, `study.md` and (with `plots`, needs matplotlib) `study-heatmap.png` and
-    `study-scatter.png` under `out`; returns name -> path."""
+def write_study(
+    report: StudyReport, out: str | Path, *, images: dict[str, Path] | None = None
+) -> dict[str, Path]:
+    """Write `study.json` and `study.md` (showing `images`, the plots `study.plots.write_plots` drew) under
+    `out`; returns name -> path."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    images: dict[str, Path] = {}
-    if plots:
-        from colab_graphs.study.plots import write_plots
-
-        images = write_plots(report, out)
+    images = dict(images or {})
     _write_atomic(out / STUDY_JSON, report.model_dump_json(indent=2) + "\n")
     _write_atomic(out / STUDY_MD, render_markdown(report, {name: p.name for name, p in images.items()}))
     return {**images, "json": out / STUDY_JSON, "md": out / STUDY_MD}

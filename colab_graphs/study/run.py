@@ -27,6 +27,7 @@ from colab_graphs.log import LOG_FILE, Header, LogVersionError, LogWriter
 from colab_graphs.models.client import ModelClient
 from colab_graphs.study.config import StudyConfig
 from colab_graphs.study.plan import Setting, Shard, StudyPlan, build_plan, make_shards, shard_count
+from colab_graphs.study.plots import write_plots
 from colab_graphs.study.report import (
     STUDY_JSON,
     STUDY_MD,
@@ -254,7 +255,8 @@ async def play_study(
         wall_s=round(time.perf_counter() - started, 3),
         **backend,
     )
-    write_study(study, out, plots=plots_available() if plots is None else plots)
+    images = write_plots(study, out) if (plots_available() if plots is None else plots) else {}
+    write_study(study, out, images=images)
     return study
 
 

@@ -1,0 +1,53 @@
+"""The options every command shares, and its progress bar."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+PoolOpt = Annotated[Path | None, typer.Option("--pool", help="Pool YAML (default: the embedded local pool).")]
+DataOpt = Annotated[
+    str | None,
+    typer.Option("--data", help="JSONL/JSON file or a named source (gsm8k, builtin:arithmetic, ...)."),
+]
+ProtocolOpt = Annotated[
+    str | None, typer.Option("--protocol", help="Built-in protocol name (see `protocols`).")
+]
+GraphOpt = Annotated[str | None, typer.Option("--graph", help="User graph: path/to/file.py:NAME.")]
+ScorerOpt = Annotated[
+    str | None, typer.Option("--scorer", help="Scorer name (default: from the data's fields).")
+]
+OutOpt = Annotated[Path | None, typer.Option("--out", help="Output directory.")]
+ConcOpt = Annotated[int, typer.Option("--max-concurrency", help="In-flight calls per endpoint.")]
+CacheDirOpt = Annotated[
+    Path | None,
+    typer.Option("--cache-dir", envvar="COLAB_GRAPHS_CACHE_DIR", help="Call cache directory."),
+]
+NoCacheOpt = Annotated[bool, typer.Option("--no-cache", help="Do not read or write the call cache.")]
+LimitOpt = Annotated[int | None, typer.Option("--limit", help="Use only the first K examples.")]
+ParamOpt = Annotated[list[str] | None, typer.Option("-P", "--param", help="Protocol parameter key=value.")]
+RetriesOpt = Annotated[
+    int,
+    typer.Option(
+        "--retries", help="Retries per call on 429/5xx/timeouts/malformed replies (backoff doubles)."
+    ),
+]
+SeedOpt = Annotated[
+    int | None, typer.Option("--seed", help="Shuffle the data with this seed before --limit.")
+]
+
+
+def progress_bar(total: int, description: str):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[status]}"),
+    )
+    task = progress.add_task(description, total=total, status="")
+    return progress, task
