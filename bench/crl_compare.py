@@ -23,7 +23,7 @@ Reported per arm: the held-out system score, the policy seat's leave-one-out val
 first member left, `careful`, routes) and the policy's solo score, before (once: every arm starts from the
 same weights, and the evaluation is greedy) and after; the training curves (mean reward of each step's
 rollouts: the system's score, except for `solo`, whose rollouts are the policy alone); wall time. Writes
-OUT/compare.json and OUT/crl_compare.png.
+OUT/compare.json and OUT/crl_compare.png; run again with more `--seeds` to add runs to them.
 
     python bench/crl_compare.py --steps 8 --eval-size 24 --out runs/crl_compare
 """
@@ -40,6 +40,7 @@ from colab_graphs.defaults import DEFAULT_POOL
 from colab_graphs.trainers.config import config_from_dict
 from colab_graphs.trainers.pipeline import train
 
+TEMPERATURE = 0.7  # rollouts' sampling temperature: at 1.0 this policy mostly writes off-topic text
 ARMS = {
     "uniform": {"reward": "system", "credit": "uniform"},
     "replay": {"reward": "system", "credit": "replay"},
@@ -48,7 +49,7 @@ ARMS = {
 }
 
 
-def settings(args: argparse.Namespace, arm: str, seed: int, out: Path) -> dict:
+def settings(args: argparse.Namespace, arm: str, seed: int, out: Path, evaluate_before: bool) -> dict:
     """The training config of one arm (everything but `reward` / `credit` shared by all arms)."""
     return {
         "protocol": "prompt_routing",
@@ -69,7 +70,7 @@ def settings(args: argparse.Namespace, arm: str, seed: int, out: Path) -> dict:
         "data": "builtin:arithmetic",
         "limit": 400,
         "eval_size": args.eval_size,
-        "eval_before": arm == args.arms[0],
+        "eval_before": evaluate_before,
         "num_generations": 4,
         "per_device_train_batch_size": 8,
         "max_steps": args.steps,
@@ -78,7 +79,7 @@ def settings(args: argparse.Namespace, arm: str, seed: int, out: Path) -> dict:
         "lora_r": 16,
         "lora_alpha": 32,
         "max_completion_length": args.tokens,
-        "temperature": 0.7,
+        "temperature": TEMPERATURE,
         "replay_samples": 2,
         "seed": seed,
         "save_steps": 0,
@@ -108,7 +109,7 @@ def plot(report: dict, path: Path) -> None:
         curves.plot(range(1, len(smooth) + 1), smooth, label=label)
     curves.set_xlabel("policy update")
     curves.set_ylabel("rollout reward (3-step mean)")
-    curves.set_title("training rollouts (sampled, T=1)")
+    curves.set_title(f"training rollouts (sampled, T={TEMPERATURE})")
     curves.legend(fontsize=8)
     before = report["before"]
     names = ["before"] + [f"{r['arm']}\n(seed {r['seed']})" for r in report["runs"]]
@@ -136,11 +137,17 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/crl_compare"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    report: dict = {"settings": {k: str(v) for k, v in vars(args).items()}, "before": None, "runs": []}
+    saved = args.out / "compare.json"
+    # Rerunning with more seeds (or arms) adds them: the runs already in OUT/compare.json are kept.
+    report: dict = json.loads(saved.read_text()) if saved.exists() else {"before": None, "runs": []}
+    report["settings"] = {k: str(v) for k, v in vars(args).items() if k not in ("seeds", "arms")}
+    done = {(r["arm"], r["seed"]) for r in report["runs"]}
     for seed in args.seeds:
         for arm in args.arms:
+            if (arm, seed) in done:
+                continue
             started = time.perf_counter()
-            config = config_from_dict(settings(args, arm, seed, args.out))
+            config = config_from_dict(settings(args, arm, seed, args.out, report["before"] is None))
             summary = train(
                 config, on_step=lambda line, a=arm: print(a, json.dumps(line, default=str), flush=True)
             )
@@ -157,7 +164,7 @@ def main() -> None:
             }
             report["runs"].append(run)
             print(json.dumps({k: v for k, v in run.items() if k != "metrics"}), flush=True)
-            (args.out / "compare.json").write_text(json.dumps(report, indent=2) + "\n")
+            saved.write_text(json.dumps(report, indent=2) + "\n")
     plot(report, args.out / "crl_compare.png")
     b = report["before"]
     print(
