@@ -17,8 +17,10 @@ from colab_graphs.protocols import (  # noqa: F401
     basic,
     logit,
     text,
+    text_finetune,
     text_select,
     text_structured,
+    text_swarms,
     weight,
 )
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -94,6 +94,50 @@ def write_pool_file(path: Path, server: ScriptedServer, names: list[str]) -> Pat
 def pool_for() -> Callable[..., Pool]:
     """`pool_for(server, ["a", "b"], api_key=..., **settings)`: see `server_pool`."""
     return server_pool
+
+
+@pytest.fixture
+def fit_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh `COLAB_GRAPHS_MERGE_DIR` (merged models and fits) for one test, with no dev replies remembered
+    in process from another test's members."""
+    from colab_graphs.protocols import dev_fit
+
+    folder = tmp_path / "merges"
+    monkeypatch.setenv("COLAB_GRAPHS_MERGE_DIR", str(folder))
+    dev_fit._outcomes.clear()
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_members(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Sequence[str], int], dict[str, Path]]:
+    """`tiny_members(names, seed)`: a model folder per name, the zoo's `tiny-random` with its weights perturbed
+    (Gaussian noise of std 0.1, drawn with seed `seed + i` for the i-th name): one architecture and vocabulary,
+    other weights. Made once per session for each (names, seed)."""
+    made: dict[tuple[tuple[str, ...], int], dict[str, Path]] = {}
+
+    def make(names: Sequence[str], seed: int) -> dict[str, Path]:
+        key = (tuple(names), seed)
+        if key not in made:
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            from colab_graphs.models.zoo import resolve
+
+            base = resolve("tiny-random")
+            root = tmp_path_factory.mktemp(f"tiny-{seed}")
+            made[key] = {}
+            for i, name in enumerate(names):
+                model = AutoModelForCausalLM.from_pretrained(base)
+                g = torch.Generator().manual_seed(seed + i)
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.add_(torch.randn(p.shape, generator=g) * 0.1)
+                model.save_pretrained(root / name)
+                AutoTokenizer.from_pretrained(base).save_pretrained(root / name)
+                made[key][name] = root / name
+        return made[key]
+
+    return make
 
 
 @pytest.fixture

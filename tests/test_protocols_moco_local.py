@@ -51,24 +51,8 @@ def merge_dir(tmp_path, monkeypatch) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> dict[str, Path]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from colab_graphs.models.zoo import resolve
-
-    base = resolve("tiny-random")
-    root = tmp_path_factory.mktemp("moco-tiny")
-    folders = {}
-    for i, name in enumerate(MEMBERS):
-        model = AutoModelForCausalLM.from_pretrained(base)
-        g = torch.Generator().manual_seed(300 + i)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(torch.randn(p.shape, generator=g) * 0.1)
-        model.save_pretrained(root / name)
-        AutoTokenizer.from_pretrained(base).save_pretrained(root / name)
-        folders[name] = root / name
-    return folders
+def tiny(tiny_members) -> dict[str, Path]:
+    return tiny_members(MEMBERS, 300)
 
 
 @pytest.fixture(scope="module")

@@ -277,25 +277,11 @@ def test_api_members_are_refused_by_name_before_any_call():
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> dict[str, Path]:
+def tiny(tiny_members) -> dict[str, Path]:
     """Three members of one architecture: `tiny-random` with seeded perturbations; and `base`, the original."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from colab_graphs.models.zoo import resolve
 
-    base = resolve("tiny-random")
-    root = tmp_path_factory.mktemp("tiny-members")
-    folders = {"base": base}
-    for i, name in enumerate(MEMBERS):
-        model = AutoModelForCausalLM.from_pretrained(base)
-        g = torch.Generator().manual_seed(100 + i)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(torch.randn(p.shape, generator=g) * 0.1)
-        model.save_pretrained(root / name)
-        AutoTokenizer.from_pretrained(base).save_pretrained(root / name)
-        folders[name] = root / name
-    return folders
+    return {"base": resolve("tiny-random"), **tiny_members(MEMBERS, 100)}
 
 
 @pytest.fixture(scope="module")
