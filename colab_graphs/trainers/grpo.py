@@ -44,6 +44,7 @@ import torch
 from trl import GRPOTrainer
 
 from colab_graphs.data.example import Example
+from colab_graphs.log import RolloutRecord
 from colab_graphs.trainers.baselines import sft_turns
 from colab_graphs.trainers.credit import turn_advantages
 from colab_graphs.trainers.rollout import LoopThread, PolicyTurn, Rollout, RolloutRunner, check_rollouts
@@ -218,7 +219,9 @@ class CRLTrainer(GRPOTrainer):
         credit: "uniform" or "replay" (see `colab_graphs.trainers.credit`).
         replay_samples: K for replay credit.
         sft_min_reward: objective "sft": keep the turns of rollouts scoring at least this.
-        metrics_path: where a line per logged step is appended (None: no file); main process only.
+        metrics_path: where a line per logged step is appended (None: no file); main process only. Each
+            generation batch's first group of rollouts goes beside it to `rollouts.jsonl` (`colab_graphs.log`
+            rollout records: the conversation, the reward, each policy turn's credit).
         loop: the event loop thread rollouts run on (one is made when None).
         on_log: called with each metrics line on the main process (e.g. to print progress).
         **kwargs: `GRPOTrainer` arguments (model, args, train_dataset, processing_class, peft_config, ...).
@@ -255,6 +258,7 @@ class CRLTrainer(GRPOTrainer):
         self.replay_samples = replay_samples
         self.sft_min_reward = sft_min_reward
         self.metrics_path = Path(metrics_path) if metrics_path is not None else None
+        self.rollouts_path = self.metrics_path.with_name("rollouts.jsonl") if self.metrics_path else None
         self.loop = loop or LoopThread.shared()
         self.last_rollouts: list[Rollout] = []
         self.last_batch: dict[str, torch.Tensor] | None = None
@@ -298,6 +302,8 @@ class CRLTrainer(GRPOTrainer):
         batch.update(self._extra_logps(batch))
         self.last_rollouts, self.last_batch = rollouts, batch
         self._record(mode, rollouts, segments, group, seconds)
+        if mode == "train":
+            self._log_rollouts(rollouts[:group], credit[:group] if credit is not None else None)
         if mode == "train":
             self.state.num_input_tokens_seen += int(
                 batch["prompt_mask"].sum() + batch["completion_mask"].sum()
@@ -358,6 +364,21 @@ class CRLTrainer(GRPOTrainer):
         if mode == "train":
             self._seconds["generation"] += seconds["generation"]
             self._seconds["credit"] += seconds["credit"]
+
+    def _log_rollouts(self, rollouts: list[Rollout], credit: list[list[float]] | None) -> None:
+        """A sample for the log (main process): rollouts with the credit each policy turn was trained with."""
+        if self.rollouts_path is None or not self.accelerator.is_main_process:
+            return
+        members = self.runner.router.policy_members
+        lines = [
+            RolloutRecord.from_trace(
+                self.state.global_step + 1, r.example, r.trace, r.reward, members,
+                credit[i] if credit is not None else None, r.policy_score,
+            ).model_dump_json(exclude_none=True)
+            for i, r in enumerate(rollouts)
+        ]  # fmt: skip
+        with open(self.rollouts_path, "a", encoding="utf-8") as fh:
+            fh.write("".join(line + "\n" for line in lines))
 
     def _extra_logps(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Old-policy logps when a generation batch spans several updates; reference logps when beta > 0."""
