@@ -86,8 +86,11 @@ def train(
     except RolloutError as err:
         fail(f"{err} (check the pool: are the collaborators' servers up?)", code=1)
         raise
+    from accelerate import PartialState
     from rich.console import Console
 
+    if not PartialState().is_main_process:  # under `accelerate launch`, one report, from the main process
+        return
     console = Console()
     for name in ("eval_before", "eval_after"):
         ev = summary.get(name)
