@@ -28,7 +28,7 @@ from colab_graphs.log import Header, LogWriter, Play, read_records
 from colab_graphs.models.client import CallError, ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.spec import GraphSpec
-from colab_graphs.trace import Trace, read_traces, write_traces
+from colab_graphs.trace import CallTally, Trace, read_traces, write_traces
 
 
 class RunError(RuntimeError):
@@ -130,10 +130,12 @@ def run_fingerprint(spec: GraphSpec, pool: Pool, examples: Sequence[Example], sc
 
 
 def summarize(spec: GraphSpec, outcomes: Sequence[ExampleOutcome], wall_s: float) -> dict[str, Any]:
-    calls = [c for o in outcomes for c in o.trace.calls]
-    made = [c for c in calls if not c.cached and c.error is None]
+    tally = CallTally()
+    for o in outcomes:
+        for call in o.trace.calls:
+            tally.add(call)
     scored = [o.score for o in outcomes if not o.failed and o.score is not None]
-    costs = [c.cost_usd for c in made]
+    counts = tally.counts()
     return {
         "protocol": spec.name,
         "params": spec.params,
@@ -142,16 +144,9 @@ def summarize(spec: GraphSpec, outcomes: Sequence[ExampleOutcome], wall_s: float
         "n": len(outcomes),
         "scored": len(scored),
         "failed": sum(o.failed for o in outcomes),
-        "calls": {
-            "made": len(made) + sum(1 for c in calls if c.error is not None),
-            "cached": sum(c.cached for c in calls),
-            "failed": sum(1 for c in calls if c.error is not None),
-        },
-        "tokens": {
-            "prompt": sum(c.usage.prompt_tokens for c in made),
-            "completion": sum(c.usage.completion_tokens for c in made),
-        },
-        "cost_usd": None if any(c is None for c in costs) else sum(costs),  # type: ignore[arg-type]
+        "calls": {"made": counts["made"], "cached": counts["cached"], "failed": counts["failed"]},
+        "tokens": {"prompt": tally.prompt_tokens, "completion": tally.completion_tokens},
+        "cost_usd": tally.cost_usd,
         "wall_s": round(wall_s, 3),
     }
 

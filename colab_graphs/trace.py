@@ -67,6 +67,60 @@ class Call(BaseModel):
     logprobs: list[float] | None = None
 
 
+class CallTally:
+    """Counts calls as made, served from cache, or failed: the one accounting runs, audits and studies share.
+
+    A call is *made* when it went upstream (not served from the cache, a single flight or a replay); a cached
+    call whose key is in `made_since_start` (the cache's write times say this job made it before a kill and
+    resume, and no recorded call made it) counts as made once. Tokens and cost are those of the calls made.
+
+    Example:
+        >>> tally = CallTally()
+        >>> [tally.add(c) for c in (Call(member="a", model="m", messages=[], key="k"),
+        ...                         Call(member="a", model="m", messages=[], key="k", cached=True))]
+        ['made', 'cached']
+        >>> tally.counts()
+        {'made': 1, 'unique': 1, 'cached': 1, 'failed': 0}
+    """
+
+    def __init__(self, made_since_start: set[str] | frozenset[str] = frozenset()) -> None:
+        self.made_since_start = made_since_start
+        self.made = self.cached = self.failed = 0
+        self.prompt_tokens = self.completion_tokens = 0
+        self.cost_usd: float | None = 0.0
+        self.keys: set[str] = set()
+        self._resumed: set[str] = set()
+
+    def add(self, call: Call) -> str:
+        """Count `call`; returns how it counted: "made", "cached" or "failed"."""
+        self.keys.add(call.key)
+        if call.error is not None:
+            self.failed += 1
+            return "failed"
+        resumed = call.cached and call.key in self.made_since_start and call.key not in self._resumed
+        if call.cached and not resumed:
+            self.cached += 1
+            return "cached"
+        if resumed:
+            self._resumed.add(call.key)
+        self.made += 1
+        self.prompt_tokens += call.usage.prompt_tokens
+        self.completion_tokens += call.usage.completion_tokens
+        self.cost_usd = (
+            None if call.cost_usd is None or self.cost_usd is None else self.cost_usd + call.cost_usd
+        )
+        return "made"
+
+    def counts(self) -> dict[str, int]:
+        """`{"made", "unique", "cached", "failed"}`; failed calls count as made (they were attempted)."""
+        return {
+            "made": self.made + self.failed,
+            "unique": len(self.keys),
+            "cached": self.cached,
+            "failed": self.failed,
+        }
+
+
 class Trace(BaseModel):
     """One example run through one graph (one coalition)."""
 

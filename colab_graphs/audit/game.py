@@ -44,6 +44,7 @@ from colab_graphs.pool import Pool
 from colab_graphs.protocols.fitting import Fitted, fit_coalition
 from colab_graphs.runner import run_example, run_fingerprint
 from colab_graphs.spec import GraphSpec
+from colab_graphs.trace import CallTally
 
 Coalition = frozenset[str]
 # What audits wrote before the log (log version 0): read by `colab_graphs.log`, not continued.
@@ -297,52 +298,35 @@ class CoalitionGame:
 
     def accounting(self) -> dict[str, Any]:
         """Calls made / distinct / cached / failed / naive, and tokens and cost per member and per coalition."""
-        cached = failed = naive = 0
-        keys: set[str] = {c.key for play in self.plays.values() for c in play.calls}
-        made_keys: set[str] = set()
+        calls = [c for play in self.plays.values() for c in play.calls]
         # A call made by an earlier, killed run of this audit whose play never finished is a cache hit on
-        # resume; the cache's write time still says this audit made it.
+        # resume; the cache's write time still says this audit made it (unless a recorded play made it).
         cache = self.client.cache
-        made_before_resume = cache.written_since(keys, self.started_at) if cache is not None else set()
+        written = cache.written_since({c.key for c in calls}, self.started_at) if cache is not None else set()
+        tally = CallTally(written - {c.key for c in calls if not c.cached})
         per_member: dict[str, dict[str, Any]] = {}
         per_coalition: dict[str, dict[str, Any]] = {}
+        empty = {"calls": 0, "prompt": 0, "completion": 0, "cost_usd": 0.0}
         for (cid, _), play in self.plays.items():
-            pc = per_coalition.setdefault(
-                cid,
-                {
-                    "game": play.game,
-                    "members": play.members,
-                    "calls": 0,
-                    "prompt": 0,
-                    "completion": 0,
-                    "cost_usd": 0.0,
-                },
-            )
+            pc = per_coalition.setdefault(cid, {"game": play.game, "members": play.members, **empty})
             for call in play.calls:
-                key, member, cost = call.key, call.member, call.cost_usd
-                p_tok, c_tok = call.usage.prompt_tokens, call.usage.completion_tokens
-                naive += 1
                 pc["calls"] += 1
-                pc["prompt"] += p_tok
-                pc["completion"] += c_tok
-                if call.error is not None:
-                    failed += 1
+                pc["prompt"] += call.usage.prompt_tokens
+                pc["completion"] += call.usage.completion_tokens
+                if tally.add(call) != "made":
                     continue
-                if key in made_keys or (call.cached and key not in made_before_resume):
-                    cached += 1
-                    continue
-                made_keys.add(key)
-                pm = per_member.setdefault(
-                    member, {"calls": 0, "prompt": 0, "completion": 0, "cost_usd": 0.0}
-                )
+                pm = per_member.setdefault(call.member, dict(empty))
                 pm["calls"] += 1
-                pm["prompt"] += p_tok
-                pm["completion"] += c_tok
-                pm["cost_usd"] = None if cost is None or pm["cost_usd"] is None else pm["cost_usd"] + cost
-                pc["cost_usd"] = None if cost is None or pc["cost_usd"] is None else pc["cost_usd"] + cost
-        made = len(made_keys) + failed
+                pm["prompt"] += call.usage.prompt_tokens
+                pm["completion"] += call.usage.completion_tokens
+                for spend in (pm, pc):
+                    cost = call.cost_usd
+                    spend["cost_usd"] = (
+                        None if cost is None or spend["cost_usd"] is None else spend["cost_usd"] + cost
+                    )
+        naive = sum(pc["calls"] for pc in per_coalition.values())
         return {
-            "calls": {"made": made, "unique": len(keys), "cached": cached, "failed": failed, "naive": naive},
+            "calls": {**tally.counts(), "naive": naive},
             "per_member": per_member,
             "per_coalition": per_coalition,
         }
