@@ -239,6 +239,40 @@ def test_a_swarm_audit_fits_each_coalition_once_and_a_second_audit_refits_nothin
     assert {tuple(c.members): c.value for c in again.coalitions} == values
 
 
+def test_a_swarm_audit_runs_from_the_cli_and_reports_its_fitting(swarm, data, tmp_path):
+    from conftest import write_pool_file
+
+    from colab_graphs.cli import extra
+
+    server, _ = swarm
+    if not any(c.name == "audit" for c in app.registered_commands):
+        extra.register(app)
+    command = [
+        "audit",
+        "--protocol",
+        "heterogeneous_swarms",
+        "--pool",
+        write_pool_file(tmp_path / "p.yaml", server, NAMES),
+    ]
+    command += [
+        "--data",
+        data["test"],
+        "-P",
+        f"dev={data['dev']}",
+        "-P",
+        "max_iterations=2",
+        "--method",
+        "loo",
+    ]
+    result = CliRunner().invoke(
+        app, [str(a) for a in [*command, "--no-plots", "--no-cache", "--out", tmp_path / "a"]]
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "a" / "report.json").read_text())
+    assert report["protocol"] == "heterogeneous_swarms" and report["fitting"]["fits"]["made"] == 4
+    assert report["loo"] == pytest.approx({"alpha": 1.0, "beta": 0.0, "gamma": 0.0})
+
+
 # --- tiny local members beside scripted API members ----------------------------------------------------------------
 
 LOCAL = ["l1", "l2"]
@@ -507,7 +541,7 @@ def test_agglm_refuses_an_api_aggregator_by_name(arun, tiny, proposers, data):
     from colab_graphs.protocols.text_fit import LocalMembersError
 
     pool = agglm_pool(tiny, proposers, ("p1", "l1"))
-    with pytest.raises(LocalMembersError, match=r"p1 \(openai/p1\)"):
+    with pytest.raises(LocalMembersError, match=r"p1 \(openai/p1\).*-P aggregator=NAME"):
         fit(arun, build_protocol("agglm", pool.names, dev=str(data["dev"])), pool)
     assert called(proposers) == []
 

@@ -253,7 +253,8 @@ async def fit_agglm(spec: GraphSpec, pool: Pool, *, client: ModelClient, scorer:
     own = with_seat_models(spec, {SEAT: pool[agg].model})
     if not proposers:
         return Fitted(own, dev_fit.record(members, None, 0.0, 0, {"aggregator": agg, "proposers": []}))
-    trainable_members(NAME, pool, [agg], False)
+    remedy = "name an in-process aggregator with -P aggregator=NAME (the proposers may be API members)"
+    trainable_members(NAME, pool, [agg], False, remedy)
     examples = dev_fit.dev_examples(NAME, params, members)
     key = dev_fit.fit_key(NAME, pool, members, examples, scorer, params)
     home = dev_fit.fits_home() / f"{NAME}-{key}"

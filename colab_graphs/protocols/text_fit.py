@@ -73,11 +73,17 @@ def is_local(pool: Pool, member: str) -> bool:
     return pool[member].model.startswith(LOCAL_PREFIX)
 
 
-def trainable_members(name: str, pool: Pool, members: Sequence[str], frozen_api_members: bool) -> list[str]:
+FROZEN_HINT = "give -P frozen_api_members=true to let them take part unchanged"
+
+
+def trainable_members(
+    name: str, pool: Pool, members: Sequence[str], frozen_api_members: bool, remedy: str = FROZEN_HINT
+) -> list[str]:
     """The members whose weights `name` trains (the in-process `local/` ones), in pool order.
 
     Raises:
-        LocalMembersError: API members are present and `frozen_api_members` is false (they are named).
+        LocalMembersError: API members are present and `frozen_api_members` is false (they are named, and
+            the message ends with `remedy`).
     """
     remote = [m for m in members if not is_local(pool, m)]
     if remote and not frozen_api_members:
@@ -86,8 +92,7 @@ def trainable_members(name: str, pool: Pool, members: Sequence[str], frozen_api_
             name,
             [
                 f"{name} fine-tunes its members' weights, which only in-process models have: member(s) {listed} "
-                f"are not '{LOCAL_PREFIX}...' models (a zoo name or a model folder); give -P "
-                "frozen_api_members=true to let them take part unchanged"
+                f"are not '{LOCAL_PREFIX}...' models (a zoo name or a model folder); {remedy}"
             ],
         )
     return [m for m in members if m not in remote]
@@ -139,7 +144,7 @@ class Segment:
         own = completion is None
         return cls(
             tuple(call.messages),
-            call.completion or "" if own else completion,
+            (call.completion or "") if own else completion,
             tuple(call.prompt_token_ids) if own and call.prompt_token_ids else None,
             tuple(call.completion_token_ids) if own and call.completion_token_ids else None,
         )
