@@ -265,6 +265,24 @@ def test_a_study_logs_its_settings_and_each_audit_its_plays(tmp_path):
         child = read_log(tmp_path / "out" / folder)
         assert child.kind == "audit" and child.plays and child.calls
         assert child.complete == (kind == "audit")
+        planned = (len(child.plan.coalitions) + len(child.plan.solo)) * child.plan.n_examples
+        assert len(child.plays) == planned  # an audit's plan counts the solo plays its ledger is given
+
+
+def test_a_study_plans_each_audit_with_the_solo_plays_it_is_given(tmp_path):
+    """Before anything is played, a running study's audit logs say how many plays will come (for progress)."""
+    from colab_graphs.study import load_study_config
+    from colab_graphs.study.plan import build_plan
+    from colab_graphs.study.run import _Ledgers
+    from tests.test_study import member_scripts, write_study
+
+    with ScriptedServer(member_scripts()) as study_server:
+        plan = build_plan(load_study_config(write_study(tmp_path, study_server, datasets=("d1",))))
+    _Ledgers(plan, tmp_path / "out", ModelClient(None))
+    for setting in plan.settings:
+        logged = read_log(tmp_path / "out" / setting.folder).plan
+        assert logged.solo == plan.pools[setting.pool].names and logged.n_examples == 5
+        assert len(logged.coalitions) == len(setting.coalitions)
 
 
 def test_training_files_read_as_a_log(tmp_path):

@@ -71,7 +71,9 @@ class _Ledgers:
                     "parameters, data or scorer; run with --overwrite to start the study over (calls stay cached)"
                 ) from None
         for setting in plan.settings:
-            self.games[setting.key].write_plan(setting.coalitions, setting.solo_members)
+            # An audit's ledger also gets its pool's solo plays (see `record_many`): they are part of its plan.
+            alone = setting.solo_members if setting.protocol is None else setting.spec.members
+            self.games[setting.key].write_plan(setting.coalitions, alone)
         self.audits_of = {
             solo.key: [a.key for a in plan.audits if (a.pool, a.dataset) == (solo.pool, solo.dataset)]
             for solo in plan.solos
