@@ -204,7 +204,8 @@ def finetune(
     thread from async code).
 
     Each group (the segments of one dev question) is one row of TRL's dataset; a step trains on `batch_size`
-    groups (fewer when there are fewer), for `epochs` passes. The loss is the mean token cross-entropy of the
+    groups (all of them when there are fewer), for `epochs` passes in a shuffled order (TRL's sampler leaves
+    the groups that do not fill a last batch for another pass). The loss is the mean token cross-entropy of the
     completions (`CRLTrainer`'s SFT objective). Returns the folder, the segments and steps, and the seconds.
     """
     import torch

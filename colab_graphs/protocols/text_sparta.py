@@ -54,7 +54,7 @@ JUDGE = (
 )
 DEFAULT_SCORE = 5.0  # what a judge gives both answers of a pair when it gives a usable score to neither
 
-__all__ = ["Ratings", "fit_sparta", "judge_score", "matches", "sparta"]
+__all__ = ["Ratings", "combat", "fit_sparta", "judge_score", "matches", "sparta"]
 
 
 @protocol(
@@ -274,6 +274,7 @@ class Ratings:
             change = k * sign * d * math.tanh(self.deviation[i]) * max(abs(forward - backward), self.epsilon)
             self.score[i] = max(10.0, r_i + change / self.scaling_factor)
             self.changes[i] = (self.changes[i] + [self.score[i] - r_i])[-self.window_size :]
+        for i in (a, b):  # deviations move once both scores have
             if len(self.changes[i]) >= 2:
                 self.deviation[i] = max(float(np.std(self.changes[i])), self.min_deviation)
 
