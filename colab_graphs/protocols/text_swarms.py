@@ -80,7 +80,8 @@ def heterogeneous_swarms(
     random matrices drawn from `seed`) keeps the DAG with the best dev score (ties: the first found). At run
     time members answer along the fitted DAG: a member without predecessors answers alone (`prompt`), the
     others read their predecessors' responses (`relay_prompt`, `final_prompt` for the end node), and the end
-    node's answer is extracted by the task. MoCo also searches the members' weights; this searches roles only.
+    node's answer is extracted by the task. The paper also optimises the members' weights; MoCo and this search
+    the roles only.
 
     Coalitions: the graph is searched over the present members only (a coalition without a member fits
     without it); a coalition of one is that member alone; the empty coalition scores 0. Until the fit step
