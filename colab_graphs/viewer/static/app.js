@@ -96,9 +96,10 @@ function turnCard(t, opts) {
   const o = opts || {};
   const badges = [
     t.cached ? h("span", { class: "badge cached" }, "cache hit") : h("span", { class: "badge made" }, "model call"),
-    h("span", { class: "badge" }, `${fmtInt(t.prompt_tokens)} + ${fmtInt(t.completion_tokens)} tokens`),
+    t.prompt_tokens !== null && t.prompt_tokens !== undefined
+      ? h("span", { class: "badge" }, `${fmtInt(t.prompt_tokens)} + ${fmtInt(t.completion_tokens)} tokens`) : null,
     t.cost_usd !== null && t.cost_usd !== undefined ? h("span", { class: "badge" }, fmtCost(t.cost_usd)) : null,
-    t.cached ? null : h("span", { class: "badge" }, `${Number(t.latency_s || 0).toFixed(2)} s`),
+    t.cached || t.latency_s === null || t.latency_s === undefined ? null : h("span", { class: "badge" }, `${Number(t.latency_s).toFixed(2)} s`),
     t.error ? h("span", { class: "badge failed" }, "failed") : null,
     t.policy ? h("span", { class: "badge policy" }, "policy turn") : null,
     t.policy && t.credit !== null && t.credit !== undefined
@@ -498,7 +499,8 @@ async function renderStudy(d) {
   const rows = d.settings.map((x) => {
     const r = x.result;
     const comp = r ? (measure === "shapley" ? r.shapley : r.loo) || {} : {};
-    const status = x.status === "playing" ? `playing ${x.plays}${x.planned ? " of " + x.planned : ""}` : x.status;
+    const status = x.status !== "playing" ? x.status
+      : x.planned && x.plays >= x.planned ? "all plays logged" : `playing ${x.plays}${x.planned ? " of " + x.planned : ""}`;
     return h("tr", { "data-setting": x.key },
       td(x.pool), td(x.protocol || "solo"), td(x.family || "–"), td(x.dataset),
       num(r ? fmt(r.v_all) : "–"),
@@ -512,7 +514,7 @@ async function renderStudy(d) {
 // --- training runs ---------------------------------------------------------------------------------------------
 
 function lineChart(title, points) {
-  const W = 300, H = 160, L = 44, B = 24, T = 18, R = 10;
+  const W = 300, H = 160, L = 56, B = 24, T = 18, R = 10;
   const xs = points.map((p) => p[0]), ys = points.map((p) => p[1]);
   const x0 = Math.min(...xs), x1 = Math.max(...xs), y0 = Math.min(...ys), y1 = Math.max(...ys);
   const sx = (x) => L + (x1 === x0 ? (W - L - R) / 2 : ((x - x0) / (x1 - x0)) * (W - L - R));
@@ -560,7 +562,7 @@ async function renderTrain(d) {
     steps.length ? h("div", { class: "chips" }, "Step ", steps.map((x) => link({ step: x }, String(x), { class: "chip" + (x === step ? " sel" : "") }))) : h("p", { class: "note" }, "No rollout logged (rollouts.jsonl is written by training runs of this version)."),
     shown.map((r, i) => h("div", { class: "rollout", "data-example": r.example },
       h("h3", {}, `Rollout ${i + 1} on `, h("code", {}, r.example), ` · reward ${fmt(r.reward)}`, r.policy_score !== null && r.policy_score !== undefined ? ` · policy alone ${fmt(r.policy_score)}` : ""),
-      h("div", { class: "conversation" }, r.turns.map((t) => turnCard({ ...t, prompt_tokens: null, completion_tokens: null, latency_s: 0 }, {})))))));
+      h("div", { class: "conversation" }, r.turns.map((t) => turnCard({ ...t, prompt_tokens: null, completion_tokens: null, latency_s: null }, {})))))));
   return out;
 }
 
