@@ -179,6 +179,18 @@ def test_a_killed_audit_resumes_from_its_log_without_repeating_plays_or_calls(
     assert len(log.calls) == DISTINCT_REQUESTS
 
 
+def test_plays_whose_call_line_was_lost_are_played_again_on_resume(server, tmp_path, arun, exact_audit):
+    out = tmp_path / "audit"
+    shutil.copytree(exact_audit[0], out)
+    (out / "report.json").unlink()
+    lines = (out / LOG_FILE).read_text().splitlines(keepends=True)
+    del lines[next(i for i, line in enumerate(lines) if line.startswith('{"type":"call"'))]
+    (out / LOG_FILE).write_text("".join(lines))
+    arun(audit(server, out, cache=exact_audit[0].parent / "cache"))
+    log = read_log(out)
+    assert len(log.plays) == (8 + 3) * 5 and len(log.calls) == DISTINCT_REQUESTS
+
+
 def legacy_audit(folder: Path, report_from: Path) -> None:
     """An audit folder as colab-graphs wrote it before the log: game.json, game.jsonl, report.json."""
     folder.mkdir(parents=True)

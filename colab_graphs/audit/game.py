@@ -15,6 +15,7 @@ missing (whose finished calls the cache holds anyway).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -144,7 +145,10 @@ class CoalitionGame:
         calls = {r.n: r for _, r in records if isinstance(r, CallRecord)}
         for _, record in records:
             if isinstance(record, PlayRecord) and not record.failed:  # failed plays are retried on resume
-                play = Play.from_record(record, calls)
+                try:
+                    play = Play.from_record(record, calls)
+                except KeyError:
+                    continue  # one of its calls' lines was lost: the play runs again
                 self.plays[(coalition_id(play.game, play.members), play.example_id)] = play
         # Rewritten without the failed plays and torn lines a kill may have left (calls numbered afresh).
         self.log.start(header, self.examples, self.log.plays_text(list(self.plays.values())))
@@ -336,4 +340,9 @@ def read_plays(store: str | os.PathLike[str]) -> list[Play]:
     """The plays recorded in an audit folder's log (lines it cannot read left out)."""
     records, _ = read_records(LogWriter(store).path, strict=False)
     calls = {r.n: r for _, r in records if isinstance(r, CallRecord)}
-    return [Play.from_record(r, calls) for _, r in records if isinstance(r, PlayRecord)]
+    plays = []
+    for _, record in records:
+        if isinstance(record, PlayRecord):
+            with contextlib.suppress(KeyError):  # a play whose calls' lines were lost is left out
+                plays.append(Play.from_record(record, calls))
+    return plays

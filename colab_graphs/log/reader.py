@@ -135,9 +135,10 @@ def find_kind(folder: str | os.PathLike[str]) -> str | None:
     if (folder / LOG_FILE).is_file():
         try:
             with open(folder / LOG_FILE, encoding="utf-8") as fh:
-                return str(json.loads(fh.readline()).get("kind")) or None
+                kind = json.loads(fh.readline()).get("kind")
         except (json.JSONDecodeError, AttributeError):
             return None
+        return kind if kind in SUMMARY_FILES else None
     if any((folder / name).is_file() for name in (*LEGACY_AUDIT, "report.json")):
         return "audit"
     if (folder / "study.json").is_file():

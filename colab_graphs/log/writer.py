@@ -23,7 +23,7 @@ from colab_graphs.log.records import LOG_FILE, CallRecord, Header, PlayRecord
 from colab_graphs.trace import Call, Usage
 
 if TYPE_CHECKING:
-    from colab_graphs.log.reader import Log
+    from colab_graphs.log.model import Log
 
 
 @dataclass
@@ -46,7 +46,11 @@ class Play:
 
     @classmethod
     def from_record(cls, record: PlayRecord, calls: Mapping[int, CallRecord]) -> Play:
-        """A play read back from a log, its calls rebuilt from the log's call records."""
+        """A play read back from a log, its calls rebuilt from the log's call records.
+
+        Raises:
+            KeyError: the play refers to a call the log does not hold (a line lost to a kill).
+        """
         return cls(
             record.game,
             record.members,
