@@ -148,17 +148,30 @@ def _response_text(response: Any) -> str:
     return content
 
 
-def _response_cost(litellm: Any, response: Any) -> float | None:
-    """The call's price in USD, None when LiteLLM has no price for the model."""
+def _response_cost(litellm: Any, response: Any, models: list[str]) -> float | None:
+    """The call's price in USD, None when LiteLLM has no price for the model.
+
+    A Router files a price entry with every price unset under each deployment's model; LiteLLM then prices calls
+    to that model, routed or not, at 0.0. A zero from such an entry is "unknown", not "free".
+    """
     hidden = getattr(response, "_hidden_params", None) or {}
     if "response_cost" in hidden:
         # LiteLLM priced the response already (None: no price known); pricing it again costs ~0.4 ms a call.
         cost = hidden["response_cost"]
-        return None if cost is None else float(cost)
-    try:
-        return float(litellm.completion_cost(completion_response=response))
-    except Exception:  # noqa: BLE001 - LiteLLM raises for models it has no price for
-        return None
+        cost = None if cost is None else float(cost)
+    else:
+        try:
+            cost = float(litellm.completion_cost(completion_response=response))
+        except Exception:  # noqa: BLE001 - LiteLLM raises for models it has no price for
+            return None
+    if cost == 0.0:
+        entries = [litellm.model_cost.get(m) for m in models]
+        if any(
+            e is not None and e.get("input_cost_per_token") is None and e.get("output_cost_per_token") is None
+            for e in entries
+        ):
+            return None
+    return cost
 
 
 def _response_logprobs(response: Any) -> list[float] | None:
@@ -415,7 +428,7 @@ class ModelClient:
             prompt_tokens=int(getattr(usage_obj, "prompt_tokens", 0) or 0),
             completion_tokens=int(getattr(usage_obj, "completion_tokens", 0) or 0),
         )
-        cost = _response_cost(litellm, response)
+        cost = _response_cost(litellm, response, models)
         details = None
         if any(m.startswith("local/") for m in models):
             from colab_graphs.models.local import local_call_details
