@@ -4,7 +4,8 @@ Run: ``python bench/local_batching.py [--model smollm2-135m] [--requests 16] [--
 
 Both modes use the same loaded model, greedy decoding and the same prompts, and the script checks that they
 produce the same tokens; it prints the wall time and completion tokens per second of each mode and their
-ratio.
+ratio. bench/local_engine.py measures the engine itself per batch size (against `generate` and the
+machine's memory-bandwidth bound).
 """
 
 from __future__ import annotations
@@ -16,27 +17,10 @@ import os
 import platform
 import time
 
+from local_engine import prompts  # bench/local_engine.py: the same prompts
+
 import colab_graphs._env  # noqa: F401
 from colab_graphs.models.local import build_request, get_engine
-
-TOPICS = [
-    "the water cycle",
-    "photosynthesis",
-    "prime numbers",
-    "the moon",
-    "volcanoes",
-    "bees",
-    "rainbows",
-    "gravity",
-    "the internet",
-    "clouds",
-    "tides",
-    "magnets",
-    "fractions",
-    "the heart",
-    "deserts",
-    "bridges",
-]
 
 
 async def main() -> None:
@@ -49,11 +33,10 @@ async def main() -> None:
     import torch
 
     engine = get_engine(args.model)
-    prompts = [
-        [{"role": "user", "content": f"Explain {TOPICS[i % len(TOPICS)]} to a child in three sentences."}]
-        for i in range(args.requests)
+    requests = [
+        build_request(engine, m, {"temperature": 0, "max_tokens": args.max_tokens})
+        for m in prompts(args.requests)
     ]
-    requests = [build_request(engine, m, {"temperature": 0, "max_tokens": args.max_tokens}) for m in prompts]
     engine.generate(requests[0])  # warm-up: first-call allocations are not part of either figure
 
     started = time.perf_counter()

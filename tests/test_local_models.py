@@ -359,7 +359,7 @@ def test_logit_mode_reaches_the_provider_through_metadata(litellm, tiny, arun):
 
 
 def test_unknown_logit_mode_is_a_clear_error(litellm, arun):
-    with pytest.raises(Exception, match="logit_mode must be 'fusion' or 'contrastive'"):
+    with pytest.raises(Exception, match="logit_mode must be 'fusion', 'contrastive'"):
         arun(
             litellm.acompletion(
                 model=f"local/{TINY}",
@@ -410,3 +410,103 @@ def test_unload_stops_the_worker_and_a_later_call_loads_again(tiny):
     assert not worker.is_alive()
     with pytest.raises(FileNotFoundError, match="tiny-temporary"):
         get_engine("tiny-temporary")
+
+
+def test_engine_decodes_the_tokens_transformers_generate_decodes(tiny):
+    import torch
+
+    prompt = _prompts(tiny, 3)[2]
+    ours = tiny.generate_batch([GenerationRequest(prompt, max_tokens=12, temperature=0)])[0]
+    with torch.inference_mode():
+        out = tiny.model.generate(
+            input_ids=torch.tensor([prompt]),
+            max_new_tokens=len(ours.completion_ids),
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=tiny.pad_id,
+            eos_token_id=sorted(tiny.eos_ids),
+        )
+    assert out.sequences[0, len(prompt) :].tolist() == ours.completion_ids
+    theirs = [
+        float(torch.log_softmax(step[0].float(), -1)[t])
+        for step, t in zip(out.logits, ours.completion_ids, strict=True)
+    ]
+    assert ours.logprobs == pytest.approx(theirs, abs=1e-5)
+
+
+def test_preallocated_cache_holds_what_a_growing_cache_holds(tiny):
+    import torch
+    from transformers.cache_utils import DynamicCache
+
+    from colab_graphs.models.local_engine import preallocated_cache
+
+    model = tiny.model
+    ids = torch.tensor([_prompts(tiny, 2)[1], _prompts(tiny, 2)[1][::-1]])
+    grown, fixed = DynamicCache(config=model.config), preallocated_cache(model, ids.shape[1] + 4)
+    with torch.inference_mode():
+        for cache in (grown, fixed):
+            model(input_ids=ids, cache=cache, use_cache=True)
+            cache.batch_select_indices(torch.tensor([1]))
+        a = model(input_ids=torch.tensor([[5]]), cache=grown, use_cache=True).logits
+        b = model(input_ids=torch.tensor([[5]]), cache=fixed, use_cache=True).logits
+    assert torch.equal(a, b)
+    for x, y in zip(grown.layers, fixed.layers, strict=True):
+        assert torch.equal(x.keys, y.keys) and torch.equal(x.values, y.values)
+    assert fixed.get_seq_length() == grown.get_seq_length() == ids.shape[1] + 1
+
+
+def test_bfloat16_member_repeats_its_greedy_answer(tiny):
+    import torch
+
+    half = get_engine(TINY, dtype="bfloat16")
+    assert half is not tiny and half.model.dtype == torch.bfloat16
+    request = GenerationRequest(_prompts(tiny, 1)[0], max_tokens=12, temperature=0)
+    first, again = half.generate_batch([request])[0], half.generate_batch([request])[0]
+    assert first.completion_ids == again.completion_ids and first.logprobs == again.logprobs
+
+
+def test_dtype_reaches_the_provider_through_metadata(litellm, arun):
+    half = get_engine(TINY, dtype="bfloat16")
+    before = half.batches_run
+    arun(
+        litellm.acompletion(
+            model=f"local/{TINY}",
+            messages=QUESTION,
+            max_tokens=4,
+            temperature=0,
+            metadata={"colab_graphs": {"dtype": "bfloat16"}},
+        )
+    )
+    assert half.batches_run == before + 1
+
+
+def test_models_load_in_float32_unless_asked(tiny):
+    import torch
+
+    assert tiny.model.dtype == torch.float32
+
+
+def test_a_policy_set_by_its_trainer_is_served_as_handed_over(tiny):
+    import torch
+
+    policy = set_local_model("policy-in-float32", copy.deepcopy(tiny.model), tiny.tokenizer)
+    assert get_engine("policy-in-float32", dtype="bfloat16") is policy
+    assert policy.model.dtype == torch.float32
+
+
+def test_unknown_dtype_is_a_clear_error():
+    with pytest.raises(ValueError, match="float32, bfloat16, float16"):
+        get_engine(TINY, dtype="int4")
+
+
+def test_logit_modes_refuse_another_dtype(litellm, arun):
+    with pytest.raises(Exception, match="logit-level modes decode in float32"):
+        arun(
+            litellm.acompletion(
+                model=f"local/{TINY}",
+                messages=QUESTION,
+                max_tokens=4,
+                colab_graphs={"logit_mode": "fusion", "members": [TINY, TINY], "dtype": "bfloat16"},
+            )
+        )

@@ -16,6 +16,13 @@ Logit-level generation (:mod:`colab_graphs.models.logits`) goes through the same
 ``acompletion`` (a pool member's settings can hold it, and it is part of the request, so call caches keyed
 on the request see it), or the same mapping as ``metadata={"colab_graphs": {...}}``.
 
+The same mapping may name the dtype a collaborator's weights are served in: ``{"dtype": "bfloat16"}`` (in a
+pool file, ``metadata: {colab_graphs: {dtype: bfloat16}}``). The default is float32, and a policy served with
+:func:`set_local_model` keeps the dtype of the model the trainer hands over. bfloat16 halves the bytes a
+decoding step reads and is ~1.5x faster at batches of 8-16 on CPUs with AMX, but not batch-invariant: a
+greedy answer is repeatable for the same batch, yet may change with the requests it is batched with (float32
+greedy answers do not; BENCHMARKS.md). Logit-level modes decode in float32.
+
 Example:
     >>> import litellm
     >>> from colab_graphs.models.local import register_local_provider, local_call_details
@@ -40,6 +47,7 @@ from colab_graphs.models.local_engine import GenerationRequest, GenerationResult
 
 PROVIDER = "local"
 DETAILS_KEY = "colab_graphs"
+DTYPES = ("float32", "bfloat16", "float16")
 
 _engines: dict[tuple[str, str], LocalEngine] = {}
 _named: dict[str, LocalEngine] = {}
@@ -59,11 +67,14 @@ def get_engine(model_ref: str, dtype: str = "float32") -> LocalEngine:
     Args:
         model_ref: A name registered with :func:`set_local_model`, a zoo name, a local folder (a model, or a
             LoRA adapter, served merged into its base) or a hub id; a leading ``local/`` is ignored.
-        dtype: torch dtype name; fp32 keeps batched greedy decoding identical to batch-1 decoding.
+        dtype: ``float32`` (default: batched greedy decoding gives the tokens batch-1 decoding gives),
+            ``bfloat16`` or ``float16``.
 
     Returns:
         The engine; its ``.model`` and ``.tokenizer`` may be updated in place (e.g. by a trainer).
     """
+    if dtype not in DTYPES:
+        raise ValueError(f"local models are served in one of {', '.join(DTYPES)}, not {dtype!r}")
     ref = model_ref.removeprefix(f"{PROVIDER}/")
     if ref in _named:
         return _named[ref]
@@ -138,14 +149,20 @@ def local_call_details(response: Any) -> dict[str, list] | None:
     return {k: list(details[k]) for k in ("prompt_token_ids", "completion_token_ids", "logprobs")}
 
 
-def _logit_settings(optional_params: dict[str, Any], litellm_params: dict[str, Any] | None) -> dict | None:
+def _provider_settings(optional_params: dict[str, Any], litellm_params: dict[str, Any] | None) -> dict:
+    """The request's ``colab_graphs`` mapping: a keyword argument, else the same key of ``metadata``."""
     settings = optional_params.get(DETAILS_KEY)
     if settings is None:
         metadata = (litellm_params or {}).get("metadata") or {}
         settings = metadata.get(DETAILS_KEY) if isinstance(metadata, dict) else None
-    if settings and settings.get("logit_mode"):
-        return dict(settings)
-    return None
+    return dict(settings or {})
+
+
+def _served_dtype(settings: dict[str, Any]) -> str:
+    dtype = str(settings.get("dtype") or "float32")
+    if dtype != "float32" and settings.get("logit_mode"):
+        raise ValueError(f"logit-level modes decode in float32; drop dtype {dtype!r} from the request")
+    return dtype
 
 
 def build_request(engine: LocalEngine, messages: list[dict], params: dict[str, Any]) -> GenerationRequest:
@@ -219,9 +236,9 @@ def generate_response(
     model: str, messages: list[dict], params: dict[str, Any], litellm_params: dict | None = None
 ) -> Any:
     """Generate with ``local/<model>`` and build the response, blocking the calling thread."""
-    settings = _logit_settings(params, litellm_params)
-    engine = get_engine(model)
-    if settings is not None:
+    settings = _provider_settings(params, litellm_params)
+    engine = get_engine(model, _served_dtype(settings))
+    if settings.get("logit_mode"):
         from colab_graphs.models.logits import generate_logit_level
 
         result = generate_logit_level(model, messages, params, settings)
@@ -236,9 +253,9 @@ async def agenerate_response(
     """Async :func:`generate_response`: model loading and decoding stay off the event loop."""
     import asyncio
 
-    settings = _logit_settings(params, litellm_params)
-    engine = await asyncio.to_thread(get_engine, model)
-    if settings is not None:
+    settings = _provider_settings(params, litellm_params)
+    engine = await asyncio.to_thread(get_engine, model, _served_dtype(settings))
+    if settings.get("logit_mode"):
         from colab_graphs.models.logits import generate_logit_level
 
         result = await asyncio.to_thread(generate_logit_level, model, messages, params, settings)

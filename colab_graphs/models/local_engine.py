@@ -24,6 +24,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+# torch's OpenMP threads otherwise spin at every barrier; on a machine whose cores other processes also use
+# (a laptop, a shared CI runner), a spinning thread burns the time slice its partner needs. Passive waiting
+# costs little when the cores are free. It must be in the environment before torch loads (the CLI and the
+# provider import this module first); a user's value wins. See also `decoding_threads`.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+THREADS_ENV = "COLAB_GRAPHS_LOCAL_THREADS"
+
 # A plain prompt format for models without a chat template (base models such as Gemma-3-270m).
 FALLBACK_CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -389,42 +396,52 @@ class LocalEngine:
         for req in requests:
             if not req.prompt_ids:
                 raise ValueError("a generation request needs at least one prompt token")
-        with self.lock, torch.inference_mode():
+        with self.lock, torch.inference_mode(), decoding_threads():
             self.batches_run += 1
             eos_ids = frozenset(self.eos_ids)
             rows = [_Row(req, self, eos_ids) for req in requests]
             model, device = self.model, self.device
             cache_name = cache_kwarg(model)
             width = max(len(r.prompt_ids) for r in requests)
+            # The mask for every position the batch can reach, filled once: a step passes a prefix (a view).
+            capacity = width + max(r.max_tokens for r in requests)
             input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-            mask = torch.zeros((len(rows), width), dtype=torch.long)
+            full_mask = torch.ones((len(rows), capacity), dtype=torch.long)
+            full_mask[:, :width] = 0
             for i, req in enumerate(requests):
                 input_ids[i, width - len(req.prompt_ids) :] = torch.tensor(req.prompt_ids)
-                mask[i, width - len(req.prompt_ids) :] = 1
-            input_ids, mask = input_ids.to(device), mask.to(device)
+                full_mask[i, width - len(req.prompt_ids) : width] = 1
+            input_ids, full_mask = input_ids.to(device), full_mask.to(device)
             # Left padding: positions must count real tokens only, or padded rows see shifted positions.
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
+            positions = (full_mask[:, :width].cumsum(-1) - 1).clamp(min=0)
+            kwargs = prefill_kwargs(model, cache_name, capacity)
+            out = model(
+                input_ids=input_ids,
+                attention_mask=full_mask[:, :width],
+                position_ids=positions,
+                use_cache=True,
+                **kwargs,
+            )
             cache, logits = output_cache(out), out.logits[:, -1, :].float()
             active = list(range(len(rows)))
             next_pos = positions[:, -1:] + 1
+            length = width
             while True:
-                tokens = []
                 # One log_softmax for the batch (row-wise, so each row's values equal its batch-1 values).
                 logps = torch.log_softmax(logits, dim=-1)
                 drawn = sample_together([rows[i] for i in active], logits, self._generator)
                 if drawn is None:
+                    tokens = []
                     for slot, idx in enumerate(active):
                         token = rows[idx].choose(logits[slot], logps[slot])
                         rows[idx].update(token)
                         tokens.append(token)
                 else:
-                    chosen = drawn.tolist()
+                    tokens = drawn.tolist()
                     picked = logps.gather(-1, drawn.unsqueeze(-1)).squeeze(-1).tolist()
                     for slot, idx in enumerate(active):
-                        rows[idx].record(chosen[slot], picked[slot], logps[slot])
-                        rows[idx].update(chosen[slot])
-                        tokens.append(chosen[slot])
+                        rows[idx].record(tokens[slot], picked[slot], logps[slot])
+                        rows[idx].update(tokens[slot])
                 keep = [slot for slot, idx in enumerate(active) if rows[idx].finish is None]
                 if not keep:
                     break
@@ -432,14 +449,13 @@ class LocalEngine:
                     # Drop finished rows from the batch so they cost nothing in later steps.
                     index = torch.tensor(keep, device=device)
                     cache.batch_select_indices(index)
-                    mask, next_pos = mask[index], next_pos[index]
+                    full_mask, next_pos = full_mask[index], next_pos[index]
                     active = [active[s] for s in keep]
                     tokens = [tokens[s] for s in keep]
-                step_ids = torch.tensor(tokens, device=device).unsqueeze(-1)
-                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+                length += 1
                 out = model(
-                    input_ids=step_ids,
-                    attention_mask=mask,
+                    input_ids=torch.tensor(tokens, device=device).unsqueeze(-1),
+                    attention_mask=full_mask[:, :length],
                     position_ids=next_pos,
                     use_cache=True,
                     **{cache_name: cache},
@@ -447,6 +463,41 @@ class LocalEngine:
                 cache, logits = output_cache(out), out.logits[:, -1, :].float()
                 next_pos = next_pos + 1
         return [row.result() for row in rows]
+
+
+_recent_threads = 0  # threads the latest batch of this process decoded with: its own share of the load
+
+
+@contextlib.contextmanager
+def decoding_threads() -> Iterator[int]:
+    """Run a batch with as many intra-op threads as the machine has free cores (at least one), then restore.
+
+    Every operator ends with its threads waiting for one another; when other processes hold the cores, the
+    waits last a scheduler time slice each, and under a load average of 5-8 on 2 cores a 2-thread decode ran
+    3-10x slower than a 1-thread one (BENCHMARKS.md). The 1-minute load average, less this process's own recent
+    decoding threads, is counted as other processes' demand and each whole unit of it takes one thread away.
+    ``COLAB_GRAPHS_LOCAL_THREADS=N`` fixes the count instead: some matmuls round differently with another
+    thread count, so only a fixed count makes logprobs repeat to the last bit from run to run (greedy tokens
+    have matched either way in every test).
+    """
+    import torch
+
+    global _recent_threads
+    ceiling = torch.get_num_threads()
+    fixed = os.environ.get(THREADS_ENV)
+    if fixed:
+        threads = max(1, int(fixed))
+    else:
+        others = os.getloadavg()[0] - _recent_threads
+        threads = max(1, min(ceiling, round((os.cpu_count() or 1) - others)))
+    if threads != ceiling:
+        torch.set_num_threads(threads)
+    try:
+        yield threads
+    finally:
+        if threads != ceiling:
+            torch.set_num_threads(ceiling)
+        _recent_threads = threads
 
 
 def cache_kwarg(model: Any) -> str:
@@ -462,6 +513,114 @@ def _cache_kwarg_of(forward: Callable[..., Any]) -> str:
 
     params = inspect.signature(forward).parameters
     return "cache" if "cache" in params else "past_key_values"
+
+
+def prefill_kwargs(model: Any, cache_name: str, capacity: int) -> dict[str, Any]:
+    """Extra arguments of a batch's prompt pass: only the last position's logits, and a KV cache that holds
+    ``capacity`` positions without growing.
+
+    Both change no number a request gets: the logits of the other prompt positions are never read (computing
+    them costs a vocabulary-sized matmul per prompt token), and the cache stores the same keys and values that
+    concatenation would, in place.
+    """
+    kwargs: dict[str, Any] = {}
+    forward = model.forward
+    if "logits_to_keep" in _forward_params(getattr(forward, "__func__", forward)):
+        kwargs["logits_to_keep"] = 1
+    cache = preallocated_cache(model, capacity)
+    if cache is not None:
+        kwargs[cache_name] = cache
+    return kwargs
+
+
+@functools.lru_cache(maxsize=64)
+def _forward_params(forward: Callable[..., Any]) -> frozenset[str]:
+    import inspect
+
+    return frozenset(inspect.signature(forward).parameters)
+
+
+def preallocated_cache(model: Any, capacity: int) -> Any | None:
+    """A transformers ``DynamicCache`` whose full-attention layers write into buffers of ``capacity``
+    positions, or None where the model brings its own kind of cache.
+
+    ``DynamicCache`` concatenates each step's keys and values onto the whole cache: a copy of the batch's
+    cache per layer per token, growing with the context. These layers hand attention a view of the filled
+    prefix of a buffer instead: the same values, the same shape. Sliding-window layers keep theirs.
+    """
+    supports = getattr(model, "_supports_default_dynamic_cache", None)
+    config = getattr(model, "config", None)
+    if config is None or (supports is not None and not supports()):
+        return None
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    text_config = config.get_text_config(decoder=True)
+    cache = DynamicCache(config=text_config)
+    if not cache.layers:  # no layer structure in the config: let the model build its cache
+        return None
+    layer_class = _preallocated_layer_class()
+    cache.layers = [layer_class(capacity) if type(x) is DynamicLayer else x for x in cache.layers]
+    return cache
+
+
+@functools.cache
+def _preallocated_layer_class() -> type:
+    from transformers.cache_utils import DynamicLayer
+
+    class PreallocatedLayer(DynamicLayer):
+        """A ``DynamicLayer`` backed by buffers of a fixed number of positions (see `preallocated_cache`).
+
+        It serves the engine's decode loop: appending, dropping finished rows, resetting.
+        """
+
+        def __init__(self, capacity: int) -> None:
+            super().__init__()
+            self.capacity = capacity
+            self.length = 0
+
+        def lazy_initialization(self, key_states: Any, value_states: Any) -> None:
+            import torch
+
+            batch, heads, _, _ = key_states.shape
+            shape = (batch, heads, self.capacity)
+            self.key_buffer = torch.empty(
+                (*shape, key_states.shape[-1]), dtype=key_states.dtype, device=key_states.device
+            )
+            self.value_buffer = torch.empty(
+                (*shape, value_states.shape[-1]), dtype=value_states.dtype, device=value_states.device
+            )
+            self.device = key_states.device
+            self.is_initialized = True
+
+        def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            start, added = self.length, key_states.shape[-2]
+            if start + added > self.capacity:
+                raise RuntimeError(f"KV cache of {self.capacity} positions asked to hold {start + added}")
+            # narrow + copy_: the fewest tensor calls per layer per token (this runs 2 x layers times a step)
+            self.key_buffer.narrow(2, start, added).copy_(key_states)
+            self.value_buffer.narrow(2, start, added).copy_(value_states)
+            self.length = start + added
+            self.keys = self.key_buffer.narrow(2, 0, self.length)
+            self.values = self.value_buffer.narrow(2, 0, self.length)
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self.length
+
+        def reset(self) -> None:
+            self.length = 0
+            super().reset()
+
+        def batch_select_indices(self, indices: Any) -> None:
+            if self.is_initialized:
+                self.key_buffer = self.key_buffer[indices]
+                self.value_buffer = self.value_buffer[indices]
+                self.keys = self.key_buffer.narrow(2, 0, self.length)
+                self.values = self.value_buffer.narrow(2, 0, self.length)
+
+    return PreallocatedLayer
 
 
 def output_cache(out: Any) -> Any:

@@ -32,6 +32,7 @@ from colab_graphs.models.local_engine import (
     LocalEngine,
     _Row,
     cache_kwarg,
+    decoding_threads,
     output_cache,
 )
 
@@ -79,7 +80,7 @@ class _Member:
         model = self.engine.model
         positions = torch.arange(self.position, self.position + ids.shape[1]).unsqueeze(0)
         extra = {cache_kwarg(model): self.cache} if self.cache is not None else {}
-        with self.engine.lock, torch.inference_mode():
+        with self.engine.lock, torch.inference_mode(), decoding_threads():
             out = model(
                 input_ids=ids.to(model.device),
                 position_ids=positions.to(model.device),
