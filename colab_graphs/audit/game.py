@@ -239,10 +239,15 @@ class CoalitionGame:
             # and one seat memo: a request another coalition already made is taken from the memo (as the
             # cache would serve it), and an answer already extracted or scored is not extracted or scored again.
             # They are recorded together, so each call's record comes from the play that made it.
+            # The largest coalition plays first: its calls fill the memo, so the others mostly answer from it at
+            # once instead of each waiting on the same calls in flight (thousands of waiting tasks per example
+            # in a sampled 8-member audit); the calls only they make run together after it.
+            first, *rest = sorted(todo, key=lambda job: (job[0] != "coalition", -len(job[1])))
             async with limit:
                 view, memo = view_for(example, self.scorer), {}
-                plays = await asyncio.gather(
-                    *(one(game, members, example, view, memo) for game, members in todo)
+                plays = [await one(*first, example, view, memo)]
+                plays += await asyncio.gather(
+                    *(one(game, members, example, view, memo) for game, members in rest)
                 )
             self.record(plays)
             if on_plays:
