@@ -72,7 +72,8 @@ class TrainConfig:
     eval_data: str | None = _f(None, "Held-out examples (default: the last `eval_size` examples of `data`).")
     eval_size: int = _f(0, "Held-out examples for the before/after evaluation (0 skips the evaluation).")
     eval_before: bool = _f(
-        True, "Evaluate before training too (false: only after, e.g. for runs that share one starting policy)."
+        True,
+        "Evaluate before training too (false: only after, e.g. for runs that share one starting policy).",
     )
     scorer: str | None = _f(None, "Scorer name (default: chosen from the examples' fields).")
     # --- the objective -----------------------------------------------------------------------------------
