@@ -11,10 +11,13 @@ import typer
 def _config_help() -> str:
     import dataclasses
 
-    from colab_graphs.trainers.config import config_fields
+    from colab_graphs.trainers.config import config_fields, grpo_fields
 
-    lines = []
+    grpo = grpo_fields()
+    lines = ["C-RL fields:"]
     for name, f in config_fields().items():
+        if name == next(iter(grpo)):
+            lines += ["", "GRPO fields (trl.GRPOConfig's, with TRL's help; defaults are this project's):"]
         missing = f.default_factory is dataclasses.MISSING
         default = f.default if missing else f.default_factory()  # type: ignore[misc]
         lines.append(f"{name} (default {default!r}): {f.metadata['help']}")
@@ -50,7 +53,11 @@ def train(
         bool, typer.Option("--resume", help="Resume from the latest checkpoint in the output folder.")
     ] = False,
     help_config: Annotated[
-        bool, typer.Option("--help-config", help="List every config field and exit.")
+        bool,
+        typer.Option(
+            "--help-config",
+            help="List every config field (C-RL's and trl.GRPOConfig's) with its help and exit.",
+        ),
     ] = False,
 ) -> None:
     """Train a policy seated in a collaboration graph on the system's outcome (C-RL), or a baseline.

@@ -2,7 +2,7 @@
 
 Every objective runs through the same `CRLTrainer` (a TRL `GRPOTrainer` subclass) built from the same
 `GRPOConfig`: the same optimizer (TRL's default AdamW, weight decay 0), learning-rate schedule (linear decay,
-`trl: {lr_scheduler_type, warmup_steps}` to change it), gradient clipping (`max_grad_norm`, 1.0), precision
+`lr_scheduler_type`, `warmup_steps` to change it), gradient clipping (`max_grad_norm`, 1.0), precision
 (`bf16`), LoRA (`lora*`), gradient accumulation, checkpoints, `max_steps` optimizer updates, and number of
 processes. They differ only in what is rolled out and what the loss is:
 

@@ -1,8 +1,14 @@
-"""`TrainConfig`: what `colab-graphs train --config FILE.yaml` reads, as a dataclass in TRL's style.
+"""`TrainConfig`: what `colab-graphs train --config FILE.yaml` reads: C-RL's own fields and `trl.GRPOConfig`'s.
 
-Every field has a default and help text (`dataclasses.fields(TrainConfig)[i].metadata["help"]`). The YAML
-file is a flat mapping of these fields; an unknown key, or a value of the wrong type, is an error that names
-the file and the field. GRPO settings not surfaced here go under `trl:` and reach `trl.GRPOConfig` as they are.
+C-RL's fields (the system, the task, the objective, LoRA, running) are declared here, in `CRLFields`. The GRPO
+fields are `trl.GRPOConfig`'s own dataclass fields, with TRL's types and help text; `GRPO_DEFAULTS` holds the
+few defaults this project changes and `GRPO_NOTES` what a field means for C-RL. `output_dir` and
+`resume_from_checkpoint` are C-RL's (the run folder, and `true` for its latest checkpoint); `MANAGED` lists the
+GRPO fields the trainer sets itself. TRL is imported when `TrainConfig` is first used, not with this module.
+
+The YAML file is a flat mapping of these fields (a `trl:` mapping of GRPO fields, as older configs have, is
+read into the top level); an unknown key, or a value of the wrong type, is an error that names the file and
+the field. `colab-graphs train --help-config` lists every field with its help.
 
 Relative paths in the file (`pool`, `graph`, `data`, `eval_data`) are read relative to the file's folder.
 """
@@ -11,11 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 REWARDS = ("system", "solo", "sft")
 CREDITS = ("uniform", "replay")
@@ -27,8 +34,46 @@ VLLM_REFUSAL = (
     "inside the graph, and each turn's exact token ids are the training segment, so there is no generation "
     "step for TRL's vLLM (or its importance-sampling ratio) to replace. Serve the collaborators with vLLM "
     "instead, as pool members (model: hosted_vllm/NAME, api_base: http://HOST:PORT/v1), and remove "
-    "use_vllm from trl:"
+    "use_vllm from the config"
 )
+GRPO_DEFAULTS: dict[str, Any] = {
+    "num_generations": 4,
+    "per_device_train_batch_size": 4,
+    "max_steps": 10,
+    "learning_rate": 1e-5,
+    "max_completion_length": 64,
+    "seed": 0,
+    "logging_steps": 1,
+    "save_steps": 0,
+    "bf16": False,
+    "gradient_checkpointing": False,
+    "disable_tqdm": True,
+    # TRL's own defaults today, pinned: C-RL's checks require them, whatever a later TRL defaults to.
+    "loss_type": "dapo",
+    "beta": 0.0,
+}
+"""This project's defaults for GRPO fields, where they differ from TRL's."""
+GRPO_NOTES = {
+    "num_generations": "C-RL: rollouts of the whole system per prompt (the GRPO group size G).",
+    "per_device_train_batch_size": (
+        "C-RL: rollouts per device per micro-step (x gradient_accumulation_steps: a multiple of "
+        "num_generations), and the most policy segments in one forward/backward pass (the rest of a "
+        "generation batch is accumulated), which bounds the training memory."
+    ),
+    "max_completion_length": "C-RL: the most tokens per policy turn (caps the seat's max_tokens).",
+    "temperature": "C-RL: the policy's sampling temperature in rollouts (reward=sft trains at 1.0).",
+    "top_p": "C-RL: the policy's nucleus sampling mass in rollouts.",
+    "loss_type": "C-RL accepts dapo or cispo (both normalise by the policy tokens of the whole batch).",
+    "save_steps": "C-RL: 0 (the default) writes no checkpoints, only the final policy.",
+    "use_vllm": "Refused: the policy generates in process; serve the collaborators with vLLM as pool members.",
+}
+"""What a GRPO field means in C-RL, appended to TRL's help."""
+MANAGED = {
+    "save_strategy": "steps when save_steps is set, else no checkpoints",
+    "per_device_eval_batch_size": "TRL's evaluation loop is unused; the held-out evaluation is C-RL's own",
+    "remove_unused_columns": "the trainer reads each prompt's example_id column",
+}
+"""GRPO fields the trainer sets itself (a config that sets one is refused, saying why)."""
 
 
 class ConfigError(ValueError):
@@ -41,9 +86,9 @@ def _f(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
 
 
-@dataclass
-class TrainConfig:
-    """Compositional RL (and its baselines) for one policy seated in a collaboration graph."""
+@dataclass(kw_only=True)
+class CRLFields:
+    """C-RL's own fields of `TrainConfig` (the rest are `trl.GRPOConfig`'s)."""
 
     # --- the system --------------------------------------------------------------------------------------
     protocol: str = _f(
@@ -92,61 +137,54 @@ class TrainConfig:
         2, "K for credit=replay: re-runs per policy turn (cost: K x turns extra system runs)."
     )
     sft_min_reward: float = _f(1.0, "reward=sft: keep the policy turns of rollouts scoring at least this.")
-    # --- GRPO (names and meanings as in trl.GRPOConfig) --------------------------------------------------
-    num_generations: int = _f(4, "Rollouts per prompt (the GRPO group size G).")
-    per_device_train_batch_size: int = _f(
-        4,
-        "Rollouts per device per micro-step (x gradient_accumulation_steps: a multiple of num_generations), "
-        "and the most policy segments in one forward/backward pass (the rest of a generation batch is "
-        "accumulated), which bounds the training memory.",
-    )
-    gradient_accumulation_steps: int = _f(1, "Steps accumulated per optimizer update.")
-    max_steps: int = _f(10, "Optimizer steps.")
-    learning_rate: float = _f(1e-5, "Peak learning rate.")
-    max_completion_length: int = _f(64, "Most tokens per policy turn (caps the seat's max_tokens).")
-    temperature: float = _f(1.0, "Policy sampling temperature in rollouts (and in TRL's logprobs).")
-    top_p: float = _f(1.0, "Policy nucleus sampling mass in rollouts.")
-    beta: float = _f(0.0, "KL coefficient against the initial policy (0: no reference model).")
-    loss_type: str = _f(
-        "dapo", "TRL loss type: dapo or cispo (both normalise by the policy tokens of the whole batch)."
-    )
-    scale_rewards: str = _f("group", "Advantage scaling: group, batch or none.")
-    seed: int = _f(0, "Random seed.")
-    logging_steps: int = _f(1, "Write a metrics line every this many steps.")
-    save_steps: int = _f(0, "Checkpoint every this many steps (0: no checkpoints, only the final policy).")
-    resume_from_checkpoint: str | bool | None = _f(
-        None, "Resume: a checkpoint folder, or true for the latest checkpoint in the output folder."
-    )
-    use_cpu: bool = _f(False, "Train on CPU even when a GPU is present.")
-    bf16: bool = _f(False, "bfloat16 mixed precision.")
-    gradient_checkpointing: bool = _f(False, "Trade compute for memory (slow for tiny models).")
-    trl: dict = _f(
-        {},
-        "Further trl.GRPOConfig keyword arguments (e.g. max_grad_norm, lr_scheduler_type, warmup_steps, "
-        "num_iterations, epsilon). use_vllm is refused: the policy generates in process.",
-    )
     # --- LoRA --------------------------------------------------------------------------------------------
     lora: bool = _f(False, "Train a LoRA adapter instead of all weights (merged into the exported folder).")
     lora_r: int = _f(16, "LoRA rank.")
     lora_alpha: int = _f(32, "LoRA alpha.")
     lora_target_modules: list | str = _f("all-linear", "LoRA target modules.")
-    # --- running and output ------------------------------------------------------------------------------
-    output_dir: str = _f("runs/train", "Where metrics.jsonl, checkpoints, eval_*.json and policy/ go.")
+    # --- running and output (output_dir and resume_from_checkpoint replace GRPOConfig's) ------------------
+    output_dir: str = _f(
+        "runs/train",
+        "Where metrics.jsonl, eval_*.json, policy/ and checkpoints/ (TRL's output_dir) go.",
+    )
+    resume_from_checkpoint: str | bool | None = _f(
+        None, "Resume: a checkpoint folder, or true for the latest checkpoint in the output folder."
+    )
     cache_dir: str | None = _f(None, "Call cache for the collaborators (policy calls are never cached).")
     no_cache: bool = _f(False, "Do not cache collaborator calls.")
     max_concurrency: int = _f(16, "In-flight model calls per endpoint.")
     eval_temperature: float = _f(0.0, "Policy temperature in the before/after evaluation (0: greedy).")
+    trl: InitVar[dict | None] = _f(
+        None,
+        "GRPO fields as a mapping, as older configs set them (e.g. {max_grad_norm: 0.5}): read into the top "
+        "level; a field set both ways is an error.",
+    )
 
-    def validate(self, where: str = "config") -> TrainConfig:
-        """Check values that types alone do not catch; returns self."""
+    def __post_init__(self, trl: dict | None) -> None:
+        settings = grpo_fields()
+        for key, value in (trl or {}).items():
+            if key not in settings:
+                raise ConfigError(f"config: trl.{key}: {_not_grpo(key)}")
+            setattr(self, key, value)
 
-        def bad(name: str, message: str) -> None:
-            raise ConfigError(f"{where}: {name}: {message}")
+    def validate(self, where: str = "config") -> typing.Self:
+        """Check types and the values that types alone do not catch; returns self."""
+        return self._validate(where, {})
 
-        if self.reward not in REWARDS:
-            bad("reward", f"must be one of {', '.join(REWARDS)}, got {self.reward!r}")
-        if self.credit not in CREDITS:
-            bad("credit", f"must be one of {', '.join(CREDITS)}, got {self.credit!r}")
+    def _validate(self, where: str, names: dict[str, str]) -> typing.Self:
+        """`validate`, naming each field as the config spelled it (`names`: field -> e.g. `trl.use_vllm`)."""
+
+        def bad(name: str, message: str) -> typing.NoReturn:
+            raise ConfigError(f"{where}: {names.get(name, name)}: {message}")
+
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            hint = _hint(f.name)
+            if not _is_default(value, f) and not _type_ok(value, hint):
+                message = f"expected {_type_name(hint)}, got {type(value).__name__} {value!r}"
+                if isinstance(value, str) and _number(value) is not None and _type_ok(_number(value), hint):
+                    message += " (YAML reads a number like 1e-5 as text: write 1.0e-5)"
+                bad(f.name, message)
         if self.graph is not None and ":" not in self.graph:
             bad("graph", f"expected path/to/file.py:NAME, got {self.graph!r}")
         for name in (
@@ -159,11 +197,12 @@ class TrainConfig:
             "logging_steps",
             "max_concurrency",
         ):
-            if getattr(self, name) < 1:
-                bad(name, f"must be at least 1, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if value is None or value < 1:
+                bad(name, f"must be at least 1, got {value}")
         if self.num_generations < 2:
             bad("num_generations", "at least 2 rollouts per prompt (GRPO groups; SFT keeps the good ones)")
-        steps_per_generation = self.trl.get("steps_per_generation") or self.gradient_accumulation_steps
+        steps_per_generation = self.steps_per_generation or self.gradient_accumulation_steps
         batch = self.per_device_train_batch_size * steps_per_generation
         if batch % self.num_generations:
             bad(
@@ -179,8 +218,8 @@ class TrainConfig:
                 "number of policy segments per process, padded with empty rows, and only a loss normalised "
                 "by the global count of policy tokens stays exact across processes and micro-batches",
             )
-        if self.trl.get("use_vllm"):
-            bad("trl.use_vllm", VLLM_REFUSAL)
+        if self.use_vllm:
+            bad("use_vllm", VLLM_REFUSAL)
         if self.reward == "sft" and self.beta != 0:
             bad("beta", "reward=sft is plain fine-tuning on kept turns: it has no KL term, set beta to 0")
         if self.eval_size < 0 or self.save_steps < 0:
@@ -194,26 +233,117 @@ class TrainConfig:
         return self
 
 
+if TYPE_CHECKING:
+    from trl import GRPOConfig
+
+    # The static view of the class `train_config_class` builds: C-RL's fields and GRPOConfig's (it is not a
+    # GRPOConfig at run time; `pipeline.grpo_args` makes one from it).
+    @dataclass(kw_only=True)
+    class TrainConfig(CRLFields, GRPOConfig):  # type: ignore[misc]
+        """Compositional RL (and its baselines) for one policy seated in a collaboration graph."""
+
+else:
+
+    def __getattr__(name: str) -> Any:
+        if name == "TrainConfig":
+            return train_config_class()
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@functools.cache
+def grpo_fields() -> dict[str, dataclasses.Field]:
+    """GRPO field name -> `TrainConfig` field made from `trl.GRPOConfig`'s (this project's default where
+    `GRPO_DEFAULTS` has one, TRL's help plus `GRPO_NOTES`), in TRL's order."""
+    from trl import GRPOConfig
+
+    own = {f.name for f in dataclasses.fields(CRLFields)}
+    out = {}
+    for f in dataclasses.fields(GRPOConfig):
+        if not f.init or f.name in own or f.name in MANAGED:
+            continue
+        help = " ".join(str(f.metadata.get("help") or "").replace("%%", "%").split())  # argparse escapes %
+        if f.name in GRPO_NOTES:
+            help = f"{help} {GRPO_NOTES[f.name]}".strip()
+        metadata = {**f.metadata, "help": help}
+        if f.name in GRPO_DEFAULTS:
+            out[f.name] = field(default=GRPO_DEFAULTS[f.name], metadata=metadata)
+        elif f.default is not dataclasses.MISSING:
+            out[f.name] = field(default=f.default, metadata=metadata)
+        else:
+            out[f.name] = field(default_factory=f.default_factory, metadata=metadata)
+    return out
+
+
+@functools.cache
+def _grpo_hints() -> dict[str, Any]:
+    from trl import GRPOConfig
+
+    return typing.get_type_hints(GRPOConfig)
+
+
+@functools.cache
+def train_config_class() -> type[TrainConfig]:
+    """The `TrainConfig` dataclass: `CRLFields` and the GRPO fields of `grpo_fields` (imports TRL once)."""
+    hints = _grpo_hints()
+    cls = dataclasses.make_dataclass(
+        "TrainConfig",
+        [(name, hints[name], f) for name, f in grpo_fields().items()],
+        bases=(CRLFields,),
+        kw_only=True,
+        namespace={
+            "__doc__": "Compositional RL (and its baselines) for one policy seated in a collaboration graph."
+        },
+    )
+    cls.__module__ = __name__  # pickles and prints as colab_graphs.trainers.config.TrainConfig
+    return cls
+
+
 def config_fields() -> dict[str, dataclasses.Field]:
-    """Field name -> dataclass field of `TrainConfig` (help text in `.metadata['help']`)."""
-    return {f.name: f for f in dataclasses.fields(TrainConfig)}
+    """Field name -> dataclass field of `TrainConfig`, C-RL's then GRPO's (help text in `.metadata['help']`);
+    `trl` (an init-only mapping) included."""
+    return dict(train_config_class().__dataclass_fields__)
+
+
+@functools.cache
+def _hint(name: str) -> Any:
+    if name in grpo_fields():
+        return _grpo_hints()[name]
+    return typing.get_type_hints(CRLFields)[name]
+
+
+def _is_default(value: Any, f: dataclasses.Field) -> bool:
+    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    return type(value) is type(default) and value == default
+
+
+@functools.cache
+def _adapter(annotation: Any) -> Any:
+    from pydantic import ConfigDict, TypeAdapter
+
+    try:
+        return TypeAdapter(annotation, config=ConfigDict(strict=True, arbitrary_types_allowed=True))
+    except Exception:  # noqa: BLE001 - a type pydantic cannot check is left to GRPOConfig's own checks
+        return None
 
 
 def _type_ok(value: Any, annotation: Any) -> bool:
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        return any(_type_ok(value, arg) for arg in typing.get_args(annotation))
-    if origin is Literal:
-        return value in typing.get_args(annotation)
-    if annotation is type(None):
-        return value is None
-    if annotation is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if annotation in (dict, list, str, bool):
-        return isinstance(value, annotation)
+    from pydantic import ValidationError
+
+    adapter = _adapter(annotation)
+    if adapter is None:
+        return True
+    try:
+        adapter.validate_python(value)
+    except ValidationError:
+        return False
     return True
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 def _type_name(annotation: Any) -> str:
@@ -227,36 +357,67 @@ def _type_name(annotation: Any) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
+def _suggest(key: str, names: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(str(key), list(names), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _not_grpo(key: str) -> str:
+    if key in MANAGED:
+        return f"set by the trainer ({MANAGED[key]})"
+    if key in config_fields():
+        return f"not a GRPO field: {key} is C-RL's own, set it at the top level"
+    return f"not a trl.GRPOConfig field{_suggest(key, grpo_fields())}"
+
+
 def config_from_dict(
     data: dict[str, Any], where: str = "config", base_dir: Path | None = None
 ) -> TrainConfig:
-    """Build and validate a `TrainConfig` from a mapping; errors name `where` and the field.
+    """Build and validate a `TrainConfig` from a flat mapping; errors name `where` and the field.
 
     Args:
-        data: field -> value.
+        data: field -> value (GRPO fields too; a `trl:` mapping of GRPO fields is read into the top level).
         where: what the mapping came from (a file name), for messages.
         base_dir: folder that relative paths in `pool`, `graph`, `data`, `eval_data` are relative to.
     """
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping of config fields, got {type(data).__name__}")
-    hints = typing.get_type_hints(TrainConfig)
     known = config_fields()
+    values: dict[str, Any] = {}
+    names: dict[str, str] = {}
     for key, value in data.items():
+        if key in MANAGED:
+            raise ConfigError(f"{where}: {key}: set by the trainer ({MANAGED[key]})")
         if key not in known:
-            close = difflib.get_close_matches(str(key), list(known), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{where}: unknown field {key!r}{hint}; see `colab-graphs train --help-config`")
-        if not _type_ok(value, hints[key]):
             raise ConfigError(
-                f"{where}: {key}: expected {_type_name(hints[key])}, got {type(value).__name__} {value!r}"
+                f"{where}: unknown field {key!r}{_suggest(key, known)}; see `colab-graphs train --help-config`"
             )
-    values = dict(data)
+        if key != "trl":
+            values[key] = value
+    trl = data.get("trl") or {}
+    if not isinstance(trl, dict):
+        raise ConfigError(f"{where}: trl: expected a mapping of GRPO fields, got {type(trl).__name__}")
+    for key, value in trl.items():
+        if key not in grpo_fields():
+            raise ConfigError(f"{where}: trl.{key}: {_not_grpo(key)}")
+        if key in data:
+            raise ConfigError(f"{where}: trl.{key}: {key} is also set at the top level; set it once")
+        values[key], names[key] = value, f"trl.{key}"
     if base_dir is not None:
         for key in ("pool", "graph", "data", "eval_data"):
             value = values.get(key)
             if isinstance(value, str):
                 values[key] = _relative(value, base_dir, graph=key == "graph")
-    return TrainConfig(**values).validate(where)
+    return train_config_class()(**values)._validate(where, names)
+
+
+def grpo_values(config: TrainConfig) -> dict[str, Any]:
+    """The GRPO fields of `config` whose value is not `trl.GRPOConfig`'s own default."""
+    from trl import GRPOConfig
+
+    trl_fields = {f.name: f for f in dataclasses.fields(GRPOConfig)}
+    values = {name: getattr(config, name) for name in grpo_fields()}
+    return {name: v for name, v in values.items() if not _is_default(v, trl_fields[name])}
 
 
 def _relative(value: str, base_dir: Path, graph: bool) -> str:

@@ -1,10 +1,12 @@
-"""Before/after evaluation of the system on held-out examples.
+"""Before/after evaluation of the system on held-out examples, played as an audit plays its coalitions.
 
-Reports the system score v(N), the score without the policy v(N \\ {policy}) (the protocol restricted with
-`colab_graphs.coalition.restrict`), the policy seat's leave-one-out value v(N) - v(N \\ {policy}), and the
-policy's individual strength (its `solo` score). Policy calls are never cached (see `PolicyRouter`), so the
-evaluation after training sees the trained weights; collaborator calls are, so v(N \\ {policy}) costs
-nothing the second time.
+Reports the system score v(N), the score without the policy v(N \\ {policy}), the policy seat's leave-one-out
+value v(N) - v(N \\ {policy}), and the policy's individual strength (its `solo` score), over the examples none
+of whose plays failed (`failed` counts the others). The plays are the audit's own
+(`colab_graphs.audit.game.CoalitionGame`): a coalition is the protocol restricted to it, the empty coalition
+scores the protocol's `empty_fallback`, a protocol with a fit step is fitted per coalition, and an example's
+plays share their seat memo. Policy calls are never cached (see `PolicyRouter`), so the evaluation after
+training sees the trained weights; collaborator calls are, so v(N \\ {policy}) costs nothing the second time.
 
 Under several processes (`accelerate launch`) each process evaluates its share of the examples and the
 scores are pooled, so the numbers are those of one process evaluating them all.
@@ -20,31 +22,13 @@ from colab_graphs.pool import Pool
 from colab_graphs.spec import GraphSpec
 from colab_graphs.trainers.rollout import LoopThread, PolicyRouter
 
-SETTINGS = ("system", "without_policy", "policy_solo")
 
-
-async def _scores(
-    spec: GraphSpec | None, pool: Pool, examples: Sequence[Example], router: PolicyRouter, scorer: Any
-) -> list[float | None]:
-    """Each example's score (None: failed); the empty coalition scores its fallback, 0."""
-    from colab_graphs.runner import run_dataset
-
-    if spec is None:
-        return [0.0] * len(examples)
-    if not examples:
-        return []
-    outcomes, _ = await run_dataset(spec, pool, examples, client=router, scorer=scorer)  # type: ignore[arg-type]
-    return [None if o.failed else float(o.score or 0.0) for o in outcomes]
-
-
-def _mean(scores: Sequence[float | None]) -> float:
-    done = [s for s in scores if s is not None]
-    return sum(done) / len(done) if done else 0.0
+def _mean(scores: Sequence[float]) -> float:
+    return sum(scores) / len(scores) if scores else 0.0
 
 
 def evaluate(
     spec: GraphSpec,
-    solo: GraphSpec,
     pool: Pool,
     examples: Sequence[Example],
     router: PolicyRouter,
@@ -58,28 +42,31 @@ def evaluate(
     Args:
         processes: an `accelerate.PartialState` to share the examples among (None: this process does all).
     """
-    from colab_graphs.coalition import restrict
+    from colab_graphs.audit.game import CoalitionGame
 
-    others = [m for m in spec.members if m != policy_member]
-    without = restrict(spec, others)
+    grand = frozenset(spec.members)
+    without = grand - {policy_member}
     share = list(examples)
     if processes is not None and processes.num_processes > 1:
         share = share[processes.process_index :: processes.num_processes]
-
-    async def run() -> list[tuple[float | None, ...]]:
-        columns = [await _scores(s, pool, share, router, scorer) for s in (spec, without, solo)]
-        return list(zip(*columns, strict=True))
-
-    rows = loop.run(run())
+    game = CoalitionGame(spec, pool, share, client=router, scorer=scorer)  # type: ignore[arg-type]
+    if share:
+        loop.run(game.evaluate([grand, without], [policy_member]))
+    failed = game.failed_examples()
+    values = game.values([grand, without], exclude=failed)
+    solo = game.solo_values([policy_member], exclude=failed)[policy_member]
+    rows = list(zip(values[grand].tolist(), values[without].tolist(), solo.tolist(), strict=True))
     if processes is not None and processes.num_processes > 1:
         from accelerate.utils import gather_object
 
         rows = gather_object(rows)
-    means = {name: _mean([row[i] for row in rows]) for i, name in enumerate(SETTINGS)}
+        failed = gather_object(failed)
+    system, without_policy, policy_solo = (_mean([row[i] for row in rows]) for i in range(3))
     return {
         "n": len(examples),
-        "system": means["system"],
-        "without_policy": means["without_policy"],
-        "loo": means["system"] - means["without_policy"],
-        "policy_solo": means["policy_solo"],
+        "system": system,
+        "without_policy": without_policy,
+        "loo": system - without_policy,
+        "policy_solo": policy_solo,
+        "failed": len(failed),
     }

@@ -2,8 +2,8 @@
 
 1. load examples (train / held out), start scripted test members if the config has any, build the pool and
    the protocol, load the policy and serve it in process as the policy member;
-2. evaluate the system on held-out examples (system score, the policy seat's LOO, the policy's solo score;
-   skipped when `eval_before` is false);
+2. evaluate the system on held-out examples as an audit plays them (system score, the policy seat's LOO, the
+   policy's solo score; see `colab_graphs.trainers.evaluate`; skipped when `eval_before` is false);
 3. train, always through `CRLTrainer` (see `colab_graphs.trainers.baselines` for what each objective is):
    `reward: system` (C-RL: GRPO on the system's score), `reward: solo` (GRPO on the policy's own score,
    answering alone), or `reward: sft` (cross-entropy on the policy's turns from successful rollouts);
@@ -28,8 +28,7 @@ for CPU processes). Each process runs the rollouts of its share of every step (w
 and the evaluation of its share of the held-out examples; the gradient is the one a single process would
 take over the whole step (see `colab_graphs.trainers.grpo`); only the main process writes files.
 Collaborators served by vLLM are ordinary pool members (`hosted_vllm/...` with `api_base`); the policy itself
-always generates in process with its live weights, so `trl: {use_vllm: true}` is refused when the config is
-read.
+always generates in process with its live weights, so `use_vllm: true` is refused when the config is read.
 """
 
 from __future__ import annotations
@@ -40,55 +39,38 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import colab_graphs._env  # noqa: F401  (offline settings before transformers / litellm load)
-from colab_graphs.trainers.config import ConfigError, TrainConfig
+from colab_graphs.trainers.config import ConfigError, grpo_values
+
+if TYPE_CHECKING:
+    from colab_graphs.trainers.config import TrainConfig
 
 
 def grpo_args(config: TrainConfig, output_dir: Path) -> Any:
-    """The `trl.GRPOConfig` for `config` (extra `trl:` settings passed through, checked by TRL)."""
+    """The `trl.GRPOConfig` for `config`: its GRPO fields, and the ones the trainer sets (`MANAGED`)."""
     from trl import GRPOConfig
 
-    surfaced = {
-        "per_device_train_batch_size": config.per_device_train_batch_size,
-        "gradient_accumulation_steps": config.gradient_accumulation_steps,
-        "num_generations": config.num_generations,
-        "max_steps": config.max_steps,
-        "learning_rate": config.learning_rate,
-        "max_completion_length": config.max_completion_length,
-        "top_p": config.top_p,
-        "beta": config.beta,
-        "loss_type": config.loss_type,
-        "scale_rewards": config.scale_rewards,
-        "seed": config.seed,
-        "logging_steps": config.logging_steps,
-        "save_strategy": "steps" if config.save_steps else "no",
-        "use_cpu": config.use_cpu,
-        "bf16": config.bf16,
-        "gradient_checkpointing": config.gradient_checkpointing,
+    settings = grpo_values(config)
+    if not config.save_steps:
+        settings.pop("save_steps", None)
+    settings.update(
+        save_strategy="steps" if config.save_steps else "no",
+        # Never used (no eval dataset); TRL checks it against num_generations all the same.
+        per_device_eval_batch_size=config.num_generations,
+        remove_unused_columns=False,
+    )
+    if config.reward == "sft":
         # reward=sft trains cross-entropy: TRL's fused head must give log-probabilities at temperature 1
         # (the rollouts still sample at `temperature`, see `system.policy_overrides`).
-        "temperature": 1.0 if config.reward == "sft" else config.temperature,
-        # Never used (no eval dataset); TRL checks it against num_generations all the same.
-        "per_device_eval_batch_size": config.num_generations,
-        "report_to": "none",
-        "disable_tqdm": True,
-        "remove_unused_columns": False,
-    }
-    if config.save_steps:
-        surfaced["save_steps"] = config.save_steps
-    clash = sorted(set(config.trl) & set(surfaced))
-    if clash:
-        raise ConfigError(f"trl: {', '.join(clash)} are top-level fields of the config; set them there")
+        settings["temperature"] = 1.0
     try:
         with warnings.catch_warnings():
             # transformers 5.2x renames gradient_checkpointing; TRL 1.16 still reads the old name.
             warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*", category=FutureWarning)
-            return GRPOConfig(output_dir=str(output_dir / "checkpoints"), **surfaced, **config.trl)
-    except TypeError as err:
-        raise ConfigError(f"trl: {err}") from None
-    except ValueError as err:
+            return GRPOConfig(output_dir=str(output_dir / "checkpoints"), **settings)
+    except (TypeError, ValueError) as err:
         raise ConfigError(f"GRPO settings: {err}") from None
 
 
@@ -167,7 +149,6 @@ def train(config: TrainConfig, on_step: Callable[[dict[str, Any]], None] | None 
     with system.scripted_server(config) as server:
         pool = system.build_pool(config, server)
         spec = system.build_spec(config, pool)
-        solo = system.solo_spec(config, pool)
         model, tokenizer = system.load_policy(config.policy_model, str(processes.device))
         system.seat_policy(config, model, tokenizer)
         cache = None if config.no_cache else CallCache(config.cache_dir)
@@ -182,7 +163,6 @@ def train(config: TrainConfig, on_step: Callable[[dict[str, Any]], None] | None 
                 return None
             result = evaluate(
                 spec,
-                solo,
                 pool,
                 split.eval,
                 eval_router,
@@ -196,7 +176,7 @@ def train(config: TrainConfig, on_step: Callable[[dict[str, Any]], None] | None 
             return result
 
         before = run_eval("before") if config.eval_before else None
-        rollout_spec = solo if config.reward == "solo" else spec
+        rollout_spec = system.solo_spec(config, pool) if config.reward == "solo" else spec
         runner = RolloutRunner(rollout_spec, pool, router, config.scorer)
         metrics_path = out / "metrics.jsonl"
         if main:

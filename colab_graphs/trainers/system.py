@@ -11,18 +11,17 @@ policy member if it is still missing.
 from __future__ import annotations
 
 import contextlib
-import importlib
-import importlib.util
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from colab_graphs.data.example import Example
-from colab_graphs.pool import Pool, make_member
+from colab_graphs.pool import MEMBER_KEYS, Pool, make_member
 from colab_graphs.spec import GraphSpec
-from colab_graphs.trainers.config import ConfigError, TrainConfig
+from colab_graphs.trainers.config import ConfigError
+
+if TYPE_CHECKING:
+    from colab_graphs.trainers.config import TrainConfig
 
 POLICY_PREFIX = "crl-policy-"
 
@@ -78,7 +77,12 @@ def build_pool(config: TrainConfig, server: Any = None) -> Pool:
     if isinstance(config.pool, str):
         base = Pool.from_yaml(config.pool)
         models = {m.name: dict(m.settings) for m in base}
-        extras = {m.name: {"description": m.description, "system_prompt": m.system_prompt} for m in base}
+        # The policy member keeps its persona; its calls go to the in-process model, not to deployments.
+        kept = {
+            m.name: ("description", "system_prompt") if m.name == config.policy_member else MEMBER_KEYS
+            for m in base
+        }
+        extras = {m.name: {k: getattr(m, k) for k in kept[m.name]} for m in base}
     else:
         models = {k: dict(v) for k, v in (config.pool or {}).items()}
         extras = {}
@@ -89,53 +93,30 @@ def build_pool(config: TrainConfig, server: Any = None) -> Pool:
     members = []
     for name, s in models.items():
         for key, value in (extras.get(name) or {}).items():
-            if value is not None:
+            if value:
                 s.setdefault(key, value)
         members.append(make_member(name, s, "pool"))
     return Pool(members, source="train config")
 
 
-def _user_graph(ref: str, members: list[str], params: dict[str, Any]) -> GraphSpec:
-    """`path/to/file.py:NAME` or `package.module:NAME`: a GraphSpec or a builder `(members, **params)`."""
-    path_s, _, name = ref.rpartition(":")
-    path = Path(path_s)
-    if path.suffix != ".py" and not path.exists():
-        try:
-            module = importlib.import_module(path_s)
-        except ImportError as err:
-            raise ConfigError(f"graph: cannot import {path_s!r}: {err}") from None
-    else:
-        if not path.exists():
-            raise ConfigError(f"graph: {path} does not exist")
-        module_name = f"colab_graphs_user_{path.stem}"
-        spec_obj = importlib.util.spec_from_file_location(module_name, path)
-        assert spec_obj is not None and spec_obj.loader is not None
-        module = importlib.util.module_from_spec(spec_obj)
-        sys.modules[module_name] = module
-        spec_obj.loader.exec_module(module)
-    obj = getattr(module, name, None)
-    if obj is None:
-        raise ConfigError(f"graph: {path_s} defines no {name!r}")
-    spec = obj if isinstance(obj, GraphSpec) else obj(members, **params)
-    if not isinstance(spec, GraphSpec):
-        raise ConfigError(f"graph: {ref} gave {type(spec).__name__}, expected a GraphSpec")
-    return spec
-
-
 def build_spec(config: TrainConfig, pool: Pool) -> GraphSpec:
-    """The system's protocol over the pool; the policy member must hold at least one seat."""
+    """The system's protocol over the pool (resolved as the CLI resolves it: a router's `descriptions` come
+    from the pool's members); the policy member must hold at least one seat."""
+    from colab_graphs.protocols.resolve import ProtocolError, resolve_protocol
     from colab_graphs.spec import Seat, SpecError
 
+    where = "graph" if config.graph else "protocol"
     try:
-        if config.graph:
-            spec = _user_graph(config.graph, pool.names, dict(config.protocol_params))
-        else:
-            from colab_graphs.protocols.registry import build_protocol
-
-            spec = build_protocol(config.protocol, pool.names, **config.protocol_params)
+        spec = resolve_protocol(
+            None if config.graph else config.protocol,
+            pool.names,
+            dict(config.protocol_params),
+            graph=config.graph,
+            pool=pool,
+        )
         spec.validate_for(pool.names)
-    except (KeyError, ValueError, SpecError) as err:
-        raise ConfigError(f"protocol: {err.args[0] if isinstance(err, KeyError) else err}") from None
+    except (ProtocolError, SpecError) as err:
+        raise ConfigError(f"{where}: {err}") from None
     seats = [n for n in spec.nodes if isinstance(n, Seat) and n.member == config.policy_member]
     if not seats:
         raise ConfigError(
