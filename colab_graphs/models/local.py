@@ -19,9 +19,10 @@ on the request see it), or the same mapping as ``metadata={"colab_graphs": {...}
 The same mapping may name the dtype a collaborator's weights are served in: ``{"dtype": "bfloat16"}`` (in a
 pool file, ``metadata: {colab_graphs: {dtype: bfloat16}}``). The default is float32, and a policy served with
 :func:`set_local_model` keeps the dtype of the model the trainer hands over. bfloat16 halves the bytes a
-decoding step reads and is ~1.5x faster at batches of 8-16 on CPUs with AMX, but not batch-invariant: a
-greedy answer is repeatable for the same batch, yet may change with the requests it is batched with (float32
-greedy answers do not; BENCHMARKS.md). Logit-level modes decode in float32.
+decoding step reads and is ~1.5x faster at batches of 8-16 on CPUs with AMX (no faster at batch 1), but
+not batch-invariant: a greedy answer repeats for the same batch, yet may change with the requests it is
+batched with (float32 greedy answers have matched their batch-1 answers in every test; BENCHMARKS.md).
+Logit-level modes decode in float32.
 
 Example:
     >>> import litellm

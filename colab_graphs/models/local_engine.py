@@ -470,15 +470,16 @@ _recent_threads = 0  # threads the latest batch of this process decoded with: it
 
 @contextlib.contextmanager
 def decoding_threads() -> Iterator[int]:
-    """Run a batch with as many intra-op threads as the machine has free cores (at least one), then restore.
+    """Run a batch with fewer intra-op threads when other processes crowd the cores, then restore.
 
     Every operator ends with its threads waiting for one another; when other processes hold the cores, the
-    waits last a scheduler time slice each, and under a load average of 5-8 on 2 cores a 2-thread decode ran
-    3-10x slower than a 1-thread one (BENCHMARKS.md). The 1-minute load average, less this process's own recent
-    decoding threads, is counted as other processes' demand and each whole unit of it takes one thread away.
-    ``COLAB_GRAPHS_LOCAL_THREADS=N`` fixes the count instead: some matmuls round differently with another
-    thread count, so only a fixed count makes logprobs repeat to the last bit from run to run (greedy tokens
-    have matched either way in every test).
+    waits last a scheduler time slice each. On 2 cores, 2 threads beat 1 by up to 1.5x at batches of 8-16 while
+    other processes kept up to about one core busy per core, and ran 3-10x slower than 1 thread at a load
+    average of 5-8 (BENCHMARKS.md). So a thread may share its core with one other process but not more: the
+    1-minute load average less this process's own recent decoding threads counts as the others' demand, and
+    each unit of it beyond one per core takes a thread away. ``COLAB_GRAPHS_LOCAL_THREADS=N`` fixes the count
+    instead: some matmuls round differently with another thread count, so only a fixed count makes logprobs
+    repeat to the last bit from run to run (greedy tokens have matched either way in every test).
     """
     import torch
 
@@ -489,7 +490,7 @@ def decoding_threads() -> Iterator[int]:
         threads = max(1, int(fixed))
     else:
         others = os.getloadavg()[0] - _recent_threads
-        threads = max(1, min(ceiling, round((os.cpu_count() or 1) - others)))
+        threads = max(1, min(ceiling, round(2 * (os.cpu_count() or 1) - others)))
     if threads != ceiling:
         torch.set_num_threads(threads)
     try:
