@@ -91,7 +91,7 @@ class _Picker:
 
 
 def _engines(models: Sequence[str]) -> list[LocalEngine]:
-    from colab_graphs.models.local import get_engine
+    from colab_graphs.models.engines import get_engine
 
     if len(models) != 2:
         raise ValueError(f"guided decoding takes two members [base, other], got {list(models)}")

@@ -36,99 +36,16 @@ Example:
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import colab_graphs._env  # noqa: F401  (offline settings before litellm / transformers load)
+from colab_graphs.models.engines import DTYPES, PROVIDER, get_engine, set_local_model, unload  # noqa: F401
 from colab_graphs.models.local_engine import GenerationRequest, GenerationResult, LocalEngine
 
-PROVIDER = "local"
 DETAILS_KEY = "colab_graphs"
-DTYPES = ("float32", "bfloat16", "float16")
-
-_engines: dict[tuple[str, str], LocalEngine] = {}
-_named: dict[str, LocalEngine] = {}
-_by_ref: dict[tuple[str, str], LocalEngine] = {}
-_load_lock = threading.Lock()
-
-
-def _default_device() -> str:
-    import torch
-
-    return os.environ.get("COLAB_GRAPHS_LOCAL_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def get_engine(model_ref: str, dtype: str = "float32") -> LocalEngine:
-    """The engine serving ``model_ref``, loading the model on first use (once per process per path/dtype).
-
-    Args:
-        model_ref: A name registered with :func:`set_local_model`, a zoo name, a local folder (a model, or a
-            LoRA adapter, served merged into its base) or a hub id; a leading ``local/`` is ignored.
-        dtype: ``float32`` (default: batched greedy decoding gives the tokens batch-1 decoding gives),
-            ``bfloat16`` or ``float16``.
-
-    Returns:
-        The engine; its ``.model`` and ``.tokenizer`` may be updated in place (e.g. by a trainer).
-    """
-    if dtype not in DTYPES:
-        raise ValueError(f"local models are served in one of {', '.join(DTYPES)}, not {dtype!r}")
-    ref = model_ref.removeprefix(f"{PROVIDER}/")
-    if ref in _named:
-        return _named[ref]
-    if (ref, dtype) in _by_ref:  # skip resolving again (a hub id would hit the HF cache on every call)
-        return _by_ref[ref, dtype]
-    from colab_graphs.models.merge import served_folder
-
-    path = str(served_folder(ref))  # an adapter folder is served merged into its base
-    key = (path, dtype)
-    with _load_lock:
-        if key not in _engines:
-            import torch
-            from transformers import AutoModelForCausalLM, AutoTokenizer
-            from transformers.utils import logging as hf_logging
-
-            hf_logging.disable_progress_bar()
-            tokenizer = AutoTokenizer.from_pretrained(path)
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
-            model.to(_default_device()).eval()
-            _engines[key] = LocalEngine(model, tokenizer, name=ref)
-        _by_ref[ref, dtype] = _engines[key]
-        return _engines[key]
-
-
-def set_local_model(name: str, model: Any, tokenizer: Any) -> LocalEngine:
-    """Serve an in-memory model as ``local/<name>`` (e.g. the policy a trainer is updating).
-
-    Registering the same name again swaps the weights of the existing engine, so queued and later
-    requests use the new model.
-    """
-    with _load_lock:
-        engine = _named.get(name)
-        if engine is None:
-            engine = _named[name] = LocalEngine(model, tokenizer, name=name)
-        else:
-            with engine.lock:  # never swap in the middle of a batch
-                engine.model, engine.tokenizer = model, tokenizer
-    return engine
-
-
-def unload(model_ref: str | None = None) -> None:
-    """Forget loaded engines (all of them, or those for ``model_ref``) so their memory can be freed."""
-    with _load_lock:
-        if model_ref is None:
-            gone = [*_engines.values(), *_named.values()]
-        else:
-            ref = model_ref.removeprefix(f"{PROVIDER}/")
-            gone = [e for e in (*_engines.values(), *_named.values()) if e.name == ref]
-        for table in (_engines, _named, _by_ref):
-            for key in [k for k, e in table.items() if e in gone]:
-                del table[key]
-        for engine in gone:
-            engine.close()
 
 
 def local_call_details(response: Any) -> dict[str, list] | None:
@@ -233,6 +150,59 @@ def to_model_response(model: str, tokenizer: Any, result: GenerationResult, want
     )
 
 
+def _generate_logit_level(
+    model: str, messages: list[dict], params: dict[str, Any], settings: dict[str, Any]
+) -> GenerationResult:
+    """Dispatch a provider request carrying ``colab_graphs={"logit_mode": ...}`` settings.
+
+    Raises:
+        ValueError: Unknown mode, missing members, or a first member that is not the request's model.
+    """
+    mode = settings.get("logit_mode")
+    members = [str(m).removeprefix("local/") for m in settings.get("members") or []]
+    if not members or members[0] != model:
+        raise ValueError(f"colab_graphs.members must list the request's model {model!r} first, got {members}")
+    temperature = params.get("temperature")
+    stop = params.get("stop") or ()
+    common: dict[str, Any] = {
+        "max_tokens": int(params.get("max_tokens") or params.get("max_completion_tokens") or 256),
+        "temperature": 1.0 if temperature is None else float(temperature),
+        "seed": params.get("seed"),
+        "stop": [stop] if isinstance(stop, str) else list(stop),
+    }
+    if mode == "fusion":
+        top_p = params.get("top_p")
+        from colab_graphs.models.logits import logit_fusion
+
+        return logit_fusion(
+            members,
+            messages,
+            weights=settings.get("weights"),
+            top_p=1.0 if top_p is None else float(top_p),
+            **common,
+        )
+    if mode == "contrastive":
+        if len(members) != 2:
+            raise ValueError(f"contrastive decoding takes members [strong, weak], got {members}")
+        from colab_graphs.models.logits import contrastive_decoding
+
+        return contrastive_decoding(
+            members[0],
+            members[1],
+            messages,
+            alpha=float(settings.get("alpha", 0.1)),
+            beta=float(settings.get("beta", 1.0)),
+            **common,
+        )
+    if mode in ("nudging", "co_llm"):  # two models guiding one decode: colab_graphs.models.guided
+        from colab_graphs.models.guided import generate_guided
+
+        return generate_guided(mode, members, messages, settings, **common)
+    raise ValueError(
+        f"colab_graphs.logit_mode must be 'fusion', 'contrastive', 'nudging' or 'co_llm', got {mode!r}"
+    )
+
+
 def generate_response(
     model: str, messages: list[dict], params: dict[str, Any], litellm_params: dict | None = None
 ) -> Any:
@@ -240,9 +210,7 @@ def generate_response(
     settings = _provider_settings(params, litellm_params)
     engine = get_engine(model, _served_dtype(settings))
     if settings.get("logit_mode"):
-        from colab_graphs.models.logits import generate_logit_level
-
-        result = generate_logit_level(model, messages, params, settings)
+        result = _generate_logit_level(model, messages, params, settings)
     else:
         result = engine.generate(build_request(engine, messages, params))
     return to_model_response(model, engine.tokenizer, result, bool(params.get("logprobs")))
@@ -257,9 +225,7 @@ async def agenerate_response(
     settings = _provider_settings(params, litellm_params)
     engine = await asyncio.to_thread(get_engine, model, _served_dtype(settings))
     if settings.get("logit_mode"):
-        from colab_graphs.models.logits import generate_logit_level
-
-        result = await asyncio.to_thread(generate_logit_level, model, messages, params, settings)
+        result = await asyncio.to_thread(_generate_logit_level, model, messages, params, settings)
     else:
         request = await asyncio.to_thread(build_request, engine, messages, params)
         result = await engine.agenerate(request)

@@ -42,7 +42,7 @@ class VocabularyMismatchError(ValueError):
 
 
 def _engines(models: Sequence[str]) -> list[LocalEngine]:
-    from colab_graphs.models.local import get_engine
+    from colab_graphs.models.engines import get_engine
 
     if not models:
         raise ValueError("logit-level generation needs at least one member model")
@@ -239,53 +239,4 @@ def contrastive_decoding(
         top_p=1.0,
         seed=seed,
         stop=stop,
-    )
-
-
-def generate_logit_level(
-    model: str, messages: list[dict], params: dict[str, Any], settings: dict[str, Any]
-) -> GenerationResult:
-    """Dispatch a provider request carrying ``colab_graphs={"logit_mode": ...}`` settings.
-
-    Raises:
-        ValueError: Unknown mode, missing members, or a first member that is not the request's model.
-    """
-    mode = settings.get("logit_mode")
-    members = [str(m).removeprefix("local/") for m in settings.get("members") or []]
-    if not members or members[0] != model:
-        raise ValueError(f"colab_graphs.members must list the request's model {model!r} first, got {members}")
-    temperature = params.get("temperature")
-    stop = params.get("stop") or ()
-    common: dict[str, Any] = {
-        "max_tokens": int(params.get("max_tokens") or params.get("max_completion_tokens") or 256),
-        "temperature": 1.0 if temperature is None else float(temperature),
-        "seed": params.get("seed"),
-        "stop": [stop] if isinstance(stop, str) else list(stop),
-    }
-    if mode == "fusion":
-        top_p = params.get("top_p")
-        return logit_fusion(
-            members,
-            messages,
-            weights=settings.get("weights"),
-            top_p=1.0 if top_p is None else float(top_p),
-            **common,
-        )
-    if mode == "contrastive":
-        if len(members) != 2:
-            raise ValueError(f"contrastive decoding takes members [strong, weak], got {members}")
-        return contrastive_decoding(
-            members[0],
-            members[1],
-            messages,
-            alpha=float(settings.get("alpha", 0.1)),
-            beta=float(settings.get("beta", 1.0)),
-            **common,
-        )
-    if mode in ("nudging", "co_llm"):  # two models guiding one decode: colab_graphs.models.guided
-        from colab_graphs.models.guided import generate_guided
-
-        return generate_guided(mode, members, messages, settings, **common)
-    raise ValueError(
-        f"colab_graphs.logit_mode must be 'fusion', 'contrastive', 'nudging' or 'co_llm', got {mode!r}"
     )
