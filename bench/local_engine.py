@@ -177,7 +177,8 @@ def measure(engine: LocalEngine, requests: list[GenerationRequest], generate: bo
             _, row["prefill_wall_s"], _ = timed(lambda one=one: engine.generate_batch(one))
         elif what == "engine":
             results, wall, cpu = timed(lambda: engine.generate_batch(requests))
-            row["engine_threads"] = local_engine._recent_threads
+            with decoding_threads() as threads:  # the count the engine decoded with
+                row["engine_threads"] = threads
             row["engine_ids"] = [r.completion_ids for r in results]
             row["engine_tokens"] = sum(len(r.completion_ids) for r in results)
             row["engine_steps"] = max(len(r.completion_ids) for r in results)
@@ -235,7 +236,7 @@ def queued(engine: LocalEngine, requests: list[GenerationRequest]) -> dict:
 
 
 def profile(engine: LocalEngine, requests: list[GenerationRequest]) -> str:
-    """cProfile of one engine batch: the functions with the most own time, and the torch share of the total."""
+    """cProfile of one engine batch: the functions with the most own time, and the torch share of all."""
     prof = cProfile.Profile()
     prof.enable()
     results = engine.generate_batch(requests)
@@ -250,7 +251,8 @@ def profile(engine: LocalEngine, requests: list[GenerationRequest]) -> str:
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(18)
     head = (
         f"profile, batch {len(requests)}: {steps} steps, {total:.2f} s own time, of which torch built-ins "
-        f"{torch_own:.2f} s ({torch_own / total:.0%}); Python {(total - torch_own) / steps * 1000:.1f} ms/step; "
+        f"{torch_own:.2f} s ({torch_own / total:.0%}); "
+        f"Python {(total - torch_own) / steps * 1000:.1f} ms/step; "
         f"load {load()}\n"
     )
     return head + out.getvalue()
@@ -364,7 +366,8 @@ def main() -> None:
                 row = measure(engine, requests[:batch], args.generate and dtype == dtypes[0], rep)
                 rows[dtype].append(row)
                 print(
-                    f"rep {rep} {dtype} batch {batch}: engine {row['engine_tokens'] / row['engine_wall_s']:.1f} "
+                    f"rep {rep} {dtype} batch {batch}: "
+                    f"engine {row['engine_tokens'] / row['engine_wall_s']:.1f} "
                     f"tok/s"
                     + (
                         f", generate {row['generate_tokens'] / row['generate_wall_s']:.1f} tok/s"
@@ -396,7 +399,8 @@ def main() -> None:
         q = extra["queued"]
         print(
             f"\nqueued: {q['batch']} concurrent requests -> {q['batches_run']} batch(es), "
-            f"{q['tokens'] / q['wall_s']:.1f} tok/s, same ids as generate_batch: {q['ids'] == direct['engine_ids']}, "
+            f"{q['tokens'] / q['wall_s']:.1f} tok/s, "
+            f"same ids as generate_batch: {q['ids'] == direct['engine_ids']}, "
             f"load {q['load']}"
         )
     if args.profile:

@@ -47,7 +47,9 @@ async def measure(limit: int, client: ModelClient) -> list[dict[str, Any]]:
         runs = [(m, build_protocol("solo", pool.names, member=m)) for m in pool.names]
         runs.append(("vote(default pool)", build_protocol("majority_vote", list(DEFAULT_POOL))))
         started = time.perf_counter()
-        results = await asyncio.gather(*(run_dataset(spec, pool, examples, client=client) for _, spec in runs))
+        results = await asyncio.gather(
+            *(run_dataset(spec, pool, examples, client=client) for _, spec in runs)
+        )
         wall = time.perf_counter() - started
         for (who, _), (outcomes, summary) in zip(runs, results, strict=True):
             extracted = sum(o.answer is not None and o.answer != "" for o in outcomes)
@@ -61,7 +63,9 @@ async def measure(limit: int, client: ModelClient) -> list[dict[str, Any]]:
                     "failed": summary["failed"],
                 }
             )
-            print(f"{source:14s} {who:20s} score {summary['score']:.3f}  extracted {extracted}/{len(outcomes)}")
+            print(
+                f"{source:14s} {who:20s} score {summary['score']:.3f}  extracted {extracted}/{len(outcomes)}"
+            )
         print(f"{source}: {wall:.0f} s for all runs")
     return rows
 

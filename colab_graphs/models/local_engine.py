@@ -25,9 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # torch's OpenMP threads otherwise spin at every barrier; on a machine whose cores other processes also use
-# (a laptop, a shared CI runner), a spinning thread burns the time slice its partner needs. Passive waiting
-# costs little when the cores are free. It must be in the environment before torch loads (the CLI and the
-# provider import this module first); a user's value wins. See also `decoding_threads`.
+# (a laptop, a shared CI runner), a spinning thread burns the time slice its partner needs. Measured on 2 cores
+# (BENCHMARKS.md, batch 8): passive waits decode 2.1x faster with 2 other busy processes (56 vs 27 tok/s) and
+# 8x faster with 6 (14.5 vs 1.8); they cost 0-35% on an idle machine (batch 1: 16 vs 24 tok/s). It must be in
+# the environment before torch loads (the CLI and the provider import this module first); a user's value
+# wins (OMP_WAIT_POLICY=ACTIVE for a machine of one's own).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 THREADS_ENV = "COLAB_GRAPHS_LOCAL_THREADS"
 
@@ -465,32 +467,22 @@ class LocalEngine:
         return [row.result() for row in rows]
 
 
-_recent_threads = 0  # threads the latest batch of this process decoded with: its own share of the load
-
-
 @contextlib.contextmanager
 def decoding_threads() -> Iterator[int]:
-    """Run a batch with fewer intra-op threads when other processes crowd the cores, then restore.
+    """Run a batch with ``COLAB_GRAPHS_LOCAL_THREADS=N`` intra-op threads when that is set, then restore.
 
-    Every operator ends with its threads waiting for one another; when other processes hold the cores, the
-    waits last a scheduler time slice each. On 2 cores, 2 threads beat 1 by up to 1.5x at batches of 8-16 while
-    other processes kept up to about one core busy per core, and ran 3-10x slower than 1 thread at a load
-    average of 5-8 (BENCHMARKS.md). So a thread may share its core with one other process but not more: the
-    1-minute load average less this process's own recent decoding threads counts as the others' demand, and
-    each unit of it beyond one per core takes a thread away. ``COLAB_GRAPHS_LOCAL_THREADS=N`` fixes the count
-    instead: some matmuls round differently with another thread count, so only a fixed count makes logprobs
-    repeat to the last bit from run to run (greedy tokens have matched either way in every test).
+    Unset, a batch uses torch's own count (one per core). Some matmuls round differently with another thread
+    count, so only a fixed count makes logprobs repeat to the last bit from run to run (greedy tokens matched
+    either way in every test). Measured on 2 cores with passive waits (BENCHMARKS.md), fewer threads never
+    paid: 2 threads beat 1 by 1.5x at a load average of 3 (56 vs 37 tok/s at batch 8) and tied at 7-8
+    (14.5 vs 14.2), so the count does not follow the load average (an earlier version did, and a load
+    average still high from a finished job then halved a quiet machine's speed).
     """
     import torch
 
-    global _recent_threads
     ceiling = torch.get_num_threads()
     fixed = os.environ.get(THREADS_ENV)
-    if fixed:
-        threads = max(1, int(fixed))
-    else:
-        others = os.getloadavg()[0] - _recent_threads
-        threads = max(1, min(ceiling, round(2 * (os.cpu_count() or 1) - others)))
+    threads = max(1, int(fixed)) if fixed else ceiling
     if threads != ceiling:
         torch.set_num_threads(threads)
     try:
@@ -498,7 +490,6 @@ def decoding_threads() -> Iterator[int]:
     finally:
         if threads != ceiling:
             torch.set_num_threads(ceiling)
-        _recent_threads = threads
 
 
 def cache_kwarg(model: Any) -> str:
