@@ -211,8 +211,11 @@ def test_multiple_choice_prompts_show_the_options_and_a_reply_naming_none_scores
     case = Case("multiple_choice", arc, lambda e, m: choice_reply(*_letter(e, 0), m), None)
     server, pool = team(scripted_server, pool_for, case, [True] * 3)
     outcomes, _ = run_protocol(arun, "solo", pool, arc)
-    prompt = server.requests[0].messages[-1]["content"]
-    assert all(f"{'ABCD'[i]}. {c}" in prompt for i, c in enumerate(arc[0].fields["choices"]))
+    prompts = [r.messages[-1]["content"] for r in server.requests]  # examples run concurrently: any order
+    for example in arc:
+        options = [f"{'ABCD'[i]}. {c}" for i, c in enumerate(example.fields["choices"])]
+        shown = [p for p in prompts if example.fields["question"] in p]
+        assert shown and all(all(o in p for o in options) for p in shown), (example.id, shown)
     assert [o.score for o in outcomes] == [1.0] * N
     refusing = scripted_server({m: "I cannot answer: the options are not shown to me." for m in MEMBERS})
     for name in ("solo", "majority_vote", "debate", "cascade"):
