@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 from typing import Any
 
 import pytest
@@ -74,6 +76,39 @@ def test_cache_memory_copy_is_bounded_independent_and_cleared(tmp_path, monkeypa
     assert CallCache(tmp_path / "c").get("k2") == {"text": "a2", "ids": [2]}  # another process sees it
     assert cache.clear() == 3
     assert cache.get("k1") is None and cache.get("k2") is None
+
+
+def _open_cache_at_the_barrier(directory: str, barrier: Any, results: Any) -> None:
+    barrier.wait()
+    try:
+        cache = CallCache(directory)
+        me = str(os.getpid())
+        cache.put(me, "m", {"q": me}, {"text": me})
+        results.put("ok" if cache.get(me) == {"text": me} else "not read back")
+    except Exception as exc:  # noqa: BLE001 (the test reports whatever happened)
+        results.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_processes_opening_one_new_cache_at_once_all_get_it(tmp_path) -> None:
+    """The ranks of `accelerate launch` (and study workers on one machine) open one new cache file together;
+    SQLite refused the loser of the race to WAL mode at once ("database is locked") in 18 of 120 opens."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn" if sys.platform == "darwin" else "fork")
+    failures = []
+    for i in range(20):
+        barrier, results = ctx.Barrier(3), ctx.Queue()
+        procs = [
+            ctx.Process(target=_open_cache_at_the_barrier, args=(str(tmp_path / str(i)), barrier, results))
+            for _ in range(3)
+        ]
+        for proc in procs:
+            proc.start()
+        outcomes = [results.get(timeout=60) for _ in procs]
+        for proc in procs:
+            proc.join(timeout=60)
+        failures += [o for o in outcomes if o != "ok"]
+    assert failures == []
 
 
 def test_cache_key_ignores_where_and_how_a_model_is_reached(scripted_server, arun, tmp_cache) -> None:

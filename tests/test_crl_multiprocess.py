@@ -40,8 +40,18 @@ def _launch(processes: int, *args: str) -> list[str]:
         "no",
         "--dynamo_backend",
         "no",
+        "--main_process_port",
+        str(_free_port()),  # not the default 29500, which an earlier launch may still hold
         *args,
     ]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _run(cmd: list[str], timeout: int) -> subprocess.CompletedProcess:
@@ -49,7 +59,10 @@ def _run(cmd: list[str], timeout: int) -> subprocess.CompletedProcess:
     proc = subprocess.run(
         cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
-    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-6000:])
+    if proc.returncode != 0:  # the whole of both streams' ends: a rank's traceback is what says why
+        pytest.fail(
+            f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-8000:]}"
+        )
     return proc
 
 

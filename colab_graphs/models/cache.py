@@ -18,6 +18,7 @@ from typing import Any
 
 DEFAULT_FILENAME = "calls.sqlite"
 MEMORY_ENTRIES = 50_000  # stored calls also kept in memory (a few hundred bytes to a few KB each)
+LOCK_TIMEOUT_S = 30.0  # how long opening the cache waits on other processes holding the file
 
 
 def default_cache_dir() -> Path:
@@ -44,13 +45,34 @@ class CallCache:
         self.path = self.directory / DEFAULT_FILENAME
         self._lock = threading.Lock()
         self._recent: dict[str, str] = {}  # key -> stored response JSON, the most recent MEMORY_ENTRIES
-        self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.execute(
-            "CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, model TEXT, created REAL, "
-            "request TEXT, response TEXT)"
+        self._conn = sqlite3.connect(
+            self.path, check_same_thread=False, isolation_level=None, timeout=LOCK_TIMEOUT_S
         )
+        self._setup()
+
+    def _setup(self) -> None:
+        """WAL mode and the table, retried while another process does the same.
+
+        Processes that open one new cache file at once (the ranks of `accelerate launch`, study workers on one
+        machine, two CLI runs) race to switch it to WAL; SQLite answers the loser "database is locked" at once,
+        without waiting on its busy timeout (18 of 120 opens failed so in a test of 60 pairs).
+        """
+        deadline = time.monotonic() + LOCK_TIMEOUT_S
+        delay = 0.01
+        while True:
+            try:
+                self._conn.execute("PRAGMA journal_mode=WAL")
+                self._conn.execute("PRAGMA synchronous=NORMAL")
+                self._conn.execute(
+                    "CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, model TEXT, created REAL, "
+                    "request TEXT, response TEXT)"
+                )
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise sqlite3.OperationalError(f"call cache {self.path}: {exc}") from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
 
     def get(self, key: str) -> dict[str, Any] | None:
         blob = self._recent.get(key)
