@@ -435,3 +435,24 @@ def test_rank_correlation_agrees_with_scipy(pairs):
         return
     assert result["spearman"] == pytest.approx(stats.spearmanr(xs, ys).statistic, abs=1e-9)
     assert result["kendall"] == pytest.approx(stats.kendalltau(xs, ys).statistic, abs=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), min_size=3, max_size=12),
+)
+def test_spearman_p_value_agrees_with_scipy(pairs):
+    """The study's p-value (t approximation, hand-written incomplete beta) against scipy's on the same rho."""
+    stats = pytest.importorskip("scipy.stats")
+    from colab_graphs.study.stats import spearman_p_value
+
+    xs, ys = [float(x) for x, _ in pairs], [float(y) for _, y in pairs]
+    if len(set(xs)) < 2 or len(set(ys)) < 2:
+        return
+    expected = stats.spearmanr(xs, ys)
+    if abs(expected.statistic) >= 1.0:
+        assert spearman_p_value(expected.statistic, len(xs)) == 0.0
+        return
+    assert spearman_p_value(expected.statistic, len(xs)) == pytest.approx(
+        expected.pvalue, rel=1e-6, abs=1e-12
+    )
