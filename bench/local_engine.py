@@ -45,7 +45,6 @@ from pathlib import Path
 from typing import Any
 
 import colab_graphs._env  # noqa: F401
-from colab_graphs.models import local_engine
 from colab_graphs.models.local import build_request, get_engine
 from colab_graphs.models.local_engine import GenerationRequest, LocalEngine, decoding_threads
 
@@ -194,28 +193,6 @@ def measure(engine: LocalEngine, requests: list[GenerationRequest], generate: bo
     return row
 
 
-def compare_threads(
-    engine: LocalEngine, requests: list[GenerationRequest], batches: list[int], repeats: int
-) -> list[dict]:
-    """The engine with its thread count fixed at 1 and at every core, interleaved; prints a line each."""
-    rows = []
-    for rep in range(repeats):
-        for batch in batches:
-            counts = [1, os.cpu_count() or 1]
-            for threads in counts if rep % 2 == 0 else counts[::-1]:
-                os.environ[local_engine.THREADS_ENV] = str(threads)
-                try:
-                    results, wall, _ = timed(lambda b=batch: engine.generate_batch(requests[:b]))
-                finally:
-                    del os.environ[local_engine.THREADS_ENV]
-                tokens = sum(len(r.completion_ids) for r in results)
-                rows.append({"batch": batch, "threads": threads, "tok_s": tokens / wall, "load": load()})
-                print(
-                    f"threads {threads} batch {batch}: {tokens / wall:.1f} tok/s, load {load()}", flush=True
-                )
-    return rows
-
-
 def queued(engine: LocalEngine, requests: list[GenerationRequest]) -> dict:
     """The same requests sent concurrently through the batching worker (as the provider sends them)."""
 
@@ -328,7 +305,6 @@ def main() -> None:
     )
     parser.add_argument("--no-generate", dest="generate", action="store_false")
     parser.add_argument("--queued", action="store_true")
-    parser.add_argument("--compare-threads", action="store_true", help="engine at 1 thread vs all cores")
     parser.add_argument("--profile", type=int, default=0, metavar="BATCH")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -391,8 +367,6 @@ def main() -> None:
             total = sum(len(x["engine_ids"]) for x in base)
             print(f"{dtype} rows with the same greedy ids as {dtypes[0]}: {same}/{total}")
     extra: dict[str, Any] = {}
-    if args.compare_threads:
-        extra["threads"] = compare_threads(first, requests, batches, args.repeats)
     if args.queued:
         extra["queued"] = queued(first, requests[: max(batches)])
         direct = next(r for r in rows[dtypes[0]] if r["batch"] == max(batches))

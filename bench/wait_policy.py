@@ -27,16 +27,15 @@ VARIANTS = {
     "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
     "spin10k": {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "10000"},
 }
-TOPICS = ["the water cycle", "photosynthesis", "prime numbers", "the moon", "volcanoes", "bees", "rainbows"]
-TOPICS += ["gravity", "tides", "clouds", "magnets", "sound", "ice", "wind", "stars", "salt"]
 
 
 def child(batches: list[int], max_tokens: int) -> None:
-    import colab_graphs._env  # noqa: F401
+    from local_engine import prompts  # bench/local_engine.py: the same prompts as the engine's own bench
+
     from colab_graphs.models.local import build_request, get_engine
 
     engine = get_engine("smollm2-135m")
-    messages = [[{"role": "user", "content": f"Explain {t} in two sentences."}] for t in TOPICS]
+    messages = prompts(max(batches))
     out: dict = {"load_before": os.getloadavg()[0]}
     for batch in batches:
         requests = [

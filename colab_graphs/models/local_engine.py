@@ -473,10 +473,10 @@ def decoding_threads() -> Iterator[int]:
 
     Unset, a batch uses torch's own count (one per core). Some matmuls round differently with another thread
     count, so only a fixed count makes logprobs repeat to the last bit from run to run (greedy tokens matched
-    either way in every test). Measured on 2 cores with passive waits (BENCHMARKS.md), fewer threads never
-    paid: 2 threads beat 1 by 1.5x at a load average of 3 (56 vs 37 tok/s at batch 8) and tied at 7-8
-    (14.5 vs 14.2), so the count does not follow the load average (an earlier version did, and a load
-    average still high from a finished job then halved a quiet machine's speed).
+    either way in every test). Measured on 2 cores with passive waits (`bench/wait_policy.py`), fewer threads
+    never paid: 2 threads beat 1 by 1.25-1.35x at a load average of 3 and tied at 7, so the count does not
+    follow the load average (an earlier version did; the average lags a minute, so a quiet machine just after
+    a finished job decoded on one thread, 0.72x at batch 8).
     """
     import torch
 
@@ -494,17 +494,11 @@ def decoding_threads() -> Iterator[int]:
 
 def cache_kwarg(model: Any) -> str:
     """Name of the KV-cache argument of ``model.forward`` (``cache`` from transformers 5.2x on)."""
-    forward = model.forward
-    # Keyed on the function itself (a trainer may wrap an instance's forward), looked up once, not per step.
-    return _cache_kwarg_of(getattr(forward, "__func__", forward))
+    return "cache" if "cache" in _forward_params(_unbound(model.forward)) else "past_key_values"
 
 
-@functools.lru_cache(maxsize=64)
-def _cache_kwarg_of(forward: Callable[..., Any]) -> str:
-    import inspect
-
-    params = inspect.signature(forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+def _unbound(forward: Callable[..., Any]) -> Callable[..., Any]:
+    return getattr(forward, "__func__", forward)
 
 
 def prefill_kwargs(model: Any, cache_name: str, capacity: int) -> dict[str, Any]:
@@ -516,8 +510,7 @@ def prefill_kwargs(model: Any, cache_name: str, capacity: int) -> dict[str, Any]
     concatenation would, in place.
     """
     kwargs: dict[str, Any] = {}
-    forward = model.forward
-    if "logits_to_keep" in _forward_params(getattr(forward, "__func__", forward)):
+    if "logits_to_keep" in _forward_params(_unbound(model.forward)):
         kwargs["logits_to_keep"] = 1
     cache = preallocated_cache(model, capacity)
     if cache is not None:
@@ -527,6 +520,8 @@ def prefill_kwargs(model: Any, cache_name: str, capacity: int) -> dict[str, Any]
 
 @functools.lru_cache(maxsize=64)
 def _forward_params(forward: Callable[..., Any]) -> frozenset[str]:
+    """The parameter names of a model's forward; keyed on the function itself (a trainer may wrap an instance's
+    forward), so each is inspected once, not per batch."""
     import inspect
 
     return frozenset(inspect.signature(forward).parameters)
