@@ -34,15 +34,12 @@ def holding_out(out: Path) -> Iterator[None]:
     """Hold the output folder `out` while the command writes it; a second writer is refused (exit 5)."""
     from colab_graphs.files import FolderBusy, OutLock
 
-    try:
-        lock = OutLock(out, " ".join(["colab-graphs", *sys.argv[1:]])).__enter__()
-    except FolderBusy as err:
-        fail(str(err), code=FolderBusy.exit_code)
-        raise
-    try:
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(OutLock(out, " ".join(["colab-graphs", *sys.argv[1:]])))
+        except FolderBusy as err:
+            fail(str(err), code=FolderBusy.exit_code)
         yield
-    finally:
-        lock.__exit__(None, None, None)
 
 
 def parse_params(pairs: list[str] | None) -> dict[str, str]:

@@ -123,8 +123,10 @@ class CallCache:
 
     def _problem(self, conn: sqlite3.Connection) -> str | None:
         """Why the file cannot be trusted, or None. Busy files are not corrupt: those errors pass through."""
+        if not self.path.exists():
+            return None
         try:
-            if self.path.exists() and self.path.stat().st_size <= QUICK_CHECK_MAX_BYTES:
+            if self.path.stat().st_size <= QUICK_CHECK_MAX_BYTES:
                 rows = conn.execute("PRAGMA quick_check(5)").fetchall()
                 if [r[0] for r in rows] != ["ok"]:
                     return "; ".join(str(r[0]) for r in rows)
