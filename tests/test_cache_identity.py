@@ -177,19 +177,24 @@ def test_a_zoo_model_is_known_by_its_pinned_source_without_materialising_it() ->
     assert ident.startswith("zoo:smollm2-135m:") and ident.split(":")[2] != "built"
 
 
+def shared_tiny_members(tiny_members) -> dict[str, Path]:
+    """Two model folders of one architecture, other weights: the weight protocols' set (made once a session)."""
+    return tiny_members(["m0", "m1", "m2"], 100)
+
+
 def test_a_model_folder_saved_again_is_another_model(tiny_members, tmp_path) -> None:
     """A retrained policy saved to the same folder must not be served the old policy's replies; a copy of the
     same weights elsewhere is the same model."""
     from colab_graphs.models.identity import weights_identity
 
-    source = tiny_members(["p", "q"], seed=7)
+    source = shared_tiny_members(tiny_members)
     folder = tmp_path / "policy"
-    shutil.copytree(source["p"], folder)
+    shutil.copytree(source["m0"], folder)
     copy = tmp_path / "copy"
-    shutil.copytree(source["p"], copy)
+    shutil.copytree(source["m0"], copy)
     before = weights_identity(str(folder))
     assert weights_identity(str(copy)) == before
-    for weights in source["q"].glob("*.safetensors"):  # the retrained weights, saved over the old ones
+    for weights in source["m1"].glob("*.safetensors"):  # the retrained weights, saved over the old ones
         shutil.copy(weights, folder / weights.name)
     assert weights_identity(str(folder)) != before
 
@@ -210,3 +215,26 @@ def test_a_model_served_from_memory_changes_identity_when_its_weights_are_swappe
         )
     finally:
         engines.unload("policy-under-test")
+
+
+def test_a_local_policy_saved_again_to_its_folder_is_called_again_not_served(tiny_members, tmp_path) -> None:
+    """Through the public API: the same local folder and request hit the cache until the folder's weights change."""
+    import colab_graphs
+    from colab_graphs.models import engines
+
+    source = shared_tiny_members(tiny_members)
+    folder = tmp_path / "policy"
+    shutil.copytree(source["m0"], folder)
+    pool = {"policy": {"model": f"local/{folder}", "max_tokens": 3, "temperature": 0}}
+    data = [{"id": "q1", "input": "What is 2 + 2?", "answer": "4"}]
+
+    def calls() -> dict[str, int]:
+        result = colab_graphs.run("solo", pool, data, cache_dir=tmp_path / "cache")
+        engines.unload()  # as a new process would: the next run loads the folder as it is then
+        return result.summary["calls"]
+
+    assert calls()["made"] == 1
+    assert calls() == {"made": 0, "cached": 1, "failed": 0}
+    for weights in source["m1"].glob("*.safetensors"):  # retrained, saved over the old weights
+        shutil.copy(weights, folder / weights.name)
+    assert calls()["made"] == 1
