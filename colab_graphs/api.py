@@ -3,7 +3,8 @@
 The sync forms (`run`, `run_audit`, `run_study`, `train`) work anywhere, a notebook's running event loop
 included: the work runs on the package's one background event loop (LiteLLM keeps per-loop state; one loop
 serves every call) and the caller waits for it. The async forms (`arun`, `arun_audit`, `arun_study`, `atrain`)
-run on the caller's loop.
+run on the caller's loop. While one writes its `out` folder, the folder is locked (`colab_graphs.files.OutLock`):
+a second writer, in this process or another, gets `FolderBusy`.
 
 A pool is a `Pool`, a pool file, or a mapping of member name -> LiteLLM settings; data is a source name or
 file (see `load_examples`) or a list of examples (`Example`s or mappings); a protocol is a registered name, a
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from colab_graphs.compile import background_loop
 from colab_graphs.data.example import Example
 from colab_graphs.data.loaders import load_examples
+from colab_graphs.files import holding
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
@@ -102,8 +104,9 @@ def as_spec(
 def as_client(
     client: ModelClient | None, cache_dir: str | os.PathLike[str] | None, max_concurrency: int
 ) -> ModelClient:
-    """The given client, else one with the on-disk call cache (`cache_dir`, default the user cache)."""
-    return client or ModelClient(CallCache(cache_dir), max_concurrency=max_concurrency)
+    """The given client, else one with the on-disk call cache (`cache_dir`, default the user cache) that checks
+    each HTTP endpoint answers before its first call (`ModelClient(preflight=True)`)."""
+    return client or ModelClient(CallCache(cache_dir), max_concurrency=max_concurrency, preflight=True)
 
 
 async def arun(
@@ -127,15 +130,16 @@ async def arun(
     the_pool = as_pool(pool)
     spec = as_spec(protocol, the_pool, params)
     the_client = as_client(client, cache_dir, max_concurrency)
-    fitted = await fit_coalition(spec, the_pool, client=the_client, scorer=scorer)
-    outcomes, summary = await run_dataset(
-        fitted.spec if fitted is not None else spec,
-        the_pool,
-        as_examples(data, limit, seed),
-        client=the_client,
-        scorer=scorer,
-        out=out,
-    )
+    with holding(out, "colab_graphs.run"):
+        fitted = await fit_coalition(spec, the_pool, client=the_client, scorer=scorer)
+        outcomes, summary = await run_dataset(
+            fitted.spec if fitted is not None else spec,
+            the_pool,
+            as_examples(data, limit, seed),
+            client=the_client,
+            scorer=scorer,
+            out=out,
+        )
     return RunResult(outcomes, summary)
 
 
@@ -176,21 +180,22 @@ async def arun_audit(
     from colab_graphs.audit.run import play_audit
 
     the_pool = as_pool(pool)
-    return await play_audit(
-        as_spec(protocol, the_pool, params),
-        the_pool,
-        as_examples(data, limit, seed or None),
-        client=as_client(client, cache_dir, max_concurrency),
-        method=method,  # type: ignore[arg-type]
-        budget=budget,
-        seed=seed,
-        scorer=scorer,
-        out=out,
-        dataset=data if isinstance(data, str) else None,
-        force=force,
-        individual=individual,
-        plots=plots,
-    )
+    with holding(out, "colab_graphs.run_audit"):
+        return await play_audit(
+            as_spec(protocol, the_pool, params),
+            the_pool,
+            as_examples(data, limit, seed or None),
+            client=as_client(client, cache_dir, max_concurrency),
+            method=method,  # type: ignore[arg-type]
+            budget=budget,
+            seed=seed,
+            scorer=scorer,
+            out=out,
+            dataset=data if isinstance(data, str) else None,
+            force=force,
+            individual=individual,
+            plots=plots,
+        )
 
 
 def run_audit(
@@ -218,13 +223,14 @@ async def arun_study(
     from colab_graphs.study.run import play_study
 
     the_config = config if isinstance(config, StudyConfig) else load_study_config(config)
-    return await play_study(
-        the_config,
-        out,
-        client=as_client(client, cache_dir, max_concurrency),
-        ray_address=ray,
-        overwrite=overwrite,
-    )
+    with holding(out, "colab_graphs.run_study"):
+        return await play_study(
+            the_config,
+            out,
+            client=as_client(client, cache_dir, max_concurrency),
+            ray_address=ray,
+            overwrite=overwrite,
+        )
 
 
 def run_study(

@@ -27,8 +27,9 @@ from colab_graphs.data.tasks import TaskType, TaskView
 from colab_graphs.log import Header, LogWriter, Play, read_records
 from colab_graphs.models.client import CallError, ModelClient
 from colab_graphs.pool import Pool
+from colab_graphs.redaction import hide_secrets
 from colab_graphs.spec import GraphSpec
-from colab_graphs.trace import CallTally, Trace, read_traces, write_traces
+from colab_graphs.trace import CallTally, Trace, read_traces, trace_line, write_traces
 
 
 class RunError(RuntimeError):
@@ -153,7 +154,7 @@ def summarize(spec: GraphSpec, outcomes: Sequence[ExampleOutcome], wall_s: float
 
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
+    tmp.write_text(hide_secrets(text), encoding="utf-8")
     os.replace(tmp, path)
 
 
@@ -239,7 +240,7 @@ async def run_dataset(
         write_traces(out_dir / "traces.jsonl", [o.trace for o in finished.values()], append=False)
         with open(out_dir / "results.jsonl", "w", encoding="utf-8") as fh:
             for o in finished.values():
-                fh.write(json.dumps(o.result_line()) + "\n")
+                fh.write(hide_secrets(json.dumps(o.result_line())) + "\n")
     for o in finished.values():
         if on_progress:
             on_progress(o)
@@ -253,7 +254,7 @@ async def run_dataset(
         if out_dir is not None:
             async with write_lock:
                 with open(out_dir / "results.jsonl", "a", encoding="utf-8") as fh:
-                    fh.write(json.dumps(outcome.result_line()) + "\n")
+                    fh.write(hide_secrets(json.dumps(outcome.result_line())) + "\n")
                 write_traces(out_dir / "traces.jsonl", [outcome.trace])
                 if log is not None:
                     log.append(log.plays_text([outcome.play(members)]))
@@ -275,7 +276,7 @@ async def run_dataset(
         )
         with open(out_dir / "traces.jsonl.tmp", "w", encoding="utf-8") as fh:
             for o in outcomes:
-                fh.write(o.trace.model_dump_json() + "\n")
+                fh.write(trace_line(o.trace))
         os.replace(out_dir / "traces.jsonl.tmp", out_dir / "traces.jsonl")
         _atomic_write(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     return outcomes, summary

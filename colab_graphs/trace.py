@@ -1,36 +1,21 @@
 """Traces: every model call an example's run made, and what the system answered.
 
 A trace is what the audit reads to count calls and cost, and what the C-RL trainer replays to give credit to
-the policy's own turns (the exact token ids it wrote are kept on its calls). API keys never reach a trace: the
-call path records generation settings only.
+the policy's own turns (the exact token ids it wrote are kept on its calls). Secrets never reach a trace: the
+call path records generation settings only, and every line written passes through `colab_graphs.redaction`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-_SECRET_PATTERNS = [
-    re.compile(r"sk-[A-Za-z0-9_\-]{8,}"),
-    re.compile(r"AKIA[0-9A-Z]{16}"),
-    re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._\-]{8,}"),
-]
-
-
-def redact(text: str, secrets: Iterable[str] = ()) -> str:
-    """Remove known secret values and key-shaped strings from free text (error messages, mostly)."""
-    for secret in secrets:
-        if secret and len(secret) >= 4:
-            text = text.replace(secret, "[REDACTED]")
-    for pattern in _SECRET_PATTERNS:
-        text = pattern.sub(lambda m: (m.group(1) if m.groups() else "") + "[REDACTED]", text)
-    return text
+from colab_graphs.redaction import hide_secrets
 
 
 class Usage(BaseModel):
@@ -147,10 +132,15 @@ class Trace(BaseModel):
         return sum(c.usage.total_tokens for c in self.calls if not c.cached)
 
 
+def trace_line(trace: Trace) -> str:
+    """One trace as its JSONL line, secrets redacted (an error body that echoed a key, say)."""
+    return hide_secrets(trace.model_dump_json(exclude_none=False)) + "\n"
+
+
 def write_traces(path: str | os.PathLike[str], traces: Iterable[Trace], append: bool = True) -> None:
     with open(path, "a" if append else "w", encoding="utf-8") as fh:
         for trace in traces:
-            fh.write(trace.model_dump_json(exclude_none=False) + "\n")
+            fh.write(trace_line(trace))
 
 
 def read_traces(path: str | os.PathLike[str]) -> Iterator[Trace]:

@@ -26,6 +26,7 @@ from colab_graphs.audit.estimators import (
     rank_correlation,
     ranks,
 )
+from colab_graphs.redaction import hide_secrets
 
 SCHEMA_VERSION = 1
 REPORT_JSON = "report.json"
@@ -393,7 +394,7 @@ def render_markdown(report: AuditReport, images: Mapping[str, str] | None = None
 def _write_atomic(path: Path, text: str) -> None:
     # A report is either the old one or the new one, never half written, even if the audit is killed.
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
+    tmp.write_text(hide_secrets(text), encoding="utf-8")
     os.replace(tmp, path)
 
 

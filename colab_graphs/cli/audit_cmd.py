@@ -9,7 +9,15 @@ from typing import Annotated
 
 import typer
 
-from colab_graphs.cli.common import fail, load_data, load_pool, make_client, parse_params, resolve_protocol
+from colab_graphs.cli.common import (
+    fail,
+    holding_out,
+    load_data,
+    load_pool,
+    make_client,
+    parse_params,
+    resolve_protocol,
+)
 from colab_graphs.cli.options import (
     CacheDirOpt,
     ConcOpt,
@@ -17,6 +25,7 @@ from colab_graphs.cli.options import (
     GraphOpt,
     LimitOpt,
     NoCacheOpt,
+    NoPreflightOpt,
     OutOpt,
     ParamOpt,
     PoolOpt,
@@ -50,6 +59,7 @@ def audit(
     ] = False,
     no_individual: Annotated[bool, typer.Option("--no-individual", help="Skip the solo runs.")] = False,
     no_plots: Annotated[bool, typer.Option("--no-plots", help="Do not draw PNG plots.")] = False,
+    no_preflight: NoPreflightOpt = False,
 ) -> None:
     """Audit how much each member adds to a protocol: writes report.json, report.md and PNG plots."""
     from colab_graphs.audit.run import AuditError, play_audit
@@ -62,10 +72,8 @@ def audit(
     the_pool = load_pool(pool)
     examples = load_data(data, limit, seed)
     spec = resolve_protocol(protocol, graph, the_pool.names, parse_params(param), the_pool)
-    client = make_client(cache_dir, no_cache, max_concurrency, retries=retries)
+    client = make_client(cache_dir, no_cache, max_concurrency, retries=retries, preflight=not no_preflight)
     out = out or Path("audits") / spec.name
-    if overwrite and out.exists():
-        shutil.rmtree(out)
     progress, task = progress_bar(1, f"audit {spec.name} ({method})")
 
     def on_plan(total: int) -> None:
@@ -77,26 +85,29 @@ def audit(
         )
 
     try:
-        with progress:
-            report = asyncio.run(
-                play_audit(
-                    spec,
-                    the_pool,
-                    examples,
-                    client=client,
-                    method=method,
-                    budget=budget,
-                    seed=seed or 0,
-                    scorer=scorer,
-                    out=out,
-                    dataset=data or "builtin:arithmetic",
-                    force=force,
-                    individual=not no_individual,
-                    plots=False if no_plots else None,
-                    on_plan=on_plan,
-                    on_progress=on_progress,
+        with holding_out(out):
+            if overwrite:
+                _empty(out)
+            with progress:
+                report = asyncio.run(
+                    play_audit(
+                        spec,
+                        the_pool,
+                        examples,
+                        client=client,
+                        method=method,
+                        budget=budget,
+                        seed=seed or 0,
+                        scorer=scorer,
+                        out=out,
+                        dataset=data or "builtin:arithmetic",
+                        force=force,
+                        individual=not no_individual,
+                        plots=False if no_plots else None,
+                        on_plan=on_plan,
+                        on_progress=on_progress,
+                    )
                 )
-            )
     except AuditError as err:  # every example failed: a failed audit, not a usage error
         fail(str(err), code=3)
         raise
@@ -106,6 +117,21 @@ def audit(
     _print_report(report, out)
     if report.failed_examples:
         raise typer.Exit(3)
+
+
+def _empty(out: Path) -> None:
+    """Discard an earlier audit in `out`, keeping the folder and its lock (held by this command)."""
+    from colab_graphs.files import LOCK_FILE
+
+    if not out.is_dir():
+        return
+    for entry in out.iterdir():
+        if entry.name == LOCK_FILE:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def _print_report(report, out: Path) -> None:

@@ -34,6 +34,13 @@ RetriesOpt = Annotated[
         "--retries", help="Retries per call on 429/5xx/timeouts/malformed replies (backoff doubles)."
     ),
 ]
+NoPreflightOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-preflight",
+        help="Do not check that each HTTP endpoint answers (GET /models) before its first call.",
+    ),
+]
 SeedOpt = Annotated[
     int | None, typer.Option("--seed", help="Shuffle the data with this seed before --limit.")
 ]

@@ -35,6 +35,7 @@ from pydantic import ValidationError
 
 from colab_graphs.data.benchmarks import BENCHMARKS, load_benchmark, reasoning_gym_examples
 from colab_graphs.data.example import DatasetError, Example
+from colab_graphs.files import read_text, text_lines
 
 _ALIASES = {
     "input": ("input", "question", "prompt", "problem", "query", "text"),
@@ -127,8 +128,8 @@ def read_jsonl(path: str | os.PathLike, *, field_map: dict[str, str] | None = No
     path = Path(path)
     examples: list[Example] = []
     seen: dict[str, int] = {}
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    with text_lines(path, DatasetError) as lines:
+        for lineno, line in lines:
             if not line.strip():
                 continue
             where = f"{path}:{lineno}"
@@ -158,7 +159,7 @@ def read_moco_json(
     """Read a MoCo-style JSON file: an object of splits (``{"dev": [...], "test": [...]}``) or a plain list."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_text(path, DatasetError, "dataset file"))
     except json.JSONDecodeError as exc:
         raise DatasetError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
     task_type = data.get("task_type") if isinstance(data, dict) else None

@@ -3,7 +3,8 @@
 `LogWriter` is the streaming writer behind runs, audits and studies: `start` writes the header and examples,
 `plays_text` turns finished plays into the lines to append (the records of calls this file does not hold yet,
 then one line per play referring to its calls by number), and `append` adds them at the end of the file. A
-reader can open the file at any moment; at worst its last line is cut short.
+reader can open the file at any moment; at worst its last line is cut short. Every line passes through
+`colab_graphs.redaction.hide_secrets` on its way to the file.
 
 `write_log` writes a whole `Log` (read with `read_log`) to a new file.
 """
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from colab_graphs.log.records import LOG_FILE, CallRecord, Header, PlayRecord
+from colab_graphs.redaction import hide_secrets
 from colab_graphs.trace import Call, Usage
 
 if TYPE_CHECKING:
@@ -143,7 +145,7 @@ class LogWriter:
             lines.append(_dumps({"type": "example", **{k: v for k, v in data.items() if k != "type"}}))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text("\n".join(lines) + "\n" + records, encoding="utf-8")
+        tmp.write_text(hide_secrets("\n".join(lines) + "\n" + records), encoding="utf-8")
         os.replace(tmp, self.path)
 
     def remember(self, calls: Iterable[CallRecord]) -> None:
@@ -216,7 +218,7 @@ class LogWriter:
         """Add lines at the end of the log (one write)."""
         if text:
             with open(self.path, "a", encoding="utf-8") as fh:
-                fh.write(text)
+                fh.write(hide_secrets(text))
 
 
 def write_log(log: Log, path: str | os.PathLike[str]) -> Path:

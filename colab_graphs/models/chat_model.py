@@ -61,8 +61,10 @@ class LiteLLMChatModel(BaseChatModel):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        public = {k: v for k, v in self.settings.items() if k not in {"api_key", "extra_headers"}}
-        return {"model": self.model, **public}
+        from colab_graphs.redaction import public_settings
+
+        # LangChain writes these to its tracers (LangSmith, callbacks): no key, header or URL secret.
+        return {"model": self.model, **public_settings(self.settings, {})}
 
     def _kwargs(self, messages: list[BaseMessage], stop: list[str] | None, **kwargs: Any) -> dict[str, Any]:
         if self.model.startswith("local/"):

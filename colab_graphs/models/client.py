@@ -3,7 +3,7 @@
 Every model call in the package (protocol seats, judges, audits, rollouts) goes through `ModelClient.complete`.
 A member with `deployments` is called through a `litellm.Router` of its own (built once per event loop), which
 picks a deployment, retries on another one and cools a failing one down; the cache key is the member's
-request all the same, so which deployment answered never changes a value or a count.
+request and its deployments together, so which replica answered never changes a value or a count.
 """
 
 from __future__ import annotations
@@ -15,10 +15,13 @@ import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from colab_graphs.models.cache import CallCache, request_key
+from colab_graphs.models.identity import cache_identity
 from colab_graphs.pool import CONNECTION_KEYS, Member
-from colab_graphs.trace import Call, Trace, Usage, redact
+from colab_graphs.redaction import public_url, redact
+from colab_graphs.trace import Call, Trace, Usage
 
 logger = logging.getLogger("colab_graphs")
 
@@ -128,6 +131,25 @@ def _json_error_in_chain(exc: BaseException) -> bool:
     return False
 
 
+async def probe_endpoint(api_base: str, timeout_s: float = 5.0) -> str | None:
+    """Why nothing answers at `api_base`, or None: one `GET {api_base}/models` in which any HTTP response, an
+    error status included (no /models route, no key sent), proves a server is there."""
+    import httpx
+
+    parts = urlsplit(api_base)
+    url = urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/") + "/models", parts.query, ""))
+    try:
+        async with httpx.AsyncClient(timeout=timeout_s, follow_redirects=False) as http:
+            await http.get(url)
+    except httpx.TimeoutException:
+        return f"no answer to GET /models within {timeout_s:g} s"
+    except httpx.HTTPError as exc:
+        return f"GET /models: {type(exc).__name__}: {exc}"
+    except ValueError as exc:  # not a URL httpx can reach
+        return f"not a reachable URL: {exc}"
+    return None
+
+
 def _litellm():
     import litellm
 
@@ -196,6 +218,11 @@ class ModelClient:
         retries: attempts after the first for retryable failures (429, 5xx, timeouts, malformed responses).
         backoff_s: first backoff; doubles each retry (with jitter), capped at `backoff_max_s`.
         timeout_s: per-attempt timeout passed to LiteLLM.
+        preflight: before the first call that goes upstream to an HTTP endpoint, check once that something
+            answers there (`GET {api_base}/models`, any HTTP status will do, `preflight_timeout_s`); when nothing
+            does, every call to it fails at once with kind "unreachable", naming the member and its api_base,
+            instead of after a minute of retries. A member over deployments fails only when none answers.
+            Endpoints whose calls are all cached are never checked.
     """
 
     def __init__(
@@ -207,8 +234,12 @@ class ModelClient:
         backoff_s: float = 0.5,
         backoff_max_s: float = 30.0,
         timeout_s: float = 120.0,
+        preflight: bool = False,
+        preflight_timeout_s: float = 5.0,
     ):
         self.cache = cache
+        self.preflight = preflight
+        self.preflight_timeout_s = preflight_timeout_s
         self.max_concurrency = max_concurrency
         self.retries = retries
         self.backoff_s = backoff_s
@@ -218,6 +249,7 @@ class ModelClient:
         self._inflight: dict[str, asyncio.Future[CallResult]] = {}
         self._limits: dict[str, asyncio.Semaphore] = {}
         self._routers: dict[str, Any] = {}
+        self._probes: dict[str, asyncio.Future[str | None]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._rng = random.Random(0)
 
@@ -226,14 +258,25 @@ class ModelClient:
     def canonical_request(
         self, member: Member, messages: list[dict[str, Any]], sample: int = 0, overrides: dict | None = None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(cache request, litellm kwargs) for one call. The first has no connection settings or secrets."""
+        """(cache request, litellm kwargs) for one call.
+
+        The cache request has no connection settings or secrets; its `identity` says which model answers (the
+        endpoint, the member's deployments, its weights or its `cache_namespace`: `models/identity.py`), so a
+        reply is never served for another model that goes by the same name.
+        """
         messages = self._with_persona(member, messages)
         settings = {**member.settings, **(overrides or {})}
         if sample and settings.get("seed") is not None:
             # Repeated samples of a seeded member stay reproducible and distinct.
             settings["seed"] = int(settings["seed"]) + sample
         gen = {k: v for k, v in settings.items() if k not in CONNECTION_KEYS and k != "model"}
-        request = {"model": settings["model"], "messages": messages, "settings": gen, "sample": sample}
+        request = {
+            "model": settings["model"],
+            "messages": messages,
+            "settings": gen,
+            "sample": sample,
+            "identity": cache_identity(member, settings),
+        }
         kwargs = {**settings, "messages": messages}
         return request, kwargs
 
@@ -303,6 +346,7 @@ class ModelClient:
             self._inflight = {}
             self._limits = {}
             self._routers = {}
+            self._probes = {}
 
     @staticmethod
     def _with_persona(member: Member, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -379,6 +423,35 @@ class ModelClient:
             self._routers[member.name] = router
         return router
 
+    async def _unreachable(self, member: Member) -> str | None:
+        """Why nothing answers at the member's HTTP endpoint(s), or None when something does (or it has none).
+
+        Each distinct api_base is probed once per client and event loop; concurrent calls share the probe.
+        """
+        bases = [
+            str(base)
+            for s in ([{**member.settings, **d} for d in member.deployments] or [member.settings])
+            if (base := s.get("api_base") or s.get("base_url"))
+        ]
+        if not bases:
+            return None
+        reasons = []
+        for base in dict.fromkeys(bases):
+            probe = self._probes.get(base)
+            if probe is None:
+                probe = self._probes[base] = asyncio.ensure_future(
+                    probe_endpoint(base, self.preflight_timeout_s)
+                )
+            reason = await asyncio.shield(probe)
+            if reason is None:
+                return None
+            reasons.append(f"{public_url(base)} ({reason})")
+        where = "any of its deployments" if len(reasons) > 1 else "its api_base"
+        return (
+            f"nothing answers at {where}: {'; '.join(reasons)}; is the server up and the address right? "
+            "(--no-preflight skips this check)"
+        )
+
     async def _send(self, member: Member, kwargs: dict) -> Any:
         """One attempt: straight to LiteLLM, or through the member's Router when it has deployments."""
         litellm = _litellm()
@@ -401,6 +474,11 @@ class ModelClient:
         call_kwargs = {"timeout": self.timeout_s, **kwargs}
         attempts = 0
         self.stats.made += 1
+        if self.preflight:
+            unreachable = await self._unreachable(member)
+            if unreachable is not None:
+                self.stats.failed += 1
+                raise CallError("unreachable", redact(unreachable, secrets), member.name, 1)
         while True:
             attempts += 1
             self.stats.attempts += 1
@@ -462,7 +540,7 @@ class ModelClient:
                 "logprobs": result.logprobs,
             }
             try:
-                self.cache.put(key, request["model"], request, stored)
+                self.cache.put(key, request["model"], request, stored, member.name)
             except Exception as exc:  # noqa: BLE001 - a full disk must not lose the answer in hand
                 logger.warning("call cache write failed (%s); continuing without caching this call", exc)
         return result

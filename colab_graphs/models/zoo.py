@@ -90,6 +90,12 @@ class ZooEntry:
         """The cache folder this entry materialises to."""
         return models_home() / self.name
 
+    @property
+    def identity(self) -> str:
+        """What the weights are, without materialising them: the name, the pinned GGUF hash (a built model's
+        build is seeded) and the conversion version (the call cache keys on it)."""
+        return f"zoo:{self.name}:{self.gguf_sha256 or 'built'}:conversion-{_CONVERSION}"
+
     def is_cached(self) -> bool:
         """True when the converted folder is complete on disk and made by the current conversion."""
         return _conversion_of(self.folder()) == _CONVERSION

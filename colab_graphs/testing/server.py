@@ -129,6 +129,25 @@ class _Handler(OpenAIHandler):
         )
         self.scripted._log(record)
 
+    def do_GET(self) -> None:  # noqa: N802 - the base class's name
+        if self.scripted.echo_errors:
+            self._echo_error()
+        else:
+            super().do_GET()
+
+    def do_POST(self) -> None:  # noqa: N802 - the base class's name
+        if self.scripted.echo_errors:
+            self._echo_error()
+        else:
+            super().do_POST()
+
+    def _echo_error(self) -> None:
+        """A 400 whose message quotes the request line and every header, as careless providers do."""
+        self.begin()
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        headers = "; ".join(f"{name}: {value}" for name, value in self.headers.items())
+        self.send_error_json(400, f"rejected {self.command} {self.path} with headers {headers}")
+
     def models(self) -> list[dict[str, Any]]:
         created = int(self.scripted.started_at)
         return [
@@ -314,6 +333,8 @@ class ScriptedServer:
             (before `fault_rate` applies), so a retry test knows exactly what happens.
         fail_first_kind: A fault kind, see `faults`.
         timeout_hold_s: How long a "timeout" fault holds the connection; keep it above the client's timeout.
+        echo_errors: Answer every request with a 400 whose message echoes the request line (its query string
+            included) and every header (keys, extra headers): a provider that leaks what it was sent.
         host: Interface to listen on.
         port: Port to listen on; 0 picks a free one.
 
@@ -334,6 +355,7 @@ class ScriptedServer:
         fail_first: int = 0,
         fail_first_kind: str = "500",
         timeout_hold_s: float = 30.0,
+        echo_errors: bool = False,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -357,6 +379,7 @@ class ScriptedServer:
         self.fail_first = fail_first
         self.fail_first_kind = fail_first_kind
         self.timeout_hold_s = timeout_hold_s
+        self.echo_errors = echo_errors
         self.host = host
         self.port = port
         self.started_at = time.time()

@@ -67,13 +67,31 @@ class LogCache:
 
 
 def resolve(root: Path, rel: str) -> Path:
-    """`rel` under the served folder; anything outside it is refused."""
+    """`rel` under the served folder; anything outside it is refused, and so is a folder whose output files are
+    links that lead out of it (``log.jsonl -> /etc/passwd``): the viewer reads only what the folder holds."""
     folder = (root / rel).resolve()
-    if folder != root and root not in folder.parents:
+    if not inside(root, folder):
         raise ViewerError(403, f"{rel!r} is outside the folder being viewed")
     if not folder.is_dir():
         raise ViewerError(404, f"no folder {rel!r} under {root}")
+    for name in LogCache.FILES:
+        path = folder / name
+        if path.is_symlink() and not regular_file_inside(root, path):
+            raise ViewerError(
+                403, f"{rel or '.'}/{name} is a link that leads outside the folder being viewed"
+            )
     return folder
+
+
+def inside(root: Path, path: Path) -> bool:
+    """Whether the resolved `path` is `root` or under it (`root` resolved)."""
+    return path == root or root in path.parents
+
+
+def regular_file_inside(root: Path, path: Path) -> bool:
+    """Whether `path`, links followed, is a regular file under `root` (what the viewer may serve)."""
+    real = path.resolve()
+    return inside(root, real) and real.is_file()
 
 
 def cid(members: list[str]) -> str:
