@@ -276,7 +276,10 @@ def test_sampling_settings_of_the_wrong_type_or_range_are_refused_naming_each(ti
 
 def test_a_temperature_too_small_to_divide_by_decodes_greedily(tiny):
     greedy = tiny.generate(build_request(tiny, QUESTION, {"temperature": 0, "max_tokens": 6}))
-    assert tiny.generate(build_request(tiny, QUESTION, {"temperature": 1e-30, "max_tokens": 6})).text == greedy.text
+    assert (
+        tiny.generate(build_request(tiny, QUESTION, {"temperature": 1e-30, "max_tokens": 6})).text
+        == greedy.text
+    )
 
 
 def test_set_local_model_serves_and_swaps_weights(litellm, tiny, arun):

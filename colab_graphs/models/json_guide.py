@@ -3,20 +3,22 @@
 At each step the engine asks a `JsonGuide` which tokens the row may take (`GenerationRequest.allowed_tokens`).
 The guide keeps the text written so far and allows a token only when the text with it is still the beginning
 of a value the schema accepts, and every such beginning can still be completed (a comma is not allowed when
-no key is left to write, a string stops at ``maxLength``). It checks the model's most likely tokens first; when
-none of them fits it looks among the tokens that start with a character the schema allows there. Once the
-value is complete only the end of turn is allowed, so the reply is exactly the value. A reply cut by
-``max_tokens`` ends early (``finish_reason: "length"``), as OpenAI's does.
+no key is left to write, a string stops at ``maxLength``, a number stops where no digit keeps it in range).
+It checks the model's most likely tokens first; when none of them fits it looks among the tokens that start
+with a character the schema allows there. Once the value is complete only the end of turn is allowed, so the
+reply is exactly the value. A reply cut by ``max_tokens`` ends early (``finish_reason: "length"``), as
+OpenAI's does.
 
 The schema subset (`schema_problems` names anything else, so a request is refused instead of half-honoured):
 ``type`` (one or a list), ``properties`` / ``required`` / ``additionalProperties`` (keys in any order; with
 ``properties`` and no ``additionalProperties``, only the listed keys are written), ``items`` / ``minItems`` /
-``maxItems``, ``enum`` / ``const`` (written in canonical JSON), ``anyOf`` / ``oneOf`` (as any of),
-``allOf`` of one schema, local ``$ref`` to ``$defs`` or ``definitions``, ``minLength`` / ``maxLength``,
-``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum`` (checked when a number ends), and the
-annotations (``title``, ``description``, ``default``, ``format``...). The value is written as ``json.dumps`` writes it
-(``", "`` and ``": "`` between items, no other whitespace; strings without raw control characters; numbers of
-at most `MAX_NUMBER` characters), so a model cannot pad its reply forever. Sampling draws among the allowed tokens of the model's `CANDIDATES` most likely (top-k style).
+``maxItems``, ``enum`` / ``const`` (written in canonical JSON), ``anyOf`` / ``oneOf`` (as any of), ``allOf``
+of one schema, local ``$ref`` to ``$defs`` or ``definitions``, ``minLength`` / ``maxLength``, ``minimum`` /
+``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum``, and the annotations (``title``, ``description``,
+``default``, ``format``...). The value is written as ``json.dumps`` writes it (``", "`` and ``": "`` between
+items, no other whitespace; strings without raw control characters; numbers of at most `MAX_NUMBER`
+characters, without an exponent when bounded), so a model cannot pad its reply forever. Sampling draws among
+the allowed tokens of the model's `CANDIDATES` most likely (top-k style).
 """
 
 from __future__ import annotations
