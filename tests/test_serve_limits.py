@@ -105,6 +105,12 @@ def test_good_and_bad_requests_sent_together_each_get_their_own_answer(server, g
             assert name.split("[")[0] in payload["error"]["message"]
 
 
+def test_explicit_nulls_mean_the_defaults(server, greedy):
+    nulls = {"n": None, "stream": None, "logprobs": None, "stop": None, "seed": None, "presence_penalty": None}
+    status, payload = post(server.base_url, {**GOOD, **nulls})
+    assert status == 200 and payload["choices"][0]["message"]["content"] == greedy
+
+
 def test_a_request_lists_every_problem_it_has(server):
     status, payload = post(server.base_url, {**GOOD, "seed": "x", "temperature": "hot", "n": 0})
     assert status == 400
@@ -145,10 +151,13 @@ def test_a_request_that_fails_while_decoding_fails_alone(greedy):
     requests[1].on_text = streamed.append
     requests[4].allowed_tokens = broken_guide
     before = engine.batches_run
-    with engine.lock:  # everything is queued before the first batch starts: they share it
+    saved = engine.max_batch_size, engine.batch_wait_ms
+    engine.max_batch_size, engine.batch_wait_ms = len(requests), 60_000  # the batch is exactly these six
+    try:
         futures = [engine.submit(request) for request in requests]
-        time.sleep(0.05)
-    outcomes = [future.exception() or future.result() for future in futures]
+        outcomes = [future.exception() or future.result() for future in futures]
+    finally:
+        engine.max_batch_size, engine.batch_wait_ms = saved
     assert isinstance(outcomes[4], RuntimeError) and "broke" in str(outcomes[4])
     assert [o.text for i, o in enumerate(outcomes) if i != 4] == [greedy] * 5
     assert "".join(streamed) == greedy  # what streamed before the failure is not sent again
@@ -251,6 +260,9 @@ def test_the_cli_serves_and_logs_one_line_per_request_without_bodies_or_keys(tmp
             with urllib.request.urlopen(request, timeout=120) as response:
                 assert response.status == 200
             assert post(base_url, BAD["seed"])[0] == 400
+            deadline = time.monotonic() + 30  # a line is written once its response is out: wait for both
+            while log.read_text().count("/chat/completions") < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
         finally:
             process.terminate()
             process.wait(timeout=30)

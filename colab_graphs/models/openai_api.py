@@ -282,7 +282,8 @@ def parse_body(model: type[RequestModel], body: Any) -> RequestModel:
         for name, (neutral, reason) in UNSUPPORTED.items()
         if name in body and not _is_neutral(body[name], neutral)
     ]
-    fields = {key: value for key, value in body.items() if key not in UNSUPPORTED}
+    # null means "the default", as OpenAI reads it (clients send explicit nulls for fields they leave unset)
+    fields = {key: value for key, value in body.items() if key not in UNSUPPORTED and value is not None}
     try:
         parsed = model.model_validate(fields)
     except ValidationError as exc:
