@@ -130,6 +130,7 @@ class _Connection:
         self.continued = False  # "100 Continue" already sent for the request being read
         self.deadline: float | None = time.monotonic() + idle_timeout_s
         self.request = b""
+        self.arrived = 0.0  # when the request being served arrived whole (the access log times from here)
 
 
 class _Frame:
@@ -286,8 +287,9 @@ class OpenAIServer:
                 sock, address = self.socket.accept()
             except BlockingIOError:
                 return
-            except OSError as exc:  # out of file descriptors: the queued clients wait for the next round
+            except OSError as exc:  # out of file descriptors: the queued clients wait until some close
                 _log.warning("%s: accept failed (%s)", self.name, exc)
+                time.sleep(0.05)  # the listening socket stays readable: do not spin on it
                 return
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no delayed-ACK wait on keep-alive
             sock.setblocking(False)
@@ -332,7 +334,7 @@ class OpenAIServer:
                 with contextlib.suppress(OSError):
                     connection.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
             return
-        connection.request = bytes(connection.buffer[: frame.end])
+        connection.request, connection.arrived = bytes(connection.buffer[: frame.end]), time.monotonic()
         del connection.buffer[: frame.end]
         connection.reading, connection.continued, connection.deadline = False, False, None
         self._selector.unregister(connection.sock)
@@ -465,7 +467,7 @@ class OpenAIHandler(BaseHTTPRequestHandler):
         self.rfile = io.BytesIO(self.request.request)
         self.wfile = _SocketWriter(self.connection)
         self.status: int | None = None
-        self.started = time.monotonic()
+        self.started = self.request.arrived
         self.usage: dict[str, int] = {}  # token counts for the access log, when the handler reports them
 
     def handle(self) -> None:
@@ -479,7 +481,7 @@ class OpenAIHandler(BaseHTTPRequestHandler):
             access_log.info(
                 "%s %s %s %s %.3fs %s",
                 _client(self.client_address),
-                getattr(self, "command", "-"),
+                getattr(self, "command", None) or "-",
                 self.route if getattr(self, "path", None) else "-",
                 self.status if self.status is not None else "-",
                 time.monotonic() - self.started,

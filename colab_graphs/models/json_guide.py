@@ -436,6 +436,7 @@ class JsonGuide:
         self._forced_from = ("", "")
 
     def __call__(self, ids: list[int], logits: Any) -> list[int]:
+        logits = logits.cpu()  # token lists index it here: one copy a step, whatever device decodes
         for token in ids[self.read :]:
             self.text += self.vocab.texts[token]
         self.read = len(ids)

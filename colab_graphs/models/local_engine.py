@@ -119,7 +119,9 @@ class _Row:
         if logp is None:
             logp = torch.log_softmax(logits, dim=-1)
         if self.req.allowed_tokens is not None:
-            allowed = torch.tensor(list(self.req.allowed_tokens(self.ids, logits)), dtype=torch.long)
+            allowed = torch.tensor(
+                list(self.req.allowed_tokens(self.ids, logits)), dtype=torch.long, device=logits.device
+            )
             logits = torch.full_like(logits, float("-inf")).index_copy_(-1, allowed, logits[allowed])
         if self.req.temperature <= 0:
             token = int(torch.argmax(logits))

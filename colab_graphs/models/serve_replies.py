@@ -125,6 +125,9 @@ class ChatReply(_Reply):
         mode = request.tool_mode
         forced = mode in ("required", "function")
         schema, param = self._schema(request, forced)
+        problems = schema_problems(schema) if schema is not None else []
+        if problems:
+            raise RequestError("; ".join(problems), param=param, code="unsupported_schema")
         # tool_choice "none": the tools are not shown, and nothing is parsed as a call
         shown = request.tools if mode != "none" else None
         prompt = _render(self.engine, request, shown, forced)
@@ -134,9 +137,6 @@ class ChatReply(_Reply):
         )
         self.rows = [sampling_request(prompt, request, budget, choice=i) for i in range(request.n)]
         if schema is not None:
-            problems = schema_problems(schema)
-            if problems:
-                raise RequestError("; ".join(problems), param=param, code="unsupported_schema")
             vocab = vocabulary(self.engine.tokenizer)
             for row in self.rows:
                 row.allowed_tokens = JsonGuide(
