@@ -7,6 +7,7 @@ import http.client
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -477,6 +478,30 @@ def test_stop_joins_threads_and_closes_server_sockets_even_with_idle_keep_alive_
     assert set(threading.enumerate()) - threads_before == set()
     assert len(os.listdir("/proc/self/fd")) == fds_before + 1  # only the client's own socket is left
     client.close()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("head", "body", "status", "says"),
+    [
+        (b"Content-Length: abc", b"", 400, "Content-Length must be"),
+        (b"Content-Length: 5", b"{bad}", 400, "not JSON"),
+        (b"Transfer-Encoding: chunked", b"", 411, "chunked"),
+        (b"X-Pad: " + b"x" * 70000, b"", 431, "headers exceed"),
+    ],
+)
+def test_malformed_requests_get_openai_errors_from_the_shared_core(head, body, status, says):
+    request = b"POST /v1/chat/completions HTTP/1.1\r\nConnection: close\r\n" + head + b"\r\n\r\n" + body
+    with (
+        ScriptedServer({"alpha": "ok"}) as server,
+        socket.create_connection(("127.0.0.1", server.port)) as sock,
+    ):
+        sock.sendall(request)
+        response = b"".join(iter(lambda: sock.recv(65536), b""))
+    status_line, _, payload = response.partition(b"\r\n\r\n")
+    assert int(status_line.split()[1]) == status
+    error = json.loads(payload)["error"]
+    assert says in error["message"] and set(error) == {"message", "type", "param", "code"}
 
 
 # Ready-made scripts (pure functions: no server needed)

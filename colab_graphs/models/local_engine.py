@@ -60,6 +60,8 @@ class GenerationRequest:
         stop: Strings that end generation; the text is cut before the first one.
         top_logprobs: Number of alternatives to report per position (0 for none).
         on_text: Called from the worker thread with each new piece of text (streaming).
+        allowed_tokens: Guided decoding: called with the ids generated so far and the next-token logits,
+            returns the ids this row may take next (the logprobs recorded stay the model's own).
     """
 
     prompt_ids: list[int]
@@ -70,6 +72,7 @@ class GenerationRequest:
     stop: Sequence[str] = ()
     top_logprobs: int = 0
     on_text: Callable[[str], None] | None = None
+    allowed_tokens: Callable[[list[int], Any], Sequence[int]] | None = None
 
 
 @dataclass
@@ -115,6 +118,11 @@ class _Row:
 
         if logp is None:
             logp = torch.log_softmax(logits, dim=-1)
+        if self.req.allowed_tokens is not None:
+            allowed = torch.tensor(
+                list(self.req.allowed_tokens(self.ids, logits)), dtype=torch.long, device=logits.device
+            )
+            logits = torch.full_like(logits, float("-inf")).index_copy_(-1, allowed, logits[allowed])
         if self.req.temperature <= 0:
             token = int(torch.argmax(logits))
         else:
@@ -188,6 +196,8 @@ def sample_together(rows: Sequence[_Row], logits: Any, generator: Any) -> Any | 
     import torch
 
     reqs = [r.req for r in rows]
+    if any(q.allowed_tokens is not None for q in reqs):
+        return None
     if all(q.temperature <= 0 for q in reqs):
         return torch.argmax(logits, dim=-1)
     first = reqs[0]
@@ -382,14 +392,32 @@ class LocalEngine:
             live = [(req, fut) for req, fut in batch if fut.set_running_or_notify_cancel()]
             if not live:
                 continue
+            streams = _Streams([req for req, _ in live])
             try:
                 results = self.generate_batch([req for req, _ in live])
-            except BaseException as exc:  # every waiter must hear about the failure
-                for _, fut in live:
-                    fut.set_exception(exc)
+            except BaseException as exc:
+                if len(live) == 1:
+                    live[0][1].set_exception(exc)
+                else:
+                    self._decode_alone(live, streams)
                 continue
+            finally:
+                streams.restore()
             for (_, fut), res in zip(live, results, strict=True):
                 fut.set_result(res)
+
+    def _decode_alone(self, live: list[tuple[GenerationRequest, Future]], streams: _Streams) -> None:
+        """After a batch failed, decode each of its requests by itself: the one that fails fails alone.
+
+        A streaming request's client already has the text streamed before the failure; its retry sends only
+        what follows, and fails if it does not repeat that text (greedy and seeded requests repeat it).
+        """
+        for req, fut in live:
+            with streams.replaying(req):
+                try:
+                    fut.set_result(self.generate_batch([req])[0])
+                except BaseException as exc:  # this request's own failure
+                    fut.set_exception(exc)
 
     def generate_batch(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         """Decode ``requests`` together right now, in the calling thread."""
@@ -465,6 +493,51 @@ class LocalEngine:
                 cache, logits = output_cache(out), out.logits[:, -1, :].float()
                 next_pos = next_pos + 1
         return [row.result() for row in rows]
+
+
+class _Streams:
+    """The text each streaming request of a batch has emitted (see `LocalEngine._decode_alone`)."""
+
+    def __init__(self, requests: Sequence[GenerationRequest]) -> None:
+        self.sinks = {id(r): (r, r.on_text) for r in requests if r.on_text is not None}
+        self.sent: dict[int, list[str]] = {key: [] for key in self.sinks}
+        for key, (req, sink) in self.sinks.items():
+            req.on_text = self._recorder(self.sent[key], sink)
+
+    @staticmethod
+    def _recorder(sent: list[str], sink: Callable[[str], None]) -> Callable[[str], None]:
+        def record(piece: str) -> None:
+            sent.append(piece)
+            sink(piece)
+
+        return record
+
+    def restore(self) -> None:
+        for req, sink in self.sinks.values():
+            req.on_text = sink
+
+    @contextlib.contextmanager
+    def replaying(self, req: GenerationRequest) -> Iterator[None]:
+        if id(req) not in self.sinks or not self.sent[id(req)]:
+            yield
+            return
+        sink, before = self.sinks[id(req)][1], "".join(self.sent[id(req)])
+        seen = [""]
+
+        def replay(piece: str) -> None:
+            done = seen[0]
+            seen[0] = now = done + piece
+            common = min(len(now), len(before))
+            if now[:common] != before[:common]:
+                raise RuntimeError("a streamed request failed with its batch and its retry wrote other text")
+            if len(now) > len(before):
+                sink(now[max(len(before), len(done)) :])
+
+        req.on_text = replay
+        try:
+            yield
+        finally:
+            req.on_text = sink
 
 
 @contextlib.contextmanager

@@ -32,7 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from colab_graphs.models.http import TRANSPORT_KEYS, OpenAIHandler, OpenAIServer, shutdown_socket
+from colab_graphs.models.http import (
+    TRANSPORT_KEYS,
+    OpenAIHandler,
+    OpenAIServer,
+    ServerLimits,
+    shutdown_socket,
+)
 from colab_graphs.testing.scripts import Member, Messages, Script, load_members, message_text, unit_draw
 
 FAULT_KINDS = ("429", "500", "malformed", "timeout", "drop")
@@ -431,7 +437,9 @@ class ScriptedServer:
         """Bind the port and serve in a daemon thread; returns self."""
         if self._httpd is not None:
             raise RuntimeError("a ScriptedServer starts once; make a new one to serve again")
-        self._httpd = OpenAIServer((self.host, self.port), _Handler, self, "ScriptedServer")
+        # Scripted latency holds a worker per request: room for the concurrency the benchmarks drive.
+        limits = ServerLimits(max_workers=256)
+        self._httpd = OpenAIServer((self.host, self.port), _Handler, self, "ScriptedServer", limits)
         self.port = self._httpd.server_address[1]
         self.started_at = time.time()
         self._thread = threading.Thread(
