@@ -16,11 +16,8 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import shutil
 import socket
-import subprocess
 import textwrap
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -30,6 +27,7 @@ from typer.testing import CliRunner
 
 from colab_graphs.cli.app import app
 from colab_graphs.testing.scripts import last_user_text
+from tests.test_sandbox import NAMESPACES_ALLOWED, Listener, host_segment, processes_of_uids_at_least
 
 MOCO = Path(__file__).resolve().parents[2] / "shared" / "data" / "moco" / "humaneval.json"
 if not MOCO.exists():
@@ -346,38 +344,9 @@ FIND_ZERO = {
 }
 
 
-def _variant(record: dict, name: str, **fields: object) -> dict:
+def variant(record: dict, name: str, **fields: object) -> dict:
     """A copy of a real record for one hack: its id is the hack's name, which the question names too."""
     return {**record, "id": name, "input": f"Variant: {name}.\n{record['input']}", **fields}
-
-
-class _Listener:
-    """A host server on one address that answers b'ok' to every connection and records it."""
-
-    def __init__(self, family: int, address: object) -> None:
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        self.sock.bind(address)  # type: ignore[arg-type]
-        self.sock.listen(16)
-        self.sock.settimeout(0.2)
-        self.accepted = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            self.accepted += 1
-            with conn:
-                conn.sendall(b"ok")
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.sock.close()
 
 
 @pytest.fixture
@@ -385,9 +354,9 @@ def host(tmp_path):
     """What the hacks look for on the host: listeners, a readable file, a SysV segment from 'an earlier run'."""
     unix_path = f"/tmp/cg-host-{uuid.uuid4().hex[:12]}.sock"
     listeners = {
-        "unix": _Listener(socket.AF_UNIX, unix_path),
-        "abstract": _Listener(socket.AF_UNIX, f"\0cg-host-{uuid.uuid4().hex[:12]}"),
-        "tcp": _Listener(socket.AF_INET, ("127.0.0.1", 0)),
+        "unix": Listener(socket.AF_UNIX, unix_path),
+        "abstract": Listener(socket.AF_UNIX, f"\0cg-host-{uuid.uuid4().hex[:12]}"),
+        "tcp": Listener(socket.AF_INET, ("127.0.0.1", 0)),
     }
     os.chmod(unix_path, 0o666)
     marker = tmp_path / "host-file.txt"
@@ -410,39 +379,9 @@ def host(tmp_path):
         listener.close()
     os.unlink(unix_path)
     libc.shmctl(shm_id, 0, None)  # IPC_RMID
-    left = _host_segment(shm_key_left)
+    left = host_segment(shm_key_left)
     if left is not None:
         libc.shmctl(left, 0, None)
-
-
-def _host_segment(key: int) -> int | None:
-    """The id of the host's SysV segment with this key (None: there is none)."""
-    for line in Path("/proc/sysvipc/shm").read_text().splitlines()[1:]:
-        fields = line.split()
-        if int(fields[0]) == key:
-            return int(fields[1])
-    return None
-
-
-def _sandbox_processes() -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if entry.stat().st_uid >= 61000:
-                    found.append(int(entry.name))
-            except FileNotFoundError:
-                continue
-    return found
-
-
-def _namespaces_allowed() -> bool:
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        return False
-    as_root = [] if os.geteuid() == 0 else ["--map-root-user"]
-    probe = [unshare, *as_root, "--net", "--ipc", "--mount", "--pid", "--fork", "true"]
-    return subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
 
 
 def _run_cli(tmp_path: Path, server_url: str, data: Path) -> dict[str, float]:
@@ -459,18 +398,18 @@ def _run_cli(tmp_path: Path, server_url: str, data: Path) -> dict[str, float]:
 
 
 @pytest.mark.skipif(not MOCO.exists(), reason="the MoCo data files are not here")
-@pytest.mark.skipif(not _namespaces_allowed(), reason="the hacks on the host need the sandbox's namespaces")
+@pytest.mark.skipif(not NAMESPACES_ALLOWED, reason="the hacks on the host need the sandbox's namespaces")
 def test_every_reward_hack_scores_zero_and_correct_answers_score_one(
     scripted_server, tmp_path, host, monkeypatch
 ):
     names, listeners = host
     codes = VERDICT_HACKS | host_hacks(names)
     records = {r["id"]: r for r in json.loads(MOCO.read_text())["test"]}
-    variants = [_variant(records["HumanEval/53"], name, timeout_s=5) for name in codes]
-    variants.append(_variant(records["HumanEval/53"], "chatty_correct"))
+    variants = [variant(records["HumanEval/53"], name, timeout_s=5) for name in codes]
+    variants.append(variant(records["HumanEval/53"], "chatty_correct"))
     # HumanEval/32's test checks find_zero's root with the question's `poly`: a reply that redefines `poly`
     # to return 0 passes any root unless the judge uses the question's own.
-    variants += [_variant(records["HumanEval/32"], name) for name in FIND_ZERO]
+    variants += [variant(records["HumanEval/32"], name) for name in FIND_ZERO]
     data = tmp_path / "humaneval_hacks.json"
     data.write_text(json.dumps({"name": "humaneval", "task_type": "coding", "test": variants}))
 
@@ -492,8 +431,8 @@ def test_every_reward_hack_scores_zero_and_correct_answers_score_one(
         "abstract": 0,
         "tcp": 0,
     }
-    assert _host_segment(int(names["shm_key_left"])) is None  # the run's segment died with its IPC namespace
+    assert host_segment(int(names["shm_key_left"])) is None  # the run's segment died with its IPC namespace
     deadline = time.monotonic() + 3
-    while _sandbox_processes() and time.monotonic() < deadline:
+    while processes_of_uids_at_least(61000) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _sandbox_processes() == []
+    assert processes_of_uids_at_least(61000) == []

@@ -22,17 +22,19 @@ refuses to compare, hash, iterate or be true or false (a ``TypeError``: the test
 
 Semantics the tests see:
 
-- Arguments are copied. After each call the candidate sends back the top-level list, dict, set and bytearray
+- Arguments are copied. After each call the candidate sends back the positional list, dict, set and bytearray
   arguments it changed, and the judge writes them into its own objects (a test that checks an in-place sort
   works); identity between arguments, and objects nested inside them, are not kept.
 - A candidate's exception is raised in the judge as the first builtin exception class in its MRO, with its
-  message (a test expecting ``ValueError`` sees one); a class with no builtin base arrives as
-  `CandidateError`. ``SystemExit``, ``KeyboardInterrupt`` and any other non-``Exception`` end the run as failed,
-  whatever the test catches, as do a crash, an exit or a call past the deadline of the candidate's process.
-- Names: the tests run on the judge's own builtins and modules. A name the tests use is taken from the tests
-  themselves, else from the question's code (HumanEval's ``poly``, ``encode_cyclic``: the question's version,
-  never a redefinition in the reply), else it is a proxy for the solution's callable of that name; the entry
-  point is always the solution's. A test that only defines ``check(candidate)`` is called with the entry point.
+  message (a test expecting ``ValueError`` sees one); a class whose only builtin base is ``Exception`` arrives
+  as `CandidateError` (an ``Exception``). ``SystemExit``, ``KeyboardInterrupt`` and any other non-``Exception``
+  fail the run whatever the test catches, as do a crash, an exit, a protocol violation or a call past its
+  deadline.
+- Names: the tests run as the judge's ``__main__`` (``unittest.main()`` works), on its own builtins and
+  modules. A name the tests use is taken from the tests themselves, else from the question's code
+  (HumanEval's ``poly``, ``encode_cyclic``: the question's version, never a redefinition in the reply), else
+  it is a proxy for the solution's callable of that name; the entry point is always the solution's. A test
+  that only defines ``check(candidate)`` is called with the entry point.
 - A test that completes without a single request to the candidate reports ``calls == 0`` (the scorer refuses
   such a test: it checks nothing).
 
@@ -311,6 +313,8 @@ def _rebuilt_exception(error: object) -> BaseException:
         raise WireError("an error is not an object")
     message = str(error.get("message", ""))[:10_000]
     for name in error.get("types") or []:
+        if name in ("Exception", "BaseException"):
+            break  # the solution's own exception class: CandidateError says so
         cls = getattr(builtins, str(name), None)
         if isinstance(cls, type) and issubclass(cls, Exception):
             try:
@@ -377,7 +381,11 @@ def judge(reply_fd: int, request_fd: int, request: dict) -> dict:
             "reason": f"the code did not load: {str(hello.get('error'))[:2000]}",
             "calls": 0,
         }
-    namespace: dict = {"__name__": "__main__", "__builtins__": builtins}
+    # The test runs as this process's __main__, so `unittest.main()` finds the test cases it defines.
+    main = type(sys)("__main__")
+    sys.modules["__main__"] = main
+    namespace = main.__dict__
+    namespace["__builtins__"] = builtins
     for snippet in request["question"]:
         try:
             exec(compile(snippet, "question.py", "exec"), namespace)

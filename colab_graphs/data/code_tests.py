@@ -6,7 +6,7 @@ judge's alone. The question's code and the test are read here, on the host (they
 candidate's), so the judge gets them ready to run: which names the test takes from the solution, whether it
 only defines `check(candidate)`, the question's definitions one statement at a time.
 
-A test that cannot fail passes everything: `test_problem` names why a test is unusable (missing, blank, not
+A test that cannot fail passes everything: `unusable_test` names why a test is unusable (missing, blank, not
 Python, or nothing in it can fail: no `assert`, no `raise`, no call), and `run_tests` refuses it with that
 reason; a test that passes without a single call to the code under test comes back with `calls == 0`.
 """
@@ -38,13 +38,13 @@ class CodeVerdict:
     stderr: str = ""
 
 
-def test_problem(test: str | None) -> str | None:
+def unusable_test(test: str | None) -> str | None:
     """Why `test` cannot judge code (None when it can): missing, blank, not Python, or nothing in it can fail.
 
     Example:
-        >>> test_problem("assert add(2, 3) == 5") is None
+        >>> unusable_test("assert add(2, 3) == 5") is None
         True
-        >>> test_problem("def check(candidate):\\n    pass\\n")
+        >>> unusable_test("def check(candidate):\\n    pass\\n")
         'nothing in the test can fail (no assert, raise or call)'
     """
     if test is None:
@@ -82,7 +82,7 @@ def run_tests(
         memory_mb: address-space limit per process.
 
     Raises:
-        ValueError: the test cannot fail (`test_problem`).
+        ValueError: the test cannot fail (`unusable_test`).
 
     Example:
         >>> run_tests("def add(a, b):\\n    return a + b\\n", "assert add(2, 3) == 5").passed
@@ -90,7 +90,7 @@ def run_tests(
     """
     from colab_graphs.data import sandbox
 
-    problem = test_problem(test)
+    problem = unusable_test(test)
     if problem:
         raise ValueError(problem)
     request = _judge_request(test, entry_point, prompt_code or "")

@@ -228,9 +228,9 @@ class CodeTask(TaskType):
         return code
 
     async def score(self, output: str, example: Example) -> Score:
-        from colab_graphs.data.code_tests import arun_tests, test_problem
+        from colab_graphs.data.code_tests import arun_tests, unusable_test
 
-        problem = test_problem(example.test)
+        problem = unusable_test(example.test)
         if problem:
             raise ValueError(
                 f"example {example.id!r}: {problem}; the 'code' scorer needs a test that can fail"
