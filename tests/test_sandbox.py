@@ -373,3 +373,70 @@ def test_wrong_humaneval_solutions_fail():
     problems = _humaneval(6)
     outputs = [f"```python\n{p.fields['prompt']}    return None\n```" for p in problems]
     assert _score_all(outputs, problems) == [0.0] * len(problems)
+
+
+# --- the judge decides in every mode -------------------------------------------------------------------------
+
+VERDICT_CASES = {
+    "right": ("def add(a, b):\n    return a + b\n", True),
+    "wrong": ("def add(a, b):\n    return 0\n", False),
+    "always_equal": ("class Y:\n    __eq__ = lambda s, o: True\ndef add(a, b):\n    return Y()\n", False),
+    "exec_patched": (
+        "import builtins\nbuiltins.exec = lambda *a: None\ndef add(a, b):\n    return 0\n",
+        False,
+    ),
+}
+ADD_TEST = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n"
+
+
+def test_without_namespaces_the_judge_still_decides(monkeypatch):
+    from colab_graphs.data import sandbox
+    from colab_graphs.data.code_tests import run_tests
+
+    monkeypatch.setattr(sandbox, "_usable_namespaces", lambda wanted: ([], []))
+    verdicts = {name: run_tests(code, ADD_TEST) for name, (code, _) in VERDICT_CASES.items()}
+    assert {name: v.passed for name, v in verdicts.items()} == {
+        n: want for n, (_, want) in VERDICT_CASES.items()
+    }
+    assert not {"netns", "private_root"} & set(verdicts["right"].isolation)
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("setpriv") or not Path("/usr/bin/python3").exists(),
+    reason="runs the sandbox as an unprivileged user, which needs root to switch to",
+)
+def test_an_unprivileged_caller_gets_the_private_root_and_the_judge_in_a_user_namespace():
+    # The caller is `nobody` with the system interpreter: the package's other modules need the venv, so the
+    # sandbox module is loaded by path (it needs only the standard library).
+    data = Path(__file__).resolve().parents[1] / "colab_graphs" / "data"
+    if not all(os.access(p, os.R_OK) for p in (data / "sandbox.py", data / "code_harness.py")) or not (
+        Path(data).stat().st_mode & 0o005
+    ):
+        pytest.skip("the package is not readable by an unprivileged user here")
+    request = {"test": ADD_TEST, "question": [], "entry_point": "add", "from_solution": ["add"]}
+    request |= {"call_check": False, "bind_candidate": False, "timeout_s": 10, "call_timeout_s": None}
+    script = (
+        "import importlib.util, json, sys\n"
+        f"spec = importlib.util.spec_from_file_location('sandbox', {str(data / 'sandbox.py')!r})\n"
+        "sandbox = importlib.util.module_from_spec(spec)\nsys.modules['sandbox'] = sandbox\n"
+        "spec.loader.exec_module(sandbox)\n"
+        f"harness = open({str(data / 'code_harness.py')!r}).read()\n"
+        f"cases = {json.dumps({n: c for n, (c, _) in VERDICT_CASES.items()})}\n"
+        f"request = {request!r}\n"
+        "runs = {n: sandbox.run_judged(c, harness, request) for n, c in cases.items()}\n"
+        "print(json.dumps({n: [(r.verdict or {}).get('passed'), r.isolation] for n, r in runs.items()}))\n"
+    )
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", script]
+    done = subprocess.run(
+        nobody, capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin"}, cwd="/"
+    )
+    assert done.returncode == 0, done.stderr
+    runs = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {n: passed for n, (passed, _) in runs.items()} == {
+        n: want for n, (_, want) in VERDICT_CASES.items()
+    }
+    if NAMESPACES_ALLOWED:
+        assert {"private_root", "nested_pidns", "netns", "ipcns"} <= set(runs["right"][1])
+        assert (
+            "uid_drop" not in runs["right"][1]
+        )  # one uid in the user namespace: capabilities dropped instead

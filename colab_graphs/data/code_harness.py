@@ -11,7 +11,7 @@ One scored answer runs as two processes (`colab_graphs.data.code_tests.run_tests
   name they use from the solution bound to a proxy that forwards calls over the pipe, and decides pass or fail.
   Only the judge writes the verdict; the candidate's output is read for debugging and never looked at.
 
-What crosses the pipe is plain data, one JSON object per line: None, bool, int, float (NaN and infinities
+What crosses the pipe is plain data (`_Pipe` says how it is framed): None, bool, int, float (NaN and infinities
 included), str, and tagged containers that the judge rebuilds from its own builtins: list, tuple, set,
 frozenset, dict (any plain keys), bytes, bytearray, complex, Fraction, Decimal, range, dict views (keys, values,
 items, in order), and iterators (a returned generator is drained in the candidate and arrives as an iterator
@@ -42,19 +42,25 @@ Not supported (the test fails): passing a function or another non-plain value of
 candidate, module attributes of the solution other than callables, more than 16 MiB in one reply, nesting deeper
 than 200 levels, a generator longer than 100,000 items.
 
-This file runs in two places: the sandbox's judge executes its source and calls `judge`; the candidate's
-interpreter runs it as a script (``python -I code_harness.py solution.py``). It uses only the standard library,
-imports nothing slow (it starts once per scored answer), and must stay runnable on the system interpreter.
+This file runs in two places, compiled once per host process by the sandbox's interpreter: the judge executes
+it and calls `judge`; the candidate's interpreter runs it as `__main__` with the solution's path (as
+``python -I code_harness.py solution.py`` would). It uses only the standard library, imports nothing slow on
+the candidate's side (it starts once per scored answer), and must stay runnable on the system interpreter.
 """
 
 from __future__ import annotations
 
 import builtins
-import json
+import marshal
 import os
 import select
 import sys
 import time
+
+try:
+    from _json import encode_basestring_ascii as _quote
+except ImportError:  # an interpreter without the C accelerator
+    from json.encoder import py_encode_basestring_ascii as _quote
 
 _MAX_MESSAGE = 16 * 1024**2
 _MAX_DEPTH = 200
@@ -161,33 +167,85 @@ _SEQUENCES = {
 
 
 class _Pipe:
-    """One JSON object per line over a pair of file descriptors, every wait bounded by a deadline."""
+    """The two sides over a pair of file descriptors, every wait bounded by a deadline.
 
-    def __init__(self, read_fd: int, write_fd: int) -> None:
-        self._read_fd, self._write_fd, self._buffer = read_fd, write_fd, b""
+    The judge sends marshal frames (a length line, then the bytes: nothing to import, and trusted in that
+    direction); the candidate answers in JSON lines, which the judge parses with `json`, safe on any input
+    (marshal is not). The candidate writes its JSON without importing `json` (whose `re` import would cost
+    every scored answer a few milliseconds)."""
+
+    def __init__(self, read_fd: int, write_fd: int, *, judge: bool) -> None:
+        self._read_fd, self._write_fd, self._judge, self._buffer = read_fd, write_fd, judge, b""
 
     def send(self, message: dict, deadline: float = float("inf")) -> None:
-        data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
+        if self._judge:
+            payload = marshal.dumps(message, 2)
+            data = b"%d\n" % len(payload) + payload
+        else:
+            data = (_json_text(message) + "\n").encode()
         while data:
             if not select.select([], [self._write_fd], [], _remaining(deadline))[1]:
                 raise TimeoutError("the other side stopped reading")
             data = data[os.write(self._write_fd, data[:65536]) :]
 
     def receive(self, deadline: float = float("inf")) -> dict:
-        while b"\n" not in self._buffer:
-            if len(self._buffer) > _MAX_MESSAGE:
-                raise WireError(f"a message over {_MAX_MESSAGE} bytes")
-            if not select.select([self._read_fd], [], [], _remaining(deadline))[0]:
-                raise TimeoutError("no reply before the deadline")
-            chunk = os.read(self._read_fd, 1 << 20)
-            if not chunk:
-                raise EOFError("the other side closed the pipe")
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        message = json.loads(line)
+        line = self._line(deadline)
+        if self._judge:
+            import json
+
+            message = json.loads(line)
+        else:
+            message = marshal.loads(self._exactly(int(line), deadline))
         if type(message) is not dict:
             raise WireError("a message is not an object")
         return message
+
+    def _line(self, deadline: float) -> bytes:
+        while b"\n" not in self._buffer:
+            self._fill(deadline)
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line
+
+    def _exactly(self, size: int, deadline: float) -> bytes:
+        while len(self._buffer) < size:
+            self._fill(deadline)
+        data, self._buffer = self._buffer[:size], self._buffer[size:]
+        return data
+
+    def _fill(self, deadline: float) -> None:
+        if self._judge and len(self._buffer) > _MAX_MESSAGE:
+            raise WireError(f"a message over {_MAX_MESSAGE} bytes")
+        if not select.select([self._read_fd], [], [], _remaining(deadline))[0]:
+            raise TimeoutError("no reply before the deadline")
+        chunk = os.read(self._read_fd, 1 << 20)
+        if not chunk:
+            raise EOFError("the other side closed the pipe")
+        self._buffer += chunk
+
+
+def _json_text(tree: object) -> str:
+    """JSON for the wire's trees (None, bool, int, float, str, lists, dicts with str keys); floats that are not
+    finite as Python's `json` writes them (NaN, Infinity), which it reads back."""
+    if tree is None:
+        return "null"
+    if tree is True or tree is False:
+        return "true" if tree else "false"
+    kind = type(tree)
+    if kind is str:
+        return _quote(tree)  # type: ignore[arg-type]
+    if kind is int:
+        return int.__repr__(tree)  # type: ignore[arg-type]
+    if kind is float:
+        if tree != tree:
+            return "NaN"
+        if tree in (float("inf"), float("-inf")):
+            return "Infinity" if tree > 0 else "-Infinity"  # type: ignore[operator]
+        return float.__repr__(tree)  # type: ignore[arg-type]
+    if kind is list:
+        return "[" + ",".join(_json_text(v) for v in tree) + "]"  # type: ignore[attr-defined]
+    if kind is dict:
+        return "{" + ",".join(_quote(str(k)) + ":" + _json_text(v) for k, v in tree.items()) + "}"  # type: ignore[attr-defined]
+    raise WireError(f"not wire data: {kind.__name__}")
 
 
 def _remaining(deadline: float) -> float | None:
@@ -370,7 +428,9 @@ def judge(reply_fd: int, request_fd: int, request: dict) -> dict:
     """
     deadline = time.monotonic() + float(request["timeout_s"])
     per_call = request.get("call_timeout_s")
-    candidate = _Candidate(_Pipe(reply_fd, request_fd), deadline, float(per_call) if per_call else None)
+    candidate = _Candidate(
+        _Pipe(reply_fd, request_fd, judge=True), deadline, float(per_call) if per_call else None
+    )
     try:
         hello = candidate.hello()
     except CandidateAbort as exc:
@@ -439,7 +499,7 @@ def _describe_failure(exc: BaseException) -> str:
 
 def serve(solution_path: str, request_fd: int = 3, reply_fd: int = 4) -> None:
     """Load the solution, say which callables it defines, then answer the judge's requests until it hangs up."""
-    pipe = _Pipe(request_fd, reply_fd)
+    pipe = _Pipe(request_fd, reply_fd, judge=False)
     namespace: dict = {"__name__": "solution", "__file__": solution_path, "__builtins__": builtins}
     try:
         with open(solution_path, encoding="utf-8") as fh:

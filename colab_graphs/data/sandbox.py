@@ -55,11 +55,12 @@ interpreter (the venv's may sit under a directory the unprivileged uid cannot en
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import functools
-import json
 import logging
+import marshal
 import os
 import pwd
 import secrets
@@ -159,7 +160,9 @@ def run_code(
         _isolation_plan(network), timeout_s, memory_mb, cpu_s, max_procs, disk_mb, roles=("candidate",)
     )
     with run:
-        out = run.start(files, ["main.py"], judge=None, stdin=stdin, max_output_bytes=max_output_bytes)
+        out = run.start(
+            files, ["{files}/main.py"], judge=None, stdin=stdin, max_output_bytes=max_output_bytes
+        )
     returncode = out.returncode
     if out.status.get("signal"):
         returncode = -out.status["signal"]
@@ -191,30 +194,30 @@ def run_judged(
 ) -> JudgedRun:
     """Run `code` as the candidate and `harness`'s `judge(reply_fd, request_fd, request)` as its judge.
 
-    `harness` is a module's source: run as a script with the path of `code`'s file, it is the candidate's side;
-    its `judge` function runs in the judge's process and returns the verdict (plain data). `request` (the tests)
+    `harness` is a module's source: run as `__main__` with the path of `code`'s file as its argument, it is the
+    candidate's side; its `judge` function runs in the judge's process and returns the verdict (plain data). `request` (the tests)
     reaches only the judge. The judge times itself (`timeout_s`, which the request should carry); the host
     kills the run `_JUDGE_GRACE_S` later. Other arguments as `run_code`.
     """
     nonce = secrets.token_hex(16)
     judge = {"input": request, "nonce": nonce}
-    files = {"solution.py": code, "harness.py": harness}
+    files = {"solution.py": code, "harness.code": _compiled(harness)}
     run = _Run(
         _isolation_plan(network), timeout_s + _JUDGE_GRACE_S, memory_mb, cpu_s or int(timeout_s) + 1,
         max_procs, disk_mb, roles=("candidate", "judge"),
     )  # fmt: skip
     with run:
-        out = run.start(files, ["harness.py", "solution.py"], judge=judge, max_output_bytes=max_output_bytes)
+        out = run.start(
+            files, [*_HARNESS_ARGV, "{files}/solution.py"], judge=judge, max_output_bytes=max_output_bytes
+        )
     verdict = None
-    for line in out.verdict.splitlines():
-        with contextlib.suppress(ValueError):
-            message = json.loads(line)
-            if (
-                isinstance(message, dict)
-                and message.get("nonce") == nonce
-                and isinstance(message["verdict"], dict)
-            ):
-                verdict = message["verdict"]
+    for message in _literals(out.verdict):
+        if (
+            isinstance(message, dict)
+            and message.get("nonce") == nonce
+            and isinstance(message.get("verdict"), dict)
+        ):
+            verdict = message["verdict"]
     return JudgedRun(
         verdict=verdict,
         timed_out=out.timed_out,
@@ -224,6 +227,28 @@ def run_judged(
         stderr=out.stderr.text(),
         judge_output=out.judge_log.text() if out.judge_log else "",
     )
+
+
+# The candidate runs the harness compiled once per host process by the sandbox's interpreter (compiling a
+# few hundred lines in every run, twice, was a measurable part of each score).
+_HARNESS_ARGV = ["-c", "import marshal\nexec(marshal.loads(open('{files}/harness.code', 'rb').read()))"]
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled(harness: str) -> bytes:
+    """`harness` compiled by the sandbox's interpreter, as marshal bytes (the judge and the candidate exec it)."""
+    compile_it = "import marshal, sys\nsys.stdout.buffer.write(marshal.dumps(compile(sys.stdin.read(), 'harness.py', 'exec')))"
+    done = subprocess.run(
+        [_sandbox_python(), "-I", "-S", "-c", compile_it],
+        input=harness.encode(),
+        capture_output=True,
+        timeout=60,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"the sandbox's interpreter cannot compile the harness: {done.stderr.decode()[-500:]}"
+        )
+    return done.stdout
 
 
 async def arun_code(code: str, **options: Any) -> SandboxResult:
@@ -366,7 +391,7 @@ class _Run:
             for fd in child_fds:
                 os.close(fd)
         config_w = pipes["config"][1]
-        threading.Thread(target=_feed_fd, args=(config_w, json.dumps(plan).encode()), daemon=True).start()
+        threading.Thread(target=_feed_fd, args=(config_w, marshal.dumps(plan, 2)), daemon=True).start()
         if stdin is not None:
             threading.Thread(target=_feed, args=(proc.stdin, stdin.encode()), daemon=True).start()
         out, err = _CappedReader(proc.stdout, max_output_bytes), _CappedReader(proc.stderr, max_output_bytes)
@@ -450,7 +475,7 @@ def _private_root_works(prefix: tuple[str, ...]) -> bool:
     """Whether the launcher can build its private root here (mounts can be refused inside a container)."""
     plan = _Plan(list(prefix), [], private_root=True)
     with _Run(plan, 20, 256, None, 8, 1, roles=("candidate",)) as run:
-        out = run.start({"main.py": "pass"}, ["main.py"], judge=None, max_output_bytes=4000)
+        out = run.start({"main.py": "pass"}, ["{files}/main.py"], judge=None, max_output_bytes=4000)
     if out.returncode != 0:
         logger.warning("the sandbox cannot build its private root here: %s", out.stderr.text()[-500:])
     return out.returncode == 0
@@ -521,17 +546,24 @@ def _feed_fd(fd: int, data: bytes) -> None:
 
 
 def _read_status(fd: int) -> dict:
-    """The launcher's report: one JSON line with the isolation applied, one with how the code ended."""
+    """The launcher's report: one line with the isolation applied, one with how the code ended."""
     data = b""
     while chunk := os.read(fd, 4096):
         data += chunk
     status: dict = {}
-    for line in data.decode("utf-8", errors="replace").splitlines():
-        try:
-            status.update(json.loads(line))
-        except ValueError:
-            break
+    for message in _literals(data.decode("utf-8", errors="replace")):
+        if isinstance(message, dict):
+            status.update(message)
     return status
+
+
+def _literals(text: str) -> list[Any]:
+    """The Python literals of `text`, one per line (`ast.literal_eval`: no code runs); unreadable lines skipped."""
+    found = []
+    for line in text.splitlines():
+        with contextlib.suppress(ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            found.append(ast.literal_eval(line))
+    return found
 
 
 def _killed_reason(returncode: int | None, timed_out: bool, stderr: str) -> str | None:

@@ -1,7 +1,8 @@
 """The inside of the sandbox: `python -I -S sandbox_launcher.py FD` builds the sandbox and starts its processes.
 
 `colab_graphs.data.sandbox` starts this script (inside fresh namespaces when the machine allows them, where it is
-root) with its plan as JSON on pipe `FD`. The script:
+root) with its plan on pipe `FD` (marshal: no import to pay); what it reports back (the status and the
+verdict) are Python literals, one per line, which the host reads with `ast.literal_eval`. The script:
 
 1. makes itself non-dumpable (its memory holds the tests: no process of its uid may read it through /proc);
 2. with a mount namespace, builds a **private root**: a read-only tmpfs holding only the system directories
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
-import json
+import marshal
 import os
 import resource
 import signal
@@ -56,7 +57,7 @@ _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_u
 def main(config_fd: int) -> None:
     _prctl(_PR_SET_DUMPABLE, 0)
     with os.fdopen(config_fd, "rb") as fh:
-        plan = json.loads(fh.read())
+        plan = marshal.loads(fh.read())
     status = os.fdopen(plan["fds"]["status"], "w")
     applied = ["empty_env", "workdir", "rlimits"]
     if plan["private_root"]:
@@ -85,7 +86,7 @@ def main(config_fd: int) -> None:
     nested = plan["private_root"] and _libc.unshare(_CLONE_NEWPID) == 0
     if nested:
         applied.append("nested_pidns")
-    status.write(json.dumps({"isolation": applied, "namespaces": _namespace_ids()}) + "\n")
+    status.write(repr({"isolation": applied, "namespaces": _namespace_ids()}) + "\n")
     status.flush()
     candidate_pid = os.fork()
     if candidate_pid == 0:
@@ -185,9 +186,9 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int, data
         _die(f"mount {source} on {target}: errno {ctypes.get_errno()}")
 
 
-def _write(path: str, text: str, uid: int | None) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(text)
+def _write(path: str, content: str | bytes, uid: int | None) -> None:
+    with open(path, "wb") as fh:
+        fh.write(content.encode() if isinstance(content, str) else content)
     if uid is not None:
         os.chown(path, uid, uid)
 
@@ -222,12 +223,12 @@ def _run_judge(plan: dict, reply_r: int, request_w: int, status: object) -> None
         _prctl(_PR_SET_DUMPABLE, 0)  # after the uid change, which resets it
         harness = type(sys)("cg_harness")  # a real module: dataclasses look their module up in sys.modules
         sys.modules[harness.__name__] = harness
-        exec(compile(plan["files"]["harness.py"], "harness.py", "exec"), harness.__dict__)
+        exec(marshal.loads(plan["files"]["harness.code"]), harness.__dict__)
         verdict = harness.judge(reply_r, request_w, judge["input"])
     except BaseException as exc:  # noqa: BLE001 - any failure of the judge is a failed verdict
         verdict = {"passed": False, "reason": f"judge error: {type(exc).__name__}: {exc}"[:2000]}
     try:
-        os.write(fds["verdict"], (json.dumps({"nonce": judge["nonce"], "verdict": verdict}) + "\n").encode())
+        os.write(fds["verdict"], (repr({"nonce": judge["nonce"], "verdict": verdict}) + "\n").encode())
     finally:
         os._exit(0)
 
@@ -239,12 +240,15 @@ def _run_candidate(plan: dict, files_dir: str, workdir: str, rpc: dict | None, s
         if _libc.unshare(_CLONE_NEWNS) != 0:
             _die(f"unshare(CLONE_NEWNS): errno {ctypes.get_errno()}")
         _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
-        _libc.umount2(b"/proc", _MNT_DETACH)
+        # Over the outer /proc, not after unmounting it: in a user namespace the kernel allows a new proc mount
+        # only while one is already visible (and the candidate, without privileges, cannot unmount this one).
         _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     child = os.fork()
     if child == 0:
         _exec_candidate(plan, files_dir, workdir, rpc)
-    # A signal cannot be re-raised on a PID 1, so how the program ended goes through the status pipe.
+    # A signal cannot be re-raised on a PID 1, so how the program ended goes through the status pipe. SIGUSR1
+    # (from the launcher, once the judge is done) ends the program here, so that its reaping counts its CPU time.
+    signal.signal(signal.SIGUSR1, lambda *_: os.kill(child, signal.SIGKILL))
     _close_all_but({1, 2, status.fileno()})  # type: ignore[attr-defined]
     while True:
         pid, wait_status = os.waitpid(-1, 0)
@@ -252,7 +256,7 @@ def _run_candidate(plan: dict, files_dir: str, workdir: str, rpc: dict | None, s
             break
     signum = os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else None
     code = os.WEXITSTATUS(wait_status) if os.WIFEXITED(wait_status) else 128 + (signum or 0)
-    status.write(json.dumps({"signal": signum, "exit_code": code}) + "\n")  # type: ignore[attr-defined]
+    status.write(repr({"signal": signum, "exit_code": code}) + "\n")  # type: ignore[attr-defined]
     status.close()  # type: ignore[attr-defined]
     os._exit(code)
 
@@ -274,7 +278,7 @@ def _exec_candidate(plan: dict, files_dir: str, workdir: str, rpc: dict | None) 
         _drop_privileges(plan["uids"]["candidate"])
         os.chdir(workdir)
         python = plan["python"]
-        argv = [python, "-I", *[os.path.join(files_dir, a) for a in plan["argv"]]]
+        argv = [python, "-I", *[a.replace("{files}", files_dir) for a in plan["argv"]]]
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"}
         os.execve(python, argv, env)
     except BaseException as exc:  # noqa: BLE001 - never run the code half-contained
@@ -294,9 +298,10 @@ def _wait(judge_pid: int | None, candidate_pid: int, status: object) -> None:
             code = os.WEXITSTATUS(wait_status) if os.WIFEXITED(wait_status) else 128
             break
     if judge_pid is not None:
-        try:  # noqa: SIM105 - contextlib would be one more import on every run
-            os.kill(candidate_pid, signal.SIGKILL)
-        except ProcessLookupError:
+        try:
+            os.kill(candidate_pid, signal.SIGUSR1)
+            os.waitpid(candidate_pid, 0)
+        except (ProcessLookupError, ChildProcessError):
             pass
     status.close()  # type: ignore[attr-defined]
     os._exit(code)
