@@ -43,8 +43,16 @@ def _reply(example) -> str:  # noqa: ANN001
     return f"Here it is:\n```python\n{example.fields['prompt']}{example.fields['canonical_solution']}```\n"
 
 
+async def _timed(one, examples: list, parallel: bool) -> list[float]:  # noqa: ANN001
+    """Wall ms of each call of `one` (sequential) or of the whole batch divided by N (parallel)."""
+    if not parallel:
+        return [await one(e) for e in examples]
+    start = time.perf_counter()
+    await asyncio.gather(*(one(e) for e in examples))
+    return [(time.perf_counter() - start) * 1000 / len(examples)]
+
+
 async def _scored(examples: list, parallel: bool) -> list[float]:
-    """Wall ms of each score (sequential) or of the whole batch divided by N (parallel)."""
     code = get_scorer("code")
 
     async def one(example) -> float:  # noqa: ANN001
@@ -53,11 +61,7 @@ async def _scored(examples: list, parallel: bool) -> list[float]:
         assert verdict.value == 1.0, (example.id, verdict)
         return (time.perf_counter() - start) * 1000
 
-    if not parallel:
-        return [await one(e) for e in examples]
-    start = time.perf_counter()
-    await asyncio.gather(*(one(e) for e in examples))
-    return [(time.perf_counter() - start) * 1000 / len(examples)]
+    return await _timed(one, examples, parallel)
 
 
 async def _single_process(examples: list, parallel: bool) -> list[float]:
@@ -70,11 +74,7 @@ async def _single_process(examples: list, parallel: bool) -> list[float]:
         assert result.passed, (example.id, result.stderr[-500:])
         return (time.perf_counter() - start) * 1000
 
-    if not parallel:
-        return [await one(e) for e in examples]
-    start = time.perf_counter()
-    await asyncio.gather(*(one(e) for e in examples))
-    return [(time.perf_counter() - start) * 1000 / len(examples)]
+    return await _timed(one, examples, parallel)
 
 
 def _cpu_s() -> float:
