@@ -40,12 +40,14 @@ Semantics the tests see:
 
 Not supported (the test fails): passing a function or another non-plain value of the test's own to the
 candidate, module attributes of the solution other than callables, more than 16 MiB in one reply, nesting deeper
-than 200 levels, a generator longer than 100,000 items.
+than 200 levels, a generator longer than 100,000 items (an infinite one the test would only partly consume),
+numpy values other than a float64 (a float subclass: it crosses as a float).
 
 This file runs in two places, compiled once per host process by the sandbox's interpreter: the judge executes
 it and calls `judge`; the candidate's interpreter runs it as `__main__` with the solution's path (as
 ``python -I code_harness.py solution.py`` would). It uses only the standard library, imports nothing slow on
-the candidate's side (it starts once per scored answer), and must stay runnable on the system interpreter.
+the candidate's side (it starts once per scored answer), and must stay runnable on the system interpreter
+(Python 3.10 or newer).
 """
 
 from __future__ import annotations

@@ -39,8 +39,8 @@ Not covered (the threat model's edges):
   any host socket, write wherever its uid may, outlive the run through `setsid`, keep SysV IPC alive, and fill
   the disk up to `RLIMIT_FSIZE` per file. The verdict still comes from the judge's process; but as a non-root
   caller the candidate then has the caller's uid and, where `ptrace` between a user's processes is allowed,
-  could read the calling process's memory (the tests, the API keys). A warning is logged once; score
-  untrusted code as root or where user namespaces are allowed.
+  could read the calling process's memory (the tests, the API keys); it can always kill the judge (which only
+  fails the run). A warning is logged once; score untrusted code as root or where user namespaces are allowed.
 - Memory is limited per process (`RLIMIT_AS`), not per run (no cgroup): `max_procs` processes may each use
   `memory_mb`. CPU time competes with the host's (use `cpu_s` and bounded parallelism).
 - The system directories are readable (installed packages, `/etc/passwd`); a Unix socket placed inside them
@@ -195,9 +195,9 @@ def run_judged(
     """Run `code` as the candidate and `harness`'s `judge(reply_fd, request_fd, request)` as its judge.
 
     `harness` is a module's source: run as `__main__` with the path of `code`'s file as its argument, it is the
-    candidate's side; its `judge` function runs in the judge's process and returns the verdict (plain data). `request` (the tests)
-    reaches only the judge. The judge times itself (`timeout_s`, which the request should carry); the host
-    kills the run `_JUDGE_GRACE_S` later. Other arguments as `run_code`.
+    candidate's side; its `judge` function runs in the judge's process and returns the verdict (plain data).
+    `request` (the tests) reaches only the judge. The judge times itself (`timeout_s`, which the request should
+    carry); the host kills the run `_JUDGE_GRACE_S` later. Other arguments as `run_code`.
     """
     nonce = secrets.token_hex(16)
     judge = {"input": request, "nonce": nonce}
@@ -237,7 +237,11 @@ _HARNESS_ARGV = ["-c", "import marshal\nexec(marshal.loads(open('{files}/harness
 @functools.lru_cache(maxsize=8)
 def _compiled(harness: str) -> bytes:
     """`harness` compiled by the sandbox's interpreter, as marshal bytes (the judge and the candidate exec it)."""
-    compile_it = "import marshal, sys\nsys.stdout.buffer.write(marshal.dumps(compile(sys.stdin.read(), 'harness.py', 'exec')))"
+    compile_it = (
+        "import marshal, sys\n"
+        "if sys.version_info < (3, 10):\n    sys.exit(f'Python 3.10 or newer is needed, this is {sys.version}')\n"
+        "sys.stdout.buffer.write(marshal.dumps(compile(sys.stdin.read(), 'harness.py', 'exec')))"
+    )
     done = subprocess.run(
         [_sandbox_python(), "-I", "-S", "-c", compile_it],
         input=harness.encode(),
@@ -246,7 +250,8 @@ def _compiled(harness: str) -> bytes:
     )
     if done.returncode != 0:
         raise RuntimeError(
-            f"the sandbox's interpreter cannot compile the harness: {done.stderr.decode()[-500:]}"
+            f"the sandbox's interpreter ({_sandbox_python()}) cannot run the harness: {done.stderr.decode()[-500:]}"
+            " (set COLAB_GRAPHS_SANDBOX_PYTHON to another)"
         )
     return done.stdout
 
