@@ -384,17 +384,39 @@ def host(tmp_path):
         libc.shmctl(left, 0, None)
 
 
-def _run_cli(tmp_path: Path, server_url: str, data: Path) -> dict[str, float]:
+def _invoke_run(tmp_path: Path, server_url: str, data: Path):  # noqa: ANN202 - typer's Result
     pool = tmp_path / "pool.yaml"
     pool.write_text(
         f"models:\n  coder: {{model: openai/coder, api_base: '{server_url}', api_key: '${{OPENAI_API_KEY}}'}}\n"
     )
-    out = tmp_path / "run"
     argv = ["run", "--protocol", "solo", "--scorer", "code", "--pool", str(pool), "--data", str(data)]
-    result = CliRunner().invoke(app, [*argv, "--out", str(out), "--no-cache"])
+    return CliRunner().invoke(app, [*argv, "--out", str(tmp_path / "run"), "--no-cache"])
+
+
+def _run_cli(tmp_path: Path, server_url: str, data: Path) -> dict[str, float]:
+    result = _invoke_run(tmp_path, server_url, data)
     assert result.exit_code == 0, result.output
-    rows = map(json.loads, (out / "results.jsonl").read_text().splitlines())
+    rows = map(json.loads, (tmp_path / "run" / "results.jsonl").read_text().splitlines())
     return {r["id"]: r["score"] for r in rows}
+
+
+@pytest.mark.parametrize("test", ["", "# the checks go here\n"])
+def test_a_record_whose_test_cannot_fail_stops_the_run_naming_it(
+    scripted_server, tmp_path, monkeypatch, test
+):
+    """Such a test would pass any code, `pass` included: the run refuses it rather than score 1."""
+    data = tmp_path / "add.jsonl"
+    record = {"id": "add-untested", "input": "Write add(a, b).", "test": test, "entry_point": "add"}
+    data.write_text(json.dumps(record) + "\n")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    server = scripted_server({"coder": "Here:\n```python\npass\n```"})
+    result = _invoke_run(tmp_path, server.base_url, data)
+    assert result.exit_code != 0
+    assert "add-untested" in result.output
+    assert (
+        not (tmp_path / "run" / "results.jsonl").exists()
+        or '"score": 1.0' not in (tmp_path / "run" / "results.jsonl").read_text()
+    )
 
 
 @pytest.mark.skipif(not MOCO.exists(), reason="the MoCo data files are not here")
