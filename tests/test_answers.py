@@ -10,7 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from colab_graphs.data.answers import extract_choice, extract_code, extract_math, extract_number
+from colab_graphs.data.answers import (
+    extract_choice,
+    extract_code,
+    extract_math,
+    extract_number,
+    main_function,
+)
 from colab_graphs.data.example import Example
 from colab_graphs.data.scoring import get_task
 from colab_graphs.data.tasks import TaskView
@@ -82,6 +88,44 @@ def test_code_extraction_prefers_the_block_defining_the_entry_point_and_refuses_
     assert extract_code("I would loop over the list and sum it.", "add") is None
     assert extract_code("```text\nnot python\n```", "add") is None
     assert extract_code("    return a + b\n", "add", "def add(a, b):\n") == "    return a + b\n"
+
+
+SOLUTION = "def add(a, b):\n    return a + b\n"
+
+
+def test_code_extraction_without_an_entry_point_skips_an_example_usage_block():
+    reply = f"Here you go:\n```python\n{SOLUTION}```\nExample usage:\n```python\nprint(add(2, 3))\n```\n"
+    assert extract_code(reply) == SOLUTION
+
+
+def test_code_extraction_joins_the_imports_block_the_solution_needs():
+    reply = (
+        "First the import:\n```python\nimport math\n```\nThen the function:\n"
+        "```python\ndef hyp(a, b):\n    return math.sqrt(a * a + b * b)\n```\n"
+        "Example usage:\n```python\nprint(hyp(3, 4))\n```"
+    )
+    once = extract_code(reply, "hyp")
+    assert once == "import math\n\ndef hyp(a, b):\n    return math.sqrt(a * a + b * b)\n"
+    assert extract_code(once, "hyp") == once
+
+
+def test_code_extraction_joins_a_helper_block_but_never_an_earlier_draft():
+    reply = (
+        "A first try:\n```python\ndef count_primes(xs):\n    return 0\n```\nA helper:\n"
+        "```python\ndef is_prime(n):\n    return n > 1 and all(n % d for d in range(2, n))\n```\nThe fix:\n"
+        "```python\ndef count_primes(xs):\n    return sum(map(is_prime, xs))\n```"
+    )
+    once = extract_code(reply, "count_primes")
+    assert once.startswith("def is_prime(n):") and once.endswith("return sum(map(is_prime, xs))\n")
+    assert "return 0" not in once
+    assert extract_code(once, "count_primes") == once
+
+
+def test_main_function_is_not_the_helper_defined_before_it():
+    code = "def is_prime(n):\n    return n > 1\n\ndef count(xs):\n    return sum(map(is_prime, xs))\n\nprint(count([2]))\n"
+    assert main_function(code) == "count"
+    assert main_function("def solve(x):\n    return x\n") == "solve"
+    assert main_function("x = 1\n") is None
 
 
 # --- idempotence, on replies shaped like real models' ----------------------------------------------------------------

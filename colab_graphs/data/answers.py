@@ -13,6 +13,7 @@ extractor here, and the tests check both on replies shaped like real models' (pr
 from __future__ import annotations
 
 import ast
+import builtins
 import functools
 import re
 import threading
@@ -369,20 +370,24 @@ def defines(code: str, name: str) -> bool:
 
 
 def _parses_with_function(code: str) -> bool:
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
-        return False
-    return any(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) for n in ast.walk(tree))
+    tree = _parse(code)
+    return tree is not None and any(
+        isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) for n in ast.walk(tree)
+    )
 
 
 def extract_code(reply: str, entry_point: str | None = None, prompt_code: str | None = None) -> str | None:
     """The code in a reply; None when it holds none.
 
     Fenced blocks first: ```python blocks (else untagged ones; blocks tagged with another language are not
-    Python), the last one that defines `entry_point` when given, else the last one; a block left open at the end
-    of a cut-off reply counts. Without fences, the reply itself when it parses as Python defining a function,
-    or when it completes `prompt_code` (a HumanEval-style body). Prose is not code.
+    Python); a block left open at the end of a cut-off reply counts. The solution is the last block that defines
+    `entry_point` when given, else the last that defines a function, else the last block: an "Example usage"
+    block after the solution is not the answer. Blocks the solution needs are joined to it, in reply order: a
+    block that only defines (imports, functions, classes, constants; no call at its top level) and defines a
+    name the solution uses without defining it (imports in a block of their own, a helper in the block before);
+    never another block defining `entry_point` (an earlier draft). Without fences, the reply itself when it
+    parses as Python defining a function, or when it completes `prompt_code` (a HumanEval-style body). Prose is
+    not code. Idempotent: a joined solution parses as one program, so extracting from it gives it back.
     """
     reply = reply or ""
     blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(reply)]
@@ -391,16 +396,118 @@ def extract_code(reply: str, entry_point: str | None = None, prompt_code: str | 
     ]
     candidates = [c for c in candidates if c.strip()]
     if candidates:
-        if entry_point:
-            defining = [c for c in candidates if defines(c, entry_point)]
-            if defining:
-                return defining[-1]
-        return candidates[-1]
+        defining = [c for c in candidates if entry_point and defines(c, entry_point)]
+        defining = defining or [c for c in candidates if _parses_with_function(c)] or candidates
+        return _with_needed_blocks(defining[-1], candidates, entry_point)
     if _parses_with_function(reply):
         return reply
     if prompt_code and reply.strip() and _parses_with_function(prompt_code + reply):
         return reply
     return None
+
+
+def _with_needed_blocks(solution: str, blocks: list[str], entry_point: str | None) -> str:
+    tree = _parse(solution)
+    if tree is None:
+        return solution
+    missing = _free_names(tree)
+    chosen = {blocks.index(solution)}
+    progress = True
+    while missing and progress:
+        progress = False
+        for i, block in enumerate(blocks):
+            helper = _parse(block) if i not in chosen else None
+            if helper is None or not _only_defines(helper) or (entry_point and defines(block, entry_point)):
+                continue
+            provided = top_level_names(helper)
+            if provided & missing:
+                chosen.add(i)
+                missing = (missing - provided) | _free_names(helper)
+                progress = True
+    if len(chosen) == 1:
+        return solution
+    return "\n".join(blocks[i] if blocks[i].endswith("\n") else blocks[i] + "\n" for i in sorted(chosen))
+
+
+def _parse(code: str) -> ast.Module | None:
+    try:
+        return ast.parse(code)
+    except (SyntaxError, ValueError):
+        return None
+
+
+# Statements that only define things (what a helper block, or a question's code, is made of).
+DEFINITIONS = (
+    ast.Import,
+    ast.ImportFrom,
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.ClassDef,
+    ast.Assign,
+    ast.AnnAssign,
+)
+
+
+def _only_defines(tree: ast.Module) -> bool:
+    return all(
+        isinstance(n, DEFINITIONS) or (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
+        for n in tree.body
+    )
+
+
+def top_level_names(tree: ast.Module) -> set[str]:
+    """The names a module binds at its top level: functions, classes, imports, and whatever else it assigns."""
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        else:
+            names.update(
+                t.id for t in ast.walk(node) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)
+            )
+    return names
+
+
+def _free_names(tree: ast.Module) -> set[str]:
+    """Names the code reads that it binds nowhere (approximately: any binding anywhere counts) and that are not
+    builtins: what another block would have to define."""
+    bound = top_level_names(tree) | set(dir(builtins))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            bound.add(node.id)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            bound.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return used - bound
+
+
+def main_function(code: str) -> str | None:
+    """The function a solution offers when no entry point is known: the last top-level function that no other
+    top-level function calls (a helper defined before it is not it). None when the code defines none.
+
+    Example:
+        >>> main_function("def is_prime(n):\n    return n > 1\n\ndef count(xs):\n    return sum(map(is_prime, xs))\n")
+        'count'
+    """
+    tree = _parse(code)
+    if tree is None:
+        defined = defined_functions(code)
+        return defined[-1] if defined else None
+    functions = [n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    called = {
+        inner.id
+        for f in functions
+        for inner in ast.walk(f)
+        if isinstance(inner, ast.Name) and isinstance(inner.ctx, ast.Load) and inner.id != f.name
+    }
+    roots = [f.name for f in functions if f.name not in called]
+    return (roots or [f.name for f in functions] or [None])[-1]
 
 
 def canonical_code(code: str) -> str:
