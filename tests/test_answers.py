@@ -126,6 +126,7 @@ def test_code_extraction_prefers_the_block_defining_the_entry_point_and_refuses_
         "\\boxed{3} or \\boxed{4}",
         "\\boxed{3, 4}",
         "#### 3 or 4",
+        "Counting again, it is 3 or 4.",
     ],
 )
 def test_a_number_hedged_among_others_is_no_commitment(reply):

@@ -263,6 +263,7 @@ _LATEX_NOISE = re.compile(
 _ALTERNATIVES = re.compile(
     rf"(?:{_NUM})(?:(?:,\s++(?:or\s++)?|\s++(?:or|and/or)\s++|\s*+–\s*+)(?:{_NUM}))+", re.I
 )
+_OR_BEFORE = re.compile(rf"(?:{_NUM})\s*,?\s+or\s+$", re.IGNORECASE)
 _MAX_EXPONENT = 1000  # a number beyond 10^±1000 is no answer, and would make Decimal arithmetic slow
 
 
@@ -321,11 +322,15 @@ def _committed_number(span: str) -> tuple[bool, str | None]:
     numbers = _NUMBER.findall(span)
     if not numbers:
         return False, None
-    for m in _ALTERNATIVES.finditer(span):
-        values = {parse_number(n) for n in _NUMBER.findall(m.group(0))}
-        if len(values) > 1:
-            return True, None
-    return True, numbers[0]
+    return True, None if _lists_alternatives(span) else numbers[0]
+
+
+def _lists_alternatives(text: str) -> bool:
+    """Whether `text` lists different numbers as alternatives ("3 or 4", "3, 4, 5", "3–5")."""
+    for m in _ALTERNATIVES.finditer(text):
+        if len({parse_number(n) for n in _NUMBER.findall(m.group(0))}) > 1:
+            return True
+    return False
 
 
 def extract_number(reply: str) -> str | None:
@@ -333,9 +338,9 @@ def extract_number(reply: str) -> str | None:
     `\\boxed{}`, GSM8K's `#### N`, the last "the answer is N" (the number of its sentence), or the last number
     written. `3 \\times 10^{-36}` is extracted as `3e-36`.
 
-    Defends against: hedges ("The answer is 3 or 4", `\\boxed{3, 4}`: None, not the last number); a box
-    contradicted by a later answer statement (None); a dropped sign; an exponent read as the answer ("3e-36"
-    read as "-36"); numbers in a later sentence; look-alike digits and minus signs.
+    Defends against: hedges ("The answer is 3 or 4", `\\boxed{3, 4}`, a last line "It is 3 or 4.": None, not
+    one of them); a box contradicted by a later answer statement (None); a dropped sign; an exponent read as
+    the answer ("3e-36" read as "-36"); numbers in a later sentence; look-alike digits and minus signs.
     """
     reply = plain_text(without_confidence(reply))
     if parse_number(reply.strip()) is not None:
@@ -357,8 +362,13 @@ def extract_number(reply: str) -> str | None:
         found, number = _committed_number(clause)
         if found:
             return number
-    numbers = _NUMBER.findall(_delatex(reply))
-    return numbers[-1] if numbers else None
+    numbers = list(_NUMBER.finditer(_delatex(reply)))
+    if not numbers:
+        return None
+    last = numbers[-1]
+    if _OR_BEFORE.search(last.string, max(0, last.start() - 40), last.start()):
+        return None  # "It is 3 or 4.": the last number is one of alternatives
+    return last.group(0)
 
 
 def _contradicted(number: str, reply: str, after: int) -> bool:
