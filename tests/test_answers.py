@@ -267,6 +267,13 @@ def test_a_megabyte_reply_is_read_in_linear_time(pattern, tail, extract, expecte
     assert extract(pattern * (1_000_000 // len(pattern)) + tail) == expected
 
 
+def test_boxes_nested_deeper_than_a_model_writes_are_no_answer_read_in_linear_time_and_memory():
+    """Copying each level's content would take ~1.6 GB at 20,000 levels; three levels are opened, deeper is
+    no answer."""
+    assert extract_number("\\boxed{\\boxed{7}}") == "7"
+    assert extract_number("\\boxed{" * 20_000 + "7" + "}" * 20_000) is None
+
+
 # --- idempotence, on replies shaped like real models' ----------------------------------------------------------------
 
 _prose = st.text(alphabet=st.characters(whitelist_categories=("Ll", "Lu", "Zs")), max_size=40)

@@ -81,25 +81,30 @@ def _boxes(text: str) -> list[tuple[int, int, str]]:
     openers = {m.end() - 1: m.start() for m in _BOXED.finditer(text)}
     if not openers:
         return []
-    found, stack = [], []
+    closed, stack = [], []  # offsets only: slicing every nested box's content would copy it once per level
     for m in _BRACE.finditer(text, min(openers)):
         if m.group(0) == "{":
             stack.append(m.start())
         elif m.group(0) == "}" and stack:
             opened = stack.pop()
             if opened in openers:
-                found.append((openers[opened], m.end(), text[opened + 1 : m.start()].strip()))
-    found.sort()
+                closed.append((openers[opened], opened, m.start()))
+    closed.sort()
     outer: list[tuple[int, int, str]] = []
-    for box in found:
-        if not outer or box[0] >= outer[-1][1]:
-            outer.append(box)
+    for start, opened, close in closed:
+        if not outer or start >= outer[-1][1]:
+            outer.append((start, close + 1, text[opened + 1 : close].strip()))
     return outer
 
 
 def _unbox(content: str) -> str:
-    """A box's content, with a box that is all of it opened (`\\boxed{\\boxed{5}}` is 5)."""
-    while (inner := _boxes(content)) and len(inner) == 1 and inner[0][0] == 0 and inner[0][1] == len(content):
+    """A box's content, with a box that is all of it opened (`\\boxed{\\boxed{5}}` is 5), to three levels: each
+    level is a pass over the content, and deeper nesting is no answer a model writes (it stays boxed, which
+    reads as no number)."""
+    for _ in range(3):
+        inner = _boxes(content)
+        if not (len(inner) == 1 and inner[0][0] == 0 and inner[0][1] == len(content)):
+            break
         content = inner[0][2]
     return content
 
