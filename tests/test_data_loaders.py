@@ -206,6 +206,23 @@ def test_bbh_letter_answers_become_multiple_choice_over_the_options_their_input_
     assert view_for(examples["2879"]).task.name == "numeric"
 
 
+def test_a_moco_file_states_its_tolerance_for_all_its_records(tmp_path):
+    records = [
+        {"id": "a", "input": "Uncertainty?", "output": "3e-36"},
+        {"id": "b", "input": "?", "output": "0.0"},
+    ]
+    records[1]["abs_tol"] = 1e-9
+    path = _write(
+        tmp_path, json.dumps({"task_type": "exact_match", "rel_tol": 0.05, "test": records}), "t.json"
+    )
+    first, second = load_examples(path)
+    task = view_for(first).task
+    assert task.same("3.1e-36", "3e-36", first) and not task.same("4e-36", "3e-36", first)
+    assert (second.fields["rel_tol"], second.fields["abs_tol"]) == (0.05, 1e-9) and task.same(
+        "1e-12", "0.0", second
+    )
+
+
 def test_tablemwp_option_keyed_id_is_option_d_by_position():
     """MoCo's tablemwp_multiple_choice names some fourth options "id" (and golds "id"): MoCo's evaluator letters
     options by position, so it is D."""

@@ -7,7 +7,8 @@ Sources `load_examples` understands:
 - ``path/to/file.json``: MoCo-style ``{"dev": [...], "test": [...]}``; `split` picks one (default ``test``).
   A top-level list is read as a single split. MoCo's files load as MoCo's evaluator reads them: the file's
   `task_type` (`exact_match`, `multiple_choice`, `coding`, `f1_match`) goes onto every record and picks its
-  scorer; `choices` given as a ``{"A": ..., "B": ...}`` mapping become the option list (up to 26, A-Z; the
+  scorer (a top-level `rel_tol` / `abs_tol` goes onto every record too); `choices` given as a
+  ``{"A": ..., "B": ...}`` mapping become the option list (up to 26, A-Z; the
   answer a letter of it, by position, as MoCo's evaluator letters them); an `exact_match` record whose answer is
   a letter of options its input lists as "(A) ..." lines (BBH's) is scored as multiple choice over those
   options; records that repeat an id are kept, made distinct (``1958``, ``1958~2``) with one warning. MoCo's
@@ -272,20 +273,23 @@ def _moco_records(
     elif isinstance(data, dict):
         split_name = split or "test"
         if split_name not in data:
-            raise DatasetError(f"{path}: no split {split_name!r}; splits in the file: {', '.join(data)}")
+            splits = ", ".join(k for k, v in data.items() if isinstance(v, list))
+            raise DatasetError(f"{path}: no split {split_name!r}; splits in the file: {splits}")
         records = data[split_name]
         if not isinstance(records, list):
             raise DatasetError(f"{path}: split {split_name!r} is not a list of records")
     else:
         raise DatasetError(f"{path}: expected an object of splits or a list of records")
-    if task_type is not None:
-        records = [{"task_type": task_type, **r} if isinstance(r, dict) else r for r in records]
+    shared = {k: data[k] for k in _FILE_FIELDS if isinstance(data, dict) and k in data}
+    if shared:  # the file's task type and tolerances, under each record's own
+        records = [{**shared, **r} if isinstance(r, dict) else r for r in records]
     if task_type == "exact_match":
         records = [_listed_options(r) if isinstance(r, dict) else r for r in records]
     source = f"{path}[{split_name}]"
     return _records(records, source=source, split=split_name, field_map=field_map, distinct_ids=True)
 
 
+_FILE_FIELDS = ("task_type", "rel_tol", "abs_tol")
 _OPTION_LINE = re.compile(r"^\(([A-Z])\)[ \t]+(\S.*?)[ \t]*$", re.MULTILINE)
 
 

@@ -16,7 +16,7 @@ function registered with `register_scorer` becomes a task type with short-text e
 
 Numbers are equal by `colab_graphs.data.answers.numbers_equal`: an integer only to the same value, other numbers
 within a relative tolerance (`NumericTask.rel_tol`, 1e-6) or an absolute one (`abs_tol`, 0: it only matters
-near zero). A record (or every record of a file) may state its own with `rel_tol` / `abs_tol` fields. Every
+near zero). A record may state its own in `rel_tol` / `abs_tol` fields (a MoCo file at its top level). Every
 extractor defends against replies written to fool it (hedges, contradictions, look-alike characters): see
 `colab_graphs.data.answers`.
 
