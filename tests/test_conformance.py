@@ -383,11 +383,12 @@ def text_reply(answer: str, style: int, written: tuple[str, str] | None = None) 
 
 
 def hedge_reply(right: str, wrong: str, style: int) -> str:
-    """Replies that list the right answer among others, hoping one counts (letters come as "(A)")."""
+    """Replies that list the right answer among others, hoping one counts (letters come as "(A)"); the
+    benchmark's hedges (bench/real_tasks.py) are other forms of the same."""
     return [
-        f"It could go either way. The answer is {right} or {wrong}.",
-        f"Final Answer: {wrong}, {right}",
-        f"${_boxed(right)}$ or ${_boxed(wrong)}$",
+        f"Both fit the data, so the answer is either {wrong} or {right}.",
+        f"Final Answer: {right}, {wrong}",
+        f"${_boxed(wrong)}{_boxed(right)}$",
     ][style]
 
 
