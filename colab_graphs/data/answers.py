@@ -203,7 +203,8 @@ def extract_text(reply: str) -> str | None:
 
     Defends against: boxes listing alternatives (None); refusals taken for answers ("I cannot answer this" is
     None, not the text "i cannot answer this", so refusing members do not form a voting bloc); numbers or words
-    of a later sentence ("The answer is no. It is not plausible." is "no").
+    of a later sentence ("The answer is no. It is not plausible." is "no"). A statement after a box is not read
+    (free text cannot tell a restatement from a contradiction; numbers and letters can, and do).
     """
     reply = plain_text(without_confidence(reply))
     box = final_box(reply)
