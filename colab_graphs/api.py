@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from colab_graphs.compile import background_loop
+from colab_graphs.data.checks import check_examples
 from colab_graphs.data.example import Example
 from colab_graphs.data.loaders import load_examples
 from colab_graphs.files import holding
@@ -75,16 +76,23 @@ def as_pool(pool: PoolLike | None) -> Pool:
     return Pool.from_yaml(pool)
 
 
-def as_examples(data: DataLike | None, limit: int | None = None, seed: int | None = None) -> list[Example]:
-    """Examples from a source name or file, or a list of examples or mappings (None: the embedded default)."""
+def as_examples(
+    data: DataLike | None, limit: int | None = None, seed: int | None = None, scorer: Any = None
+) -> list[Example]:
+    """Examples from a source name or file, or a list of examples or mappings (None: the embedded default),
+    checked for what `scorer` (a name; None: each example's default) needs before any call is made."""
+    named = scorer if isinstance(scorer, str) else None
     if data is None:
         from colab_graphs.defaults import DEFAULT_DATA, DEFAULT_LIMIT
 
-        return load_examples(DEFAULT_DATA, limit=limit or DEFAULT_LIMIT, shuffle_seed=seed)
+        return load_examples(DEFAULT_DATA, limit=limit or DEFAULT_LIMIT, shuffle_seed=seed, scorer=named)
     if isinstance(data, str | os.PathLike):
-        return load_examples(data, limit=limit, shuffle_seed=seed)
+        return load_examples(data, limit=limit, shuffle_seed=seed, scorer=named)
     examples = [e if isinstance(e, Example) else Example.model_validate(e) for e in data]
-    return examples[:limit] if limit is not None else examples
+    examples = examples[:limit] if limit is not None else examples
+    if scorer is None or named is not None:
+        check_examples(examples, named, "examples given in Python")
+    return examples
 
 
 def as_spec(
@@ -129,13 +137,14 @@ async def arun(
 
     the_pool = as_pool(pool)
     spec = as_spec(protocol, the_pool, params)
+    examples = as_examples(data, limit, seed, scorer)  # checked before any call, a fit's included
     the_client = as_client(client, cache_dir, max_concurrency)
     with holding(out, "colab_graphs.run"):
         fitted = await fit_coalition(spec, the_pool, client=the_client, scorer=scorer)
         outcomes, summary = await run_dataset(
             fitted.spec if fitted is not None else spec,
             the_pool,
-            as_examples(data, limit, seed),
+            examples,
             client=the_client,
             scorer=scorer,
             out=out,
@@ -184,7 +193,7 @@ async def arun_audit(
         return await play_audit(
             as_spec(protocol, the_pool, params),
             the_pool,
-            as_examples(data, limit, seed or None),
+            as_examples(data, limit, seed or None, scorer),
             client=as_client(client, cache_dir, max_concurrency),
             method=method,  # type: ignore[arg-type]
             budget=budget,

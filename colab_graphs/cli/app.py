@@ -78,7 +78,7 @@ def run(
     from colab_graphs.spec import SpecError
 
     the_pool = load_pool(pool)
-    examples = load_data(data, limit, seed)
+    examples = load_data(data, limit, seed, scorer=scorer)
     spec = resolve_protocol(protocol, graph, the_pool.names, parse_params(param), the_pool)
     client = make_client(cache_dir, no_cache, max_concurrency, retries=retries, preflight=not no_preflight)
     out = out or Path("runs") / spec.name

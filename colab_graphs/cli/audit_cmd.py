@@ -70,7 +70,7 @@ def audit(
     if method == "sampled" and not budget:
         fail("--method sampled needs --budget (number of permutations)")
     the_pool = load_pool(pool)
-    examples = load_data(data, limit, seed)
+    examples = load_data(data, limit, seed, scorer=scorer)
     spec = resolve_protocol(protocol, graph, the_pool.names, parse_params(param), the_pool)
     client = make_client(cache_dir, no_cache, max_concurrency, retries=retries, preflight=not no_preflight)
     out = out or Path("audits") / spec.name

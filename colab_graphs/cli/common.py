@@ -64,7 +64,13 @@ def load_pool(path: Path | None) -> Pool:
         raise
 
 
-def load_data(source: str | None, limit: int | None, seed: int | None = None, split: str | None = None):
+def load_data(
+    source: str | None,
+    limit: int | None,
+    seed: int | None = None,
+    split: str | None = None,
+    scorer: str | None = None,
+):
     from colab_graphs.data.loaders import load_examples
 
     if source is None:
@@ -72,7 +78,7 @@ def load_data(source: str | None, limit: int | None, seed: int | None = None, sp
 
         source, limit = DEFAULT_DATA, limit or DEFAULT_LIMIT
     try:
-        examples = load_examples(source, limit=limit, shuffle_seed=seed, split=split)
+        examples = load_examples(source, limit=limit, shuffle_seed=seed, split=split, scorer=scorer)
     except (ValueError, FileNotFoundError, ImportError, KeyError) as err:
         fail(str(err))
         raise

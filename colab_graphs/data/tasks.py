@@ -14,12 +14,18 @@ generic extractor; so code stays code, a letter stays a letter, and `\\frac{1}{2
 A task type is registered under its scorer name (`--scorer`, an example's `scorer` field); a plain scorer
 function registered with `register_scorer` becomes a task type with short-text extraction.
 
+Numbers are equal by `colab_graphs.data.answers.numbers_equal`: an integer only to the same value, other numbers
+within a relative tolerance (`NumericTask.rel_tol`, 1e-6) or an absolute one (`abs_tol`, 0: it only matters
+near zero). A record may state its own in `rel_tol` / `abs_tol` fields (a MoCo file at its top level). Every
+extractor defends against replies written to fool it (hedges, contradictions, look-alike characters): see
+`colab_graphs.data.answers`.
+
 | task type | extract | same answer |
 |---|---|---|
-| `exact` | `\\boxed{}`, "the answer is X", else the last line | normalised text (numbers by value) |
-| `numeric` | `\\boxed{}`, `#### N`, "the answer is N", else the last number | equal value (relative 1e-6) |
-| `math` | `\\boxed{}`, "the answer is X", a bare answer, `$...$`, the last number | math-verify equivalence |
-| `multiple_choice` | an explicit commitment to a letter or an option's text | same letter |
+| `exact` | `\\boxed{}`, "the answer is X" (its sentence), else the last line | normalised text, word order kept; numbers by value; symbols as symbols |
+| `numeric` | `\\boxed{}`, `#### N`, "the answer is N", else the last number | integers exactly; else relative 1e-6 (`rel_tol`, `abs_tol`) |
+| `math` | `\\boxed{}`, "the answer is X", a bare answer, `$...$`, the last number | numbers as `numeric`; words as text; else math-verify |
+| `multiple_choice` | an explicit commitment to one letter (A-Z) or option's text | same letter |
 | `code` | the fenced ```python block (the one defining the entry point) | same source after an AST round trip |
 | `reasoning_gym` | `<answer>...</answer>`, else as `exact` | normalised text |
 | `f1` | as `exact` | normalised text (scored by token F1) |
@@ -90,8 +96,18 @@ class TaskType:
         return Score(float(self.same(extracted, gold, example)), extracted)
 
 
+def tolerances(example: Example, rel_tol: float, abs_tol: float) -> tuple[float, float]:
+    """The example's own `rel_tol` / `abs_tol` fields where it states them, else the task's."""
+    fields = example.fields
+    return float(fields.get("rel_tol", rel_tol)), float(fields.get("abs_tol", abs_tol))
+
+
 class NumericTask(TaskType):
+    """Numbers: integers compare exactly, others within `rel_tol` of the larger magnitude (or `abs_tol`)."""
+
     name = "numeric"
+    rel_tol: ClassVar[float] = 1e-6
+    abs_tol: ClassVar[float] = 0.0
 
     def instruction(self, example: Example) -> str:
         return "Answer concisely. End with: The answer is <number>."
@@ -100,7 +116,7 @@ class NumericTask(TaskType):
         return answers.extract_number(reply)
 
     def same(self, a: str, b: str, example: Example) -> bool:
-        equal = answers.numbers_equal(a, b)
+        equal = answers.numbers_equal(a, b, *tolerances(example, self.rel_tol, self.abs_tol))
         return equal if equal is not None else super().same(a, b, example)
 
 
@@ -116,7 +132,7 @@ class MathTask(TaskType):
 
     def same(self, a: str, b: str, example: Example) -> bool:
         try:
-            return answers.math_equal(a, b)
+            return answers.math_equal(a, b, *tolerances(example, NumericTask.rel_tol, NumericTask.abs_tol))
         except answers.MathVerifyMissing:
             if not MathTask._warned:
                 MathTask._warned = True
@@ -136,6 +152,10 @@ class MultipleChoiceTask(TaskType):
         choices = example.fields.get("choices")
         if not choices:
             raise ValueError(f"example {example.id!r} needs 'choices' for the 'multiple_choice' scorer")
+        if len(choices) > len(answers.LETTERS):
+            raise ValueError(
+                f"example {example.id!r} has {len(choices)} choices; at most {len(answers.LETTERS)} (A-Z)"
+            )
         return [str(c) for c in choices]
 
     def question(self, example: Example) -> str:
