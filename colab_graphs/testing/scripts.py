@@ -1,7 +1,9 @@
 """Member scripts for the scripted server: the `Member` type, ready-made scripts, and member files.
 
 A script is a plain callable `(messages, params) -> reply` where `messages` are the request's OpenAI chat
-messages and `params` its sampling settings. Ready-made scripts are factories returning such callables:
+messages and `params` its sampling settings (`tools` and `tool_choice` among them when the client sent
+tools). A reply is the text, or a `Reply` that also calls tools (sent as OpenAI `tool_calls`). Ready-made
+scripts are factories returning such callables:
 
     >>> solver = arithmetic_solver(accuracy=1.0)
     >>> solver([{"role": "user", "content": "What is 6 * 7?"}], {})
@@ -14,13 +16,39 @@ import hashlib
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 Messages = list[dict[str, Any]]
-Script = Callable[[Messages, dict[str, Any]], str]
-"""A member's script: `(messages, params) -> reply`, where params are the request's sampling settings."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call a scripted member makes: the tool's name and its arguments.
+
+    Attributes:
+        name: The function's name.
+        arguments: The arguments as a mapping (sent as JSON), or a string sent as it is (to write malformed
+            JSON on purpose).
+        id: The call's id; None derives one from the request, so equal requests get equal ids.
+    """
+
+    name: str
+    arguments: Mapping[str, Any] | str = field(default_factory=dict)
+    id: str | None = None
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A scripted reply that may call tools: the text (may be empty) and the tool calls, in order."""
+
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+Script = Callable[[Messages, dict[str, Any]], "str | Reply"]
+"""A member's script: `(messages, params) -> reply` (text or `Reply`); params are the request's settings."""
 
 
 def unit_draw(*parts: object) -> float:
@@ -77,12 +105,19 @@ class Member:
             raise ValueError(f"latency_s must be >= 0, got {self.latency_s!r}")
 
     def respond(self, messages: Messages, params: dict[str, Any]) -> tuple[str, float]:
-        """The reply to a request and the confidence to report for its tokens."""
-        text = self.reply if isinstance(self.reply, str) else self.reply(messages, params)
-        if not isinstance(text, str):
-            raise TypeError(f"script returned {type(text).__name__}, expected str")
+        """The reply's text and the confidence to report for its tokens (see `reply_to` for tool calls)."""
+        reply, confidence = self.reply_to(messages, params)
+        return reply.content, confidence
+
+    def reply_to(self, messages: Messages, params: dict[str, Any]) -> tuple[Reply, float]:
+        """The reply to a request (text and tool calls) and the confidence to report for its tokens."""
+        reply = self.reply if isinstance(self.reply, str) else self.reply(messages, params)
+        if isinstance(reply, str):
+            reply = Reply(reply)
+        if not isinstance(reply, Reply):
+            raise TypeError(f"script returned {type(reply).__name__}, expected str or Reply")
         confidence = self.confidence(messages, params) if callable(self.confidence) else self.confidence
-        return text, _check_confidence(confidence)
+        return reply, _check_confidence(confidence)
 
 
 def echo() -> Script:
