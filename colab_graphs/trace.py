@@ -54,6 +54,8 @@ class Call(BaseModel):
     sample: int = 0
     key: str
     completion: str | None = None
+    # The reply's tool calls in OpenAI format (`id`, `type`, `function.name`, `function.arguments`), if any.
+    tool_calls: list[dict[str, Any]] | None = None
     usage: Usage = Field(default_factory=Usage)
     latency_s: float = 0.0
     cost_usd: float | None = None
