@@ -20,11 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from colab_graphs.compile import background_loop
 from colab_graphs.data.example import Example
 from colab_graphs.data.loaders import load_examples
 from colab_graphs.models.cache import CallCache
-from colab_graphs.models.client import ModelClient
+from colab_graphs.models.client import ModelClient, background_loop
 from colab_graphs.pool import Pool
 from colab_graphs.runner import ExampleOutcome
 from colab_graphs.spec import GraphSpec

@@ -10,7 +10,6 @@ import asyncio
 import inspect
 import json
 import math
-import threading
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -19,7 +18,13 @@ from typing_extensions import TypedDict  # pydantic builds JSON schemas from it 
 from colab_graphs.data.example import Example
 from colab_graphs.data.tasks import DEFAULT_INSTRUCTION, TaskType, TaskView
 from colab_graphs.logit_pool import check_pool_supports, check_seat_supports
-from colab_graphs.models.client import ModelClient, being_cancelled
+from colab_graphs.models.client import (
+    ModelClient,
+    background_loop,
+    being_cancelled,
+    default_client,
+    fail_flight,
+)
 from colab_graphs.pool import Pool
 from colab_graphs.registry import registry_lookup
 from colab_graphs.spec import END, START, Aggregate, Edge, GraphSpec, LogitSeat, Seat, is_pattern
@@ -80,19 +85,6 @@ def task_view(state: GraphState, runtime: Any, fallback: RunContext | None) -> T
         return TaskView(task_for(example), example)
     except (KeyError, ValueError):
         return TaskView(TaskType(), example)
-
-
-_default_client: ModelClient | None = None
-
-
-def default_client() -> ModelClient:
-    """A process-wide client with the default on-disk cache, for graphs run outside our runner."""
-    global _default_client
-    if _default_client is None:
-        from colab_graphs.models.cache import CallCache
-
-        _default_client = ModelClient(CallCache())
-    return _default_client
 
 
 class TemplateError(KeyError):
@@ -160,20 +152,6 @@ def _messages(system: str | None, prompt: str) -> list[dict[str, str]]:
     msgs = [{"role": "system", "content": system}] if system else []
     msgs.append({"role": "user", "content": prompt})
     return msgs
-
-
-_loop: asyncio.AbstractEventLoop | None = None
-_loop_lock = threading.Lock()
-
-
-def background_loop() -> asyncio.AbstractEventLoop:
-    """One event loop in a daemon thread, where model nodes run when a graph is invoked synchronously."""
-    global _loop
-    with _loop_lock:
-        if _loop is None:
-            _loop = asyncio.new_event_loop()
-            threading.Thread(target=_loop.run_forever, name="colab-graphs-loop", daemon=True).start()
-    return _loop
 
 
 def _node(afn, fn=None):
@@ -276,11 +254,7 @@ def _seat_fn(seat: Seat, order: dict[str, int], fallback: RunContext | None, out
         except BaseException as exc:
             if flight is not None:
                 del memo[request]
-                if isinstance(exc, asyncio.CancelledError):
-                    flight.cancel()
-                else:
-                    flight.set_exception(exc)
-                    flight.exception()  # retrieved: waiters re-raise it themselves
+                fail_flight(flight, exc)
             raise
         if flight is not None:
             memo[request] = entry = [result, record, {}]

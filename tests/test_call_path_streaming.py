@@ -165,3 +165,16 @@ def test_a_stream_that_fails_for_good_raises_a_typed_error(scripted_server, pool
     with pytest.raises(CallError) as err:
         arun(main())
     assert err.value.kind == "server" and err.value.attempts == 2 and deltas == []
+
+
+def test_a_members_num_retries_is_the_retry_count_for_its_calls(scripted_server, pool_for, arun) -> None:
+    server = scripted_server({"a": "sunny"}, fail_first=3)
+    patient = pool_for(server, ["a"], num_retries=3)["a"]
+    result = arun(ModelClient(retries=0, backoff_s=0.01).complete(patient, ask()))
+    assert result.attempts == 4
+    with pytest.raises(CallError):
+        arun(
+            ModelClient(retries=5, backoff_s=0.01).complete(
+                pool_for(server, ["a"], num_retries=0)["a"], ask("x")
+            )
+        )

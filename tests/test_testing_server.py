@@ -162,6 +162,13 @@ def test_max_tokens_truncates_with_finish_reason_length():
     assert (choice["message"]["content"], choice["finish_reason"]) == ("one two", "length")
 
 
+def test_a_stop_sequence_ends_the_reply_before_it():
+    with ScriptedServer({"alpha": "Hello! How can I help you today?"}) as server:
+        body = json.loads(chat(server, stop=["you", "xyz"])[2])
+    assert body["choices"][0]["message"]["content"] == "Hello! How can I help "
+    assert body["usage"]["completion_tokens"] == 5
+
+
 @pytest.mark.integration
 def test_streaming_through_litellm_reassembles_the_reply(litellm, loop):
     async def stream(server: ScriptedServer) -> tuple[str, Any]:

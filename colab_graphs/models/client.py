@@ -14,6 +14,7 @@ import inspect
 import json
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -138,6 +139,16 @@ def being_cancelled() -> bool:
     return task is not None and task.cancelling() > 0
 
 
+def fail_flight(flight: asyncio.Future[Any], exc: BaseException) -> None:
+    """End a shared flight with its owner's failure: a cancelled owner cancels it (a waiter that was not
+    cancelled itself then takes the call over); any other failure goes to every waiter."""
+    if isinstance(exc, asyncio.CancelledError):
+        flight.cancel()
+    else:
+        flight.set_exception(exc)
+        flight.exception()  # retrieved: waiters re-raise it themselves
+
+
 def _json_error_in_chain(exc: BaseException) -> bool:
     seen: set[int] = set()
     cause: BaseException | None = exc
@@ -244,7 +255,8 @@ class ModelClient:
     Args:
         cache: a `CallCache`, or None to disable caching (single-flight still applies).
         max_concurrency: in-flight calls allowed per endpoint (api_base, or provider for hosted APIs).
-        retries: attempts after the first for retryable failures (429, 5xx, timeouts, malformed responses).
+        retries: attempts after the first for retryable failures (429, 5xx, timeouts, malformed responses); a
+            member's `num_retries` setting overrides it for that member's calls.
         backoff_s: first backoff; doubles each retry (with jitter), capped at `backoff_max_s`.
         timeout_s: per-attempt timeout passed to LiteLLM.
     """
@@ -376,7 +388,7 @@ class ModelClient:
     ) -> CallResult:
         result = await self._served(key, member, request, kwargs, on_delta)
         if on_delta is not None and result.cached:
-            await _deliver(on_delta, Delta(result.text, _whole_calls(result.tool_calls)))
+            await deliver(on_delta, Delta(result.text, whole_calls(result.tool_calls)))
         return result
 
     async def _served(
@@ -477,7 +489,7 @@ class ModelClient:
             text, calls = getattr(delta, "content", None) or "", getattr(delta, "tool_calls", None)
             if text or calls:
                 sent[0] = True
-                await _deliver(on_delta, Delta(text, [_plain(c) for c in calls] if calls else None))
+                await deliver(on_delta, Delta(text, [_plain(c) for c in calls] if calls else None))
         response = _litellm().stream_chunk_builder(chunks, messages=kwargs["messages"])
         if response is None:
             raise ValueError("the stream ended without a chunk")
@@ -498,6 +510,8 @@ class ModelClient:
         )
         secrets = member.secrets()
         call_kwargs = {"timeout": self.timeout_s, **kwargs}
+        # A member's (or a call's) `num_retries` is this path's retry count for it; LiteLLM itself never retries.
+        retries = self.retries if kwargs.get("num_retries") is None else int(kwargs["num_retries"])
         # The in-process provider answers whole; its reply goes to `on_delta` as one piece below.
         streamed = on_delta if not local else None
         attempts = 0
@@ -516,7 +530,7 @@ class ModelClient:
                 raise
             except Exception as exc:  # noqa: BLE001 - every upstream failure is classified below
                 kind = classify_error(exc)
-                if kind in RETRYABLE and attempts <= self.retries and not sent[0]:
+                if kind in RETRYABLE and attempts <= retries and not sent[0]:
                     delay = min(self.backoff_max_s, self.backoff_s * 2 ** (attempts - 1))
                     await asyncio.sleep(delay * (0.5 + self._rng.random()))
                     continue
@@ -527,7 +541,7 @@ class ModelClient:
             latency = time.perf_counter() - started
             break
         if on_delta is not None and streamed is None:
-            await _deliver(on_delta, Delta(text, _whole_calls(tool_calls)))
+            await deliver(on_delta, Delta(text, whole_calls(tool_calls)))
         usage_obj = getattr(response, "usage", None)
         usage = Usage(
             prompt_tokens=int(getattr(usage_obj, "prompt_tokens", 0) or 0),
@@ -577,11 +591,39 @@ class ModelClient:
         return result
 
 
-def _whole_calls(tool_calls: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+def whole_calls(tool_calls: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
     """Finished tool calls as stream pieces: one piece per call, with its `index`."""
     return [{"index": i, **call} for i, call in enumerate(tool_calls)] if tool_calls else None
 
 
-async def _deliver(on_delta: DeltaHandler, delta: Delta) -> None:
+async def deliver(on_delta: DeltaHandler, delta: Delta) -> None:
+    """Hand `delta` to a handler that may be sync or async."""
     if inspect.isawaitable(outcome := on_delta(delta)):
         await outcome
+
+
+_default_client: ModelClient | None = None
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_lock = threading.Lock()
+
+
+def default_client() -> ModelClient:
+    """A process-wide client with the default on-disk cache, for graphs and chat models used outside our
+    runner."""
+    global _default_client
+    if _default_client is None:
+        from colab_graphs.models.cache import CallCache
+
+        _default_client = ModelClient(CallCache())
+    return _default_client
+
+
+def background_loop() -> asyncio.AbstractEventLoop:
+    """One event loop in a daemon thread, where calls run when they are waited for synchronously (a graph's
+    or chat model's `invoke`, the API's sync forms): LiteLLM keeps per-loop state, so one loop serves them."""
+    global _loop
+    with _loop_lock:
+        if _loop is None:
+            _loop = asyncio.new_event_loop()
+            threading.Thread(target=_loop.run_forever, name="colab-graphs-loop", daemon=True).start()
+    return _loop

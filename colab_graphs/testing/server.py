@@ -242,6 +242,14 @@ class _Reply:
             for i, call in enumerate(reply.tool_calls)
         ]
         self.finish_reason = "tool_calls" if self.tool_calls else "stop"
+        stops = params.get("stop")
+        stops = [stops] if isinstance(stops, str) else [s for s in stops or [] if isinstance(s, str) and s]
+        cut = min((i for i in (self.text.find(s) for s in stops) if i >= 0), default=None)
+        if (
+            cut is not None
+        ):  # as OpenAI does: the reply ends before the first stop sequence, which is not sent
+            self.text = self.text[:cut]
+            self.pieces = _split_tokens(self.text)
         limit = params.get("max_completion_tokens") or params.get("max_tokens")
         if isinstance(limit, int) and 0 < limit < len(self.pieces):
             self.pieces = self.pieces[:limit]
