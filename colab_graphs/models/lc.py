@@ -144,11 +144,12 @@ class ChatRun:
         messages: list[dict[str, Any]],
         settings: dict[str, Any] | None = None,
     ) -> ChatRun | None:
-        if not config or not config.get("callbacks"):
+        callbacks = (config or {}).get("callbacks")
+        # LangGraph hands every node a callback manager, empty when nobody listens.
+        if not callbacks or not getattr(callbacks, "handlers", callbacks):
             return None
-        from langchain_core.runnables.config import get_async_callback_manager_for_config
+        from langchain_core.callbacks import AsyncCallbackManager
 
-        manager = get_async_callback_manager_for_config(config)
         params = {**member.generation_settings(), **(settings or {})}
         metadata = {
             "ls_provider": provider(member.model),
@@ -158,13 +159,15 @@ class ChatRun:
             "ls_max_tokens": params.get("max_tokens"),
             "colab_graphs_member": member.name,
         }
+        manager = AsyncCallbackManager.configure(
+            inheritable_callbacks=config.get("callbacks"),
+            inheritable_tags=config.get("tags"),
+            inheritable_metadata=config.get("metadata"),
+            local_metadata={k: v for k, v in metadata.items() if v is not None},
+        )
         serialized = {"lc": 1, "type": "not_implemented", "id": ["colab_graphs", "Seat"], "name": name}
         (run,) = await manager.on_chat_model_start(
-            serialized,
-            [convert_to_messages(messages)],
-            invocation_params=params,
-            name=name,
-            metadata={k: v for k, v in metadata.items() if v is not None},
+            serialized, [convert_to_messages(messages)], invocation_params=params, name=name
         )
         return cls(run, params.get("model", member.model))
 
