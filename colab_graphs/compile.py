@@ -13,7 +13,6 @@ import math
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from langchain_core.runnables import RunnableConfig
 from typing_extensions import TypedDict  # pydantic builds JSON schemas from it on 3.11 (get_input_jsonschema)
 
 from colab_graphs.data.example import Example
@@ -169,10 +168,9 @@ def _node(afn, fn=None):
     from langgraph._internal._runnable import RunnableCallable
 
     if fn is None:
-
-        def fn(
-            state: GraphState, runtime: Any = None, config: RunnableConfig | None = None
-        ) -> dict[str, Any]:
+        # `config` unannotated: LangGraph hands the node's RunnableConfig to a parameter of that name when it is
+        # unannotated or annotated RunnableConfig (importing that type here would cost every import of us).
+        def fn(state: GraphState, runtime: Any = None, config=None) -> dict[str, Any]:
             return asyncio.run_coroutine_threadsafe(afn(state, runtime, config), background_loop()).result()
 
     return RunnableCallable(fn, afn, name=getattr(afn, "__name__", None), trace=False)

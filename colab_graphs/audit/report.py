@@ -172,6 +172,72 @@ class AuditReport(BaseModel):
         wanted = set(members)
         return next((c.value for c in self.coalitions if set(c.members) == wanted), None)
 
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per member (pool order): individual, LOO and Shapley values with their interval bounds,
+        ranks, and the calls, tokens and cost of the member's calls made."""
+        rows = []
+        for m in self.players:
+            row: dict[str, Any] = {"member": m}
+            for measure, values in (
+                ("individual", self.individual),
+                ("loo", self.loo),
+                ("shapley", self.shapley),
+            ):
+                low, high = self.ci.get(m, {}).get(measure, (None, None))
+                row |= {measure: (values or {}).get(m), f"{measure}_low": low, f"{measure}_high": high}
+                row[f"rank_{measure}"] = self.ranks.get(measure, {}).get(m)
+            usage = self.usage.get(m, MemberUsage())
+            row |= {"calls": usage.calls, "tokens": usage.tokens.total, "cost_usd": usage.cost_usd}
+            rows.append(row)
+        return rows
+
+    def to_pandas(self) -> Any:
+        """The members as a `pandas.DataFrame` (`rows()`; needs the `notebook` extra)."""
+        from colab_graphs.tables import to_pandas
+
+        return to_pandas(self.rows(), MEMBER_COLUMNS)
+
+    def to_dataset(self) -> Any:
+        """The members as a Hugging Face `datasets.Dataset` (`rows()`; needs the `notebook` extra)."""
+        from colab_graphs.tables import to_dataset
+
+        return to_dataset(self.rows(), MEMBER_COLUMNS)
+
+    def _repr_html_(self) -> str:
+        from colab_graphs.tables import html_table
+
+        columns = ["member", "individual", "loo", "loo_low", "loo_high"]
+        if self.shapley is not None:
+            columns += ["shapley", "shapley_low", "shapley_high"]
+        grand = self.value_of(self.players)
+        c = self.calls
+        notes = [
+            f"v(all) = {'n/a' if grand is None else f'{grand:.3f}'} over {self.n_examples} example(s); "
+            f"method {self.method}; calls made {c.made} (distinct {c.unique}, cached {c.cached}, failed {c.failed})"
+        ]
+        return html_table(f"Contribution audit: {self.protocol}", self.rows(), columns, notes)
+
+
+# The columns of `AuditReport.rows()`, in order: one row per member.
+MEMBER_COLUMNS = (
+    "member",
+    "individual",
+    "individual_low",
+    "individual_high",
+    "rank_individual",
+    "loo",
+    "loo_low",
+    "loo_high",
+    "rank_loo",
+    "shapley",
+    "shapley_low",
+    "shapley_high",
+    "rank_shapley",
+    "calls",
+    "tokens",
+    "cost_usd",
+)
+
 
 def contribution_fields(
     plan: CoalitionPlan,

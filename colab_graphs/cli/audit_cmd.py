@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from colab_graphs.cli.app_audit import app_game_for
 from colab_graphs.cli.common import fail, load_data, load_pool, make_client, parse_params, resolve_protocol
 from colab_graphs.cli.options import (
     CacheDirOpt,
@@ -31,6 +32,14 @@ from colab_graphs.cli.options import (
 def audit(
     protocol: ProtocolOpt = None,
     graph: GraphOpt = None,
+    app: Annotated[
+        str | None,
+        typer.Option(
+            "--app",
+            help="Your LangGraph app: path/to/file.py:NAME or module:NAME, its models "
+            "colab_graphs.member_chat_model(MEMBER); it reads 'input' and writes 'answer'.",
+        ),
+    ] = None,
     pool: PoolOpt = None,
     data: DataOpt = None,
     method: Annotated[str, typer.Option("--method", help="loo | exact | sampled")] = "loo",
@@ -61,11 +70,16 @@ def audit(
         fail("--method sampled needs --budget (number of permutations)")
     the_pool = load_pool(pool)
     examples = load_data(data, limit, seed)
-    spec = resolve_protocol(protocol, graph, the_pool.names, parse_params(param), the_pool)
     client = make_client(cache_dir, no_cache, max_concurrency, retries=retries)
-    out = out or Path("audits") / spec.name
-    if overwrite and out.exists():
-        shutil.rmtree(out)
+    if app is not None:  # the user's own LangGraph app (colab_graphs.audit.app)
+        spec, game, out = app_game_for(
+            app, protocol or graph, the_pool, examples, client, scorer, out, data, overwrite
+        )
+    else:
+        spec, game = resolve_protocol(protocol, graph, the_pool.names, parse_params(param), the_pool), None
+        out = out or Path("audits") / spec.name
+        if overwrite and out.exists():
+            shutil.rmtree(out)
     progress, task = progress_bar(1, f"audit {spec.name} ({method})")
 
     def on_plan(total: int) -> None:
@@ -95,6 +109,7 @@ def audit(
                     plots=False if no_plots else None,
                     on_plan=on_plan,
                     on_progress=on_progress,
+                    game=game,
                 )
             )
     except AuditError as err:  # every example failed: a failed audit, not a usage error

@@ -12,25 +12,24 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
-
-from langchain_core.callbacks import AsyncCallbackManagerForLLMRun
-from langchain_core.messages import (
-    AIMessage,
-    AIMessageChunk,
-    BaseMessage,
-    convert_to_messages,
-    convert_to_openai_messages,
-)
-from langchain_core.messages.tool import invalid_tool_call, tool_call, tool_call_chunk
-from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, LLMResult
+from typing import TYPE_CHECKING, Any
 
 from colab_graphs.models.client import CallResult, Delta
 from colab_graphs.pool import Member
 
+if TYPE_CHECKING:
+    from langchain_core.callbacks import AsyncCallbackManagerForLLMRun
+    from langchain_core.messages import AIMessage, BaseMessage
+    from langchain_core.outputs import ChatGenerationChunk
+
+# LangChain's messages package costs about half a second to import; compile.py imports this module, and a
+# protocol run without callbacks never needs it, so each function imports what it uses.
+
 
 def openai_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
     """LangChain messages as the OpenAI chat messages LiteLLM sends (tool calls and tool results included)."""
+    from langchain_core.messages import convert_to_openai_messages
+
     converted = convert_to_openai_messages(list(messages))
     return converted if isinstance(converted, list) else [converted]
 
@@ -43,6 +42,8 @@ def provider(model: str) -> str:
 def parsed_tool_calls(raw: list[dict[str, Any]] | None) -> tuple[list[Any], list[Any]]:
     """OpenAI tool calls -> (LangChain tool calls, invalid tool calls). Arguments that are not a JSON object
     make an invalid tool call that keeps the raw text, as LangChain's own OpenAI parser does."""
+    from langchain_core.messages.tool import invalid_tool_call, tool_call
+
     calls, invalid = [], []
     for call in raw or []:
         function = call.get("function") or {}
@@ -84,6 +85,8 @@ def response_metadata(result: CallResult, model: str) -> dict[str, Any]:
 
 def ai_message(result: CallResult, model: str) -> AIMessage:
     """The reply as LangChain's `AIMessage`: text, parsed tool calls, usage and metadata."""
+    from langchain_core.messages import AIMessage
+
     calls, invalid = parsed_tool_calls(result.tool_calls)
     return AIMessage(
         content=result.text,
@@ -96,6 +99,10 @@ def ai_message(result: CallResult, model: str) -> AIMessage:
 
 def message_chunk(delta: Delta) -> ChatGenerationChunk:
     """A streamed piece as LangChain's chunk (tool call pieces as `tool_call_chunks`, merged by index)."""
+    from langchain_core.messages import AIMessageChunk
+    from langchain_core.messages.tool import tool_call_chunk
+    from langchain_core.outputs import ChatGenerationChunk
+
     chunks = [
         tool_call_chunk(
             name=(piece.get("function") or {}).get("name"),
@@ -111,6 +118,9 @@ def message_chunk(delta: Delta) -> ChatGenerationChunk:
 def last_chunk(result: CallResult | None, model: str) -> ChatGenerationChunk:
     """The chunk that ends a stream: no text, the usage and metadata, `chunk_position="last"` (which turns the
     aggregated tool call chunks into tool calls). None: an absent member's empty answer."""
+    from langchain_core.messages import AIMessageChunk
+    from langchain_core.outputs import ChatGenerationChunk
+
     if result is None:
         message = AIMessageChunk(content="", response_metadata={"model_name": model}, chunk_position="last")
     else:
@@ -149,6 +159,7 @@ class ChatRun:
         if not callbacks or not getattr(callbacks, "handlers", callbacks):
             return None
         from langchain_core.callbacks import AsyncCallbackManager
+        from langchain_core.messages import convert_to_messages
 
         params = {**member.generation_settings(), **(settings or {})}
         metadata = {
@@ -172,6 +183,8 @@ class ChatRun:
         return cls(run, params.get("model", member.model))
 
     async def end(self, result: CallResult) -> None:
+        from langchain_core.outputs import ChatGeneration, LLMResult
+
         message = ai_message(result, self.model)
         await self.manager.on_llm_end(LLMResult(generations=[[ChatGeneration(message=message)]]))
 

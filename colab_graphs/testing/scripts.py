@@ -243,7 +243,9 @@ def member_from_config(spec: Any, where: str = "member") -> Member:
 
 
 def load_members(path: str | Path) -> dict[str, Member]:
-    """Read members from a YAML or JSON file: a mapping (optionally under `members:`) of name -> config.
+    """Read members from a YAML or JSON file: a mapping (optionally under `members:`) of name -> config; or,
+    for scripts written in Python (tool-calling agents), ``path/to/file.py:NAME`` naming a mapping of
+    name -> `Member`, reply or script in that file.
 
     Example file:
         members:
@@ -251,6 +253,9 @@ def load_members(path: str | Path) -> dict[str, Member]:
           solver: {script: arithmetic_solver, args: {accuracy: 0.7, seed: 3}, confidence: 0.6}
           slow: {reply: "ok", latency_s: 0.5}
     """
+    where, sep, name = str(path).rpartition(":")
+    if sep and where.endswith(".py"):
+        return _python_members(Path(where), name)
     path = Path(path)
     text = path.read_text()
     if path.suffix == ".json":
@@ -264,3 +269,20 @@ def load_members(path: str | Path) -> dict[str, Member]:
     if not isinstance(data, Mapping):
         raise ValueError(f"{path}: expected a mapping of model names to replies, got {type(data).__name__}")
     return {str(name): member_from_config(spec, f"{path}: {name}") for name, spec in data.items()}
+
+
+def _python_members(path: Path, name: str) -> dict[str, Member]:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"colab_graphs_members_{path.stem}", path)
+    if not path.is_file() or spec is None or spec.loader is None:
+        raise ValueError(f"{path}: no such Python file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    members = getattr(module, name, None)
+    if not isinstance(members, Mapping):
+        raise ValueError(f"{path}: {name!r} is not a mapping of member names to scripts")
+    return {
+        str(n): m if isinstance(m, Member) else Member(m)  # type: ignore[arg-type]
+        for n, m in members.items()
+    }
