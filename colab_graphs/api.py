@@ -86,22 +86,24 @@ class RunResult:
 @dataclass
 class Progress:
     """How far a run, audit or study has got: `done` of `total` units ("example", "play" or "setting play"),
-    and the calls made and served from cache so far (None for a study, whose plays may run elsewhere)."""
+    and the calls of the finished units, made and served without a call of their own (from the cache, or
+    from another coalition's identical call); None for a study, whose plays may run elsewhere."""
 
     description: str
     unit: str
     done: int = 0
     total: int | None = None
-    calls_made: int | None = None
-    calls_cached: int | None = None
+    calls_made: int | None = 0
+    calls_cached: int | None = 0
 
 
 @dataclass
 class _Reporter:
-    """Feeds `on_progress` and, when asked, a rich progress bar (rich renders it in a notebook too)."""
+    """Feeds `on_progress` and, when asked, a rich progress bar (rich renders it in a notebook too). Calls are
+    counted from the finished work's own call records, as the report counts them (a call another coalition
+    already made counts as cached)."""
 
     progress: Progress
-    client: ModelClient | None
     callback: Callable[[Progress], None] | None
     show: bool | None
     _bar: Any = field(default=None, init=False)
@@ -134,14 +136,19 @@ class _Reporter:
         self.progress.total, self.progress.done = total, done
         self._emit()
 
-    def advance(self, n: int = 1) -> None:
-        self.progress.done += n
+    def advance(self, n: int = 1, calls: Sequence[Any] | None = None) -> None:
+        p = self.progress
+        p.done += n
+        if calls is not None:
+            cached = sum(c.cached for c in calls)
+            p.calls_made, p.calls_cached = (
+                (p.calls_made or 0) + len(calls) - cached,
+                (p.calls_cached or 0) + cached,
+            )
         self._emit()
 
     def _emit(self) -> None:
         p = self.progress
-        if self.client is not None:
-            p.calls_made, p.calls_cached = self.client.stats.made, self.client.stats.cached
         if self._bar is not None:
             status = "" if p.calls_made is None else f"calls {p.calls_made} made, {p.calls_cached} cached"
             self._bar.update(self._task, total=p.total, completed=p.done, status=status)
@@ -271,7 +278,7 @@ async def arun(
     spec = as_spec(protocol, the_pool, params)
     the_client = as_client(client, cache_dir, max_concurrency)
     examples = as_examples(data, limit, seed)
-    with _Reporter(Progress(f"run {spec.name}", "example"), the_client, on_progress, progress) as report:
+    with _Reporter(Progress(f"run {spec.name}", "example"), on_progress, progress) as report:
         report.plan(len(examples))
         fitted = await fit_coalition(spec, the_pool, client=the_client, scorer=scorer)
         outcomes, summary = await run_dataset(
@@ -281,7 +288,7 @@ async def arun(
             client=the_client,
             scorer=scorer,
             out=out,
-            on_progress=lambda _: report.advance(),
+            on_progress=lambda outcome: report.advance(calls=outcome.trace.calls),
         )
     return RunResult(outcomes, summary)
 
@@ -333,7 +340,7 @@ async def arun_audit(
         )
     else:
         spec = as_spec(protocol, the_pool, params)
-    with _Reporter(Progress(f"audit {spec.name}", "play"), the_client, on_progress, progress) as report:
+    with _Reporter(Progress(f"audit {spec.name}", "play"), on_progress, progress) as report:
         return await play_audit(
             spec,  # type: ignore[arg-type]
             the_pool,
@@ -349,7 +356,7 @@ async def arun_audit(
             individual=individual,
             plots=plots,
             on_plan=report.plan,
-            on_progress=lambda _: report.advance(),
+            on_progress=lambda play: report.advance(calls=play.calls),
             game=game,
         )
 
@@ -372,9 +379,9 @@ async def arun_study(
 
     the_config = config if isinstance(config, StudyConfig) else load_study_config(config)
     the_client = as_client(client, cache_dir, max_concurrency)
-    # Plays may run on Ray workers, whose calls this process's client does not count.
-    watched = None if ray else the_client
-    with _Reporter(Progress("study", "setting play"), watched, on_progress, progress) as report:
+    # The study reports finished plays by number only (they may run on Ray workers): no call counts.
+    counting = Progress("study", "setting play", calls_made=None, calls_cached=None)
+    with _Reporter(counting, on_progress, progress) as report:
         return await play_study(
             the_config,
             out,

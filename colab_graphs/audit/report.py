@@ -137,7 +137,12 @@ class AuditReport(BaseModel):
     rank_correlation: dict[str, Correlation] = Field(default_factory=dict)
     calls: Calls = Field(default_factory=Calls)
     tokens: TokenCount = Field(default_factory=TokenCount)
-    cost_usd: float | None = None
+    cost_usd: float | None = Field(
+        None, description="What the calls made cost (0.0 when none was made); None when a price is unknown"
+    )
+    cost_saved_usd: float | None = Field(
+        0.0, description="What the calls served without a call of their own cost when made; None when unknown"
+    )
     usage: dict[str, MemberUsage] = Field(default_factory=dict)
     per_coalition: list[CoalitionUsage] = Field(default_factory=list)
     wall_s: float = 0.0
@@ -309,6 +314,19 @@ def contribution_fields(
     }
 
 
+def usd(value: float | None) -> str:
+    return "unknown" if value is None else f"${value:.4f}"
+
+
+def cost_sentence(spent: float | None, made: int, saved: float | None, cached: int) -> str:
+    """The one way cost is told (report.md, the terminal): what the calls made cost, then what the calls
+    served from the cache (or shared) would have cost. "unknown" where a price is unknown."""
+    text = f"Cost: {usd(spent)} for {made} call(s) made."
+    if cached:
+        text += f" Served {cached} call(s) without a model call, which cost {usd(saved)} when made."
+    return text
+
+
 def _cell(text: object) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
@@ -413,12 +431,12 @@ def render_markdown(report: AuditReport, images: Mapping[str, str] | None = None
         "rrrrr",
         [[str(r.calls.made), str(r.calls.unique), str(r.calls.cached), str(r.calls.failed), naive]],
     )
-    cost = "unknown" if r.cost_usd is None else f"${r.cost_usd:.4f}"
     lines += [
         "",
-        f"Tokens: {r.tokens.total:,} ({r.tokens.prompt:,} prompt, {r.tokens.completion:,} completion). "
-        f"Cost: {cost}. Wall time: {r.wall_s:.1f} s.",
+        f"Tokens: {r.tokens.total:,} ({r.tokens.prompt:,} prompt, {r.tokens.completion:,} completion). ",
     ]
+    lines[-1] += f"{cost_sentence(r.cost_usd, r.calls.made, r.cost_saved_usd, r.calls.cached)} "
+    lines[-1] += f"Wall time: {r.wall_s:.1f} s."
     if r.usage:
         lines.append("")
         lines += _table(

@@ -112,6 +112,7 @@ async def play_audit(
             completion=sum(u.tokens.completion for u in usage.values()),
         ),
         cost_usd=None if any(c is None for c in costs) else sum(costs),  # type: ignore[arg-type]
+        cost_saved_usd=acct["cost_saved_usd"],
         usage=usage,
         per_coalition=per_coalition,
         wall_s=round(time.perf_counter() - started, 3),

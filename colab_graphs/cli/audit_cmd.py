@@ -127,6 +127,8 @@ def _print_report(report, out: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from colab_graphs.audit.report import cost_sentence
+
     def fmt(v: float | None, signed: bool = False) -> str:
         return "-" if v is None else (f"{v:+.3f}" if signed else f"{v:.3f}")
 
@@ -134,19 +136,19 @@ def _print_report(report, out: Path) -> None:
     table.add_column("member")
     table.add_column("individual", justify="right")
     table.add_column("LOO", justify="right")
-    table.add_column("LOO 95% CI", justify="right")
+    table.add_column(f"LOO {report.confidence:.0%} CI", justify="right")
     if report.shapley is not None:
         table.add_column(f"Shapley ({report.shapley_method})", justify="right")
+        table.add_column(f"Shapley {report.confidence:.0%} CI", justify="right")
+
+    def interval(member: str, measure: str) -> str:
+        lo, hi = report.ci.get(member, {}).get(measure, (None, None))
+        return f"[{fmt(lo, True)}, {fmt(hi, True)}]"
+
     for m in report.players:
-        lo, hi = report.ci.get(m, {}).get("loo", (None, None))
-        row = [
-            m,
-            fmt(report.individual.get(m)),
-            fmt(report.loo[m], True),
-            f"[{fmt(lo, True)}, {fmt(hi, True)}]",
-        ]
+        row = [m, fmt(report.individual.get(m)), fmt(report.loo[m], True), interval(m, "loo")]
         if report.shapley is not None:
-            row.append(fmt(report.shapley[m], True))
+            row += [fmt(report.shapley[m], True), interval(m, "shapley")]
         table.add_row(*row)
     console = Console()
     console.print(table)
@@ -156,6 +158,7 @@ def _print_report(report, out: Path) -> None:
         f"v(all) = {fmt(grand)}; calls made {c.made} (distinct requests {c.unique}, cached {c.cached}, failed "
         f"{c.failed}; naive evaluation: {c.naive}); {report.wall_s:.1f}s"
     )
+    console.print(cost_sentence(report.cost_usd, c.made, report.cost_saved_usd, c.cached), highlight=False)
     fitting = getattr(report, "fitting", None)  # protocols whose coalitions are fitted first
     if fitting:
         fits, merges = fitting["fits"], fitting["merges"]
