@@ -124,7 +124,7 @@ def test_the_cli_audits_an_app_file_and_a_rerun_makes_no_call(
     first = CliRunner().invoke(cli, [*args, "--out", str(tmp_path / "one")], catch_exceptions=False)
     assert first.exit_code == 0, first.output
     report = json.loads((tmp_path / "one" / "report.json").read_text())
-    assert report["protocol"] == "app" and report["players"] == ["solver", "critic"]
+    assert report["protocol"] == "react_with_critic" and report["players"] == ["solver", "critic"]
     assert report["shapley"] == pytest.approx({"solver": 0.75, "critic": 0.25})
     assert report["loo"] == pytest.approx({"solver": 1.0, "critic": 0.5})
     made = len(server.requests)

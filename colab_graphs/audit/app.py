@@ -162,7 +162,14 @@ def load_app(ref: str) -> tuple[Any, AppSpec]:
     path = Path(getattr(module, "__file__", "") or "")
     if path.is_file():
         identity["source_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    return app, AppSpec(name, [], identity)
+    return app, AppSpec(app_name(app, name), [], identity)
+
+
+def app_name(app: Any, default: str = "app") -> str:
+    """The name an audit reports an app under: the name it was compiled with (`compile(name=...)`), else
+    `default` (LangGraph names every graph "LangGraph" unless told otherwise)."""
+    name = getattr(app, "name", None)
+    return str(name) if name and name != "LangGraph" else default
 
 
 def as_app(obj: Any, what: str = "app") -> Any:
@@ -190,5 +197,5 @@ def resolve_app(app: str | Any, members: Sequence[str]) -> tuple[Any, AppSpec]:
         the_app = as_app(app)
         graph = the_app.get_graph() if hasattr(the_app, "get_graph") else None
         nodes = sorted(graph.nodes) if graph is not None else []
-        spec = AppSpec(str(getattr(the_app, "name", None) or "app"), [], {"nodes": nodes})
+        spec = AppSpec(app_name(the_app), [], {"nodes": nodes})
     return the_app, AppSpec(spec.name, list(members), spec.identity)

@@ -85,10 +85,16 @@ def audit(
     def on_plan(total: int) -> None:
         progress.update(task, total=total)
 
+    calls = {
+        "made": 0,
+        "cached": 0,
+    }  # as the report counts them: another coalition's identical call is cached
+
     def on_progress(play) -> None:
-        progress.update(
-            task, advance=1, status=f"calls {client.stats.made} made, {client.stats.cached} cached"
-        )
+        cached = sum(c.cached for c in play.calls)
+        calls["made"] += len(play.calls) - cached
+        calls["cached"] += cached
+        progress.update(task, advance=1, status=f"calls {calls['made']} made, {calls['cached']} cached")
 
     try:
         with progress:
