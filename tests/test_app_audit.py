@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -224,6 +225,40 @@ def test_a_bad_app_reference_is_an_error_naming_it(scripted_server, pool_for, tm
         cg.run_audit(
             app=f"{tmp_path}/notapp.py:app", pool=pool, data=[{"id": "q", "input": "x", "answer": "1"}]
         )
+
+
+def test_an_app_given_as_module_and_factory_of_a_state_graph_is_audited(
+    scripted_server, pool_for, tmp_path, monkeypatch
+):
+    (tmp_path / "team_app.py").write_text(
+        textwrap.dedent(
+            """
+            from langgraph.graph import START, StateGraph
+            from typing_extensions import TypedDict
+
+            import colab_graphs as cg
+
+            class State(TypedDict, total=False):
+                input: str
+                answer: str
+
+            def build():  # a factory of an uncompiled StateGraph: the audit calls and compiles it
+                model = cg.member_chat_model("a")
+
+                def ask(state: State) -> State:
+                    return {"answer": model.invoke(state["input"]).text}
+
+                return StateGraph(State).add_node(ask).add_edge(START, "ask")
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    server = scripted_server({"a": "The answer is 5."})
+    data = [{"id": "q", "input": "What is 2 + 3?", "answer": "5"}]
+    report = cg.run_audit(
+        app="team_app:build", pool=pool_for(server, ["a"]), data=data, client=ModelClient(None)
+    )
+    assert report.protocol == "build" and report.loo == {"a": 1.0}
 
 
 def test_a_member_chat_model_outside_an_audit_calls_the_pool_in_use(scripted_server, pool_for, arun):
