@@ -24,7 +24,8 @@ from colab_graphs.compile import RunContext, TemplateError, compile_graph
 from colab_graphs.data.example import Example
 from colab_graphs.data.scoring import ScorerFn, task_for, view_for
 from colab_graphs.data.tasks import TaskType, TaskView
-from colab_graphs.log import Header, LogWriter, Play, read_records
+from colab_graphs.log import ExampleRecord, Header, LogWriter, Play, read_records
+from colab_graphs.log.diff import refusal
 from colab_graphs.models.client import CallError, ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.redaction import hide_secrets
@@ -148,6 +149,7 @@ def summarize(spec: GraphSpec, outcomes: Sequence[ExampleOutcome], wall_s: float
         "calls": {"made": counts["made"], "cached": counts["cached"], "failed": counts["failed"]},
         "tokens": {"prompt": tally.prompt_tokens, "completion": tally.completion_tokens},
         "cost_usd": tally.cost_usd,
+        "cost_saved_usd": tally.saved_usd,
         "wall_s": round(wall_s, 3),
     }
 
@@ -158,27 +160,31 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _previous_fingerprint(out: Path) -> str | None:
-    """The fingerprint of the run already in `out` (its log's header; `run.json` before the log), if any."""
+def _check_same_run(out: Path, header: Header, examples: Sequence[Example]) -> bool:
+    """Whether `out` holds an earlier run (its log; `run.json` before the log); raises `RunError`, saying
+    what differs, when that run is not this one."""
     log = out / "log.jsonl"
     if log.exists():
         records, _ = read_records(log, strict=False)
-        return records[0][1].fingerprint if records and isinstance(records[0][1], Header) else ""
+        stored = records[0][1] if records and isinstance(records[0][1], Header) else None
+        if stored is None or stored.fingerprint != header.fingerprint:
+            stored_examples = [r for _, r in records if isinstance(r, ExampleRecord)]
+            raise RunError(refusal(out, "run", stored, header, stored_examples, examples))
+        return True
     manifest = out / "run.json"
     if manifest.exists():
-        return json.loads(manifest.read_text()).get("fingerprint")
-    return None
+        if json.loads(manifest.read_text()).get("fingerprint") != header.fingerprint:
+            raise RunError(
+                f"{out} holds a different run (protocol, pool, data or scorer changed); choose another --out "
+                "or pass --overwrite"
+            )
+        return True
+    return False
 
 
-def _load_finished(out: Path, fingerprint: str) -> dict[str, ExampleOutcome]:
-    previous = _previous_fingerprint(out)
-    if previous is None:
+def _load_finished(out: Path, header: Header, examples: Sequence[Example]) -> dict[str, ExampleOutcome]:
+    if not _check_same_run(out, header, examples):
         return {}
-    if previous != fingerprint:
-        raise RunError(
-            f"{out} holds a different run (protocol, pool, data or scorer changed); choose another --out "
-            "or pass --overwrite"
-        )
     finished: dict[str, ExampleOutcome] = {}
     traces_path = out / "traces.jsonl"
     if traces_path.exists():
@@ -222,8 +228,6 @@ async def run_dataset(
         if overwrite:
             for name in ("results.jsonl", "traces.jsonl", "summary.json", "run.json", "log.jsonl"):
                 (out_dir / name).unlink(missing_ok=True)
-        finished = _load_finished(out_dir, fingerprint)
-        (out_dir / "run.json").unlink(missing_ok=True)  # a run from before the log: its log takes over
         header = Header(
             kind="run",
             protocol=spec.name,
@@ -234,6 +238,8 @@ async def run_dataset(
             scorer=scorer,
             fingerprint=fingerprint,
         )
+        finished = _load_finished(out_dir, header, examples)
+        (out_dir / "run.json").unlink(missing_ok=True)  # a run from before the log: its log takes over
         log = LogWriter(out_dir)
         log.start(header, examples, log.plays_text([o.play(members) for o in finished.values()]))
         # Keep only lines of finished examples, so a resumed file has each example once.

@@ -39,6 +39,8 @@ class Call(BaseModel):
     sample: int = 0
     key: str
     completion: str | None = None
+    # The reply's tool calls in OpenAI format (`id`, `type`, `function.name`, `function.arguments`), if any.
+    tool_calls: list[dict[str, Any]] | None = None
     usage: Usage = Field(default_factory=Usage)
     latency_s: float = 0.0
     cost_usd: float | None = None
@@ -52,12 +54,19 @@ class Call(BaseModel):
     logprobs: list[float] | None = None
 
 
+def _add_cost(total: float | None, cost: float | None) -> float | None:
+    """A sum of prices that is unknown (None) as soon as one price is."""
+    return None if total is None or cost is None else total + cost
+
+
 class CallTally:
     """Counts calls as made, served from cache, or failed: the one accounting runs, audits and studies share.
 
     A call is *made* when it went upstream (not served from the cache, a single flight or a replay); a cached
     call whose key is in `made_since_start` (the cache's write times say this job made it before a kill and
-    resume, and no recorded call made it) counts as made once. Tokens and cost are those of the calls made.
+    resume, and no recorded call made it) counts as made once. Tokens and `cost_usd` are those of the calls
+    made (0.0 when none was: nothing was spent); `saved_usd` is what the cached calls cost when they were made
+    (what serving them saved). Either is None when a price it sums is unknown.
 
     Example:
         >>> tally = CallTally()
@@ -73,6 +82,7 @@ class CallTally:
         self.made = self.cached = self.failed = 0
         self.prompt_tokens = self.completion_tokens = 0
         self.cost_usd: float | None = 0.0
+        self.saved_usd: float | None = 0.0
         self.keys: set[str] = set()
         self._resumed: set[str] = set()
 
@@ -85,15 +95,14 @@ class CallTally:
         resumed = call.cached and call.key in self.made_since_start and call.key not in self._resumed
         if call.cached and not resumed:
             self.cached += 1
+            self.saved_usd = _add_cost(self.saved_usd, call.cost_usd)
             return "cached"
         if resumed:
             self._resumed.add(call.key)
         self.made += 1
         self.prompt_tokens += call.usage.prompt_tokens
         self.completion_tokens += call.usage.completion_tokens
-        self.cost_usd = (
-            None if call.cost_usd is None or self.cost_usd is None else self.cost_usd + call.cost_usd
-        )
+        self.cost_usd = _add_cost(self.cost_usd, call.cost_usd)
         return "made"
 
     def counts(self) -> dict[str, int]:

@@ -48,6 +48,26 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 cache_app = typer.Typer(help="Inspect, list or drop entries of the call cache.", no_args_is_help=True)
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        from colab_graphs import __version__
+
+        typer.echo(f"colab-graphs {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Measure and train language models for what they add to a team of models."""
+
+
 app.add_typer(cache_app, name="cache")
 
 
@@ -117,12 +137,19 @@ def run(
     except (RunError, SpecError, ValueError) as err:
         fail(str(err))
         raise
+    from colab_graphs.audit.report import cost_sentence
+
     console = Console()
     score = summary["score"]
+    calls = summary["calls"]
     console.print(
         f"[bold]{spec.name}[/]: score {score if score is None else f'{score:.3f}'} over {summary['scored']} "
-        f"example(s); failed {summary['failed']}; calls made {summary['calls']['made']}, cached "
-        f"{summary['calls']['cached']}; {summary['wall_s']:.1f}s -> {out}"
+        f"example(s); failed {summary['failed']}; calls made {calls['made']}, cached "
+        f"{calls['cached']}; {summary['wall_s']:.1f}s -> {out}"
+    )
+    console.print(
+        cost_sentence(summary["cost_usd"], calls["made"], summary["cost_saved_usd"], calls["cached"]),
+        highlight=False,
     )
     if summary["failed"]:
         first = next(o.error for o in outcomes if o.failed)

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from colab_graphs.cli.app_audit import app_game_for
 from colab_graphs.cli.common import (
     fail,
     holding_out,
@@ -40,6 +41,14 @@ from colab_graphs.cli.options import (
 def audit(
     protocol: ProtocolOpt = None,
     graph: GraphOpt = None,
+    app: Annotated[
+        str | None,
+        typer.Option(
+            "--app",
+            help="Your LangGraph app: path/to/file.py:NAME or module:NAME, its models "
+            "colab_graphs.member_chat_model(MEMBER); it reads 'input' and writes 'answer'.",
+        ),
+    ] = None,
     pool: PoolOpt = None,
     data: DataOpt = None,
     method: Annotated[str, typer.Option("--method", help="loo | exact | sampled")] = "loo",
@@ -71,18 +80,32 @@ def audit(
         fail("--method sampled needs --budget (number of permutations)")
     the_pool = load_pool(pool)
     examples = load_data(data, limit, seed, scorer=scorer)
-    spec = resolve_protocol(protocol, graph, the_pool.names, parse_params(param), the_pool)
     client = make_client(cache_dir, no_cache, max_concurrency, retries=retries, preflight=not no_preflight)
-    out = out or Path("audits") / spec.name
+    if app is not None:  # the user's own LangGraph app (colab_graphs.audit.app)
+        spec, make_game, out = app_game_for(
+            app, protocol or graph, the_pool, examples, client, scorer, out, data
+        )
+    else:
+        spec, make_game = (
+            resolve_protocol(protocol, graph, the_pool.names, parse_params(param), the_pool),
+            None,
+        )
+        out = out or Path("audits") / spec.name
     progress, task = progress_bar(1, f"audit {spec.name} ({method})")
 
     def on_plan(total: int) -> None:
         progress.update(task, total=total)
 
+    calls = {
+        "made": 0,
+        "cached": 0,
+    }  # as the report counts them: another coalition's identical call is cached
+
     def on_progress(play) -> None:
-        progress.update(
-            task, advance=1, status=f"calls {client.stats.made} made, {client.stats.cached} cached"
-        )
+        cached = sum(c.cached for c in play.calls)
+        calls["made"] += len(play.calls) - cached
+        calls["cached"] += cached
+        progress.update(task, advance=1, status=f"calls {calls['made']} made, {calls['cached']} cached")
 
     try:
         with holding_out(out):
@@ -106,6 +129,7 @@ def audit(
                         plots=False if no_plots else None,
                         on_plan=on_plan,
                         on_progress=on_progress,
+                        game=make_game() if make_game is not None else None,
                     )
                 )
     except AuditError as err:  # every example failed: a failed audit, not a usage error
@@ -138,6 +162,8 @@ def _print_report(report, out: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from colab_graphs.audit.report import cost_sentence
+
     def fmt(v: float | None, signed: bool = False) -> str:
         return "-" if v is None else (f"{v:+.3f}" if signed else f"{v:.3f}")
 
@@ -145,19 +171,19 @@ def _print_report(report, out: Path) -> None:
     table.add_column("member")
     table.add_column("individual", justify="right")
     table.add_column("LOO", justify="right")
-    table.add_column("LOO 95% CI", justify="right")
+    table.add_column(f"LOO {report.confidence:.0%} CI", justify="right")
     if report.shapley is not None:
         table.add_column(f"Shapley ({report.shapley_method})", justify="right")
+        table.add_column(f"Shapley {report.confidence:.0%} CI", justify="right")
+
+    def interval(member: str, measure: str) -> str:
+        lo, hi = report.ci.get(member, {}).get(measure, (None, None))
+        return f"[{fmt(lo, True)}, {fmt(hi, True)}]"
+
     for m in report.players:
-        lo, hi = report.ci.get(m, {}).get("loo", (None, None))
-        row = [
-            m,
-            fmt(report.individual.get(m)),
-            fmt(report.loo[m], True),
-            f"[{fmt(lo, True)}, {fmt(hi, True)}]",
-        ]
+        row = [m, fmt(report.individual.get(m)), fmt(report.loo[m], True), interval(m, "loo")]
         if report.shapley is not None:
-            row.append(fmt(report.shapley[m], True))
+            row += [fmt(report.shapley[m], True), interval(m, "shapley")]
         table.add_row(*row)
     console = Console()
     console.print(table)
@@ -167,6 +193,7 @@ def _print_report(report, out: Path) -> None:
         f"v(all) = {fmt(grand)}; calls made {c.made} (distinct requests {c.unique}, cached {c.cached}, failed "
         f"{c.failed}; naive evaluation: {c.naive}); {report.wall_s:.1f}s"
     )
+    console.print(cost_sentence(report.cost_usd, c.made, report.cost_saved_usd, c.cached), highlight=False)
     fitting = getattr(report, "fitting", None)  # protocols whose coalitions are fitted first
     if fitting:
         fits, merges = fitting["fits"], fitting["merges"]

@@ -26,7 +26,9 @@ CacheDirOpt = Annotated[
     typer.Option("--cache-dir", envvar="COLAB_GRAPHS_CACHE_DIR", help="Call cache directory."),
 ]
 NoCacheOpt = Annotated[bool, typer.Option("--no-cache", help="Do not read or write the call cache.")]
-LimitOpt = Annotated[int | None, typer.Option("--limit", help="Use only the first K examples.")]
+LimitOpt = Annotated[
+    int | None, typer.Option("--limit", min=1, help="Use only the first K examples (K >= 1).")
+]
 ParamOpt = Annotated[list[str] | None, typer.Option("-P", "--param", help="Protocol parameter key=value.")]
 RetriesOpt = Annotated[
     int,

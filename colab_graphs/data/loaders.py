@@ -89,7 +89,7 @@ def load_examples(
     Args:
         source: a path, a source name (see the module docstring), or a `datasets.Dataset`.
         split: which split to read, for sources that have several.
-        limit: keep at most this many examples (after shuffling).
+        limit: keep at most this many examples (after shuffling); None keeps every one.
         shuffle_seed: shuffle with this seed; None keeps the source order. Generated sources also use it as
             their generation seed.
         field_map: Example field -> record field, for JSON, JSONL and Hugging Face records.
@@ -106,8 +106,9 @@ def load_examples(
         >>> [e.input for e in load_examples("builtin:arithmetic", limit=1)]
         ['What is 5 + 2?']
     """
-    if limit is not None and limit < 0:
-        raise DatasetError(f"limit must be >= 0, got {limit}")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        # 0 is refused, not read as "no limit": a limit of zero examples asks for nothing to run.
+        raise DatasetError(f"limit must be an integer >= 1 (None: every example), got {limit!r}")
     name = source if isinstance(source, str | os.PathLike) else "dataset"
     read = _read(source, split=split, limit=limit, seed=shuffle_seed, field_map=field_map, scorer=scorer)
     located = read.located

@@ -100,6 +100,7 @@ def _call_fields(n: int, call: Call) -> dict[str, Any]:
         "settings": call.settings,
         "sample": call.sample,
         "completion": call.completion,
+        "tool_calls": call.tool_calls,
         "prompt_tokens": call.usage.prompt_tokens,
         "completion_tokens": call.usage.completion_tokens,
         "cost_usd": call.cost_usd,

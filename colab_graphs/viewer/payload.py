@@ -140,13 +140,14 @@ def _examples(log: Log) -> list[dict[str, Any]]:
 
 
 def _usage_from_calls(log: Log) -> dict[str, dict[str, Any]]:
-    """Calls made per member, each distinct call once (a report's `usage`, for an audit still going)."""
+    """Calls made per member, each distinct call once (a report's `usage`, for an audit still going): a call a
+    play got from the cache was not made by this audit and costs it nothing, as in the report."""
     made: dict[str, dict[str, Any]] = {}
     counted: set[int] = set()
     for play in log.plays:
         for ref in play.calls:
             call = log.calls[ref.n]
-            if call.n in counted or call.error is not None:
+            if ref.cached or call.n in counted or call.error is not None:
                 continue
             counted.add(call.n)
             u = made.setdefault(
