@@ -11,14 +11,13 @@ import pytest
 from typer.testing import CliRunner
 
 from colab_graphs import Pool, PoolError, __version__
-from colab_graphs.cli import extra
-from colab_graphs.cli.app import app
+from colab_graphs.cli.app import _register_optional_commands, app
 from colab_graphs.testing import arithmetic_solver
 
 pytestmark = pytest.mark.integration
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-extra.register(app)  # audit, models, train: what the console entry point registers
+_register_optional_commands()  # every command, as the console entry point registers them
 
 
 def invoke(*args: Any) -> Any:

@@ -115,7 +115,9 @@ def test_an_echoing_provider_leaks_no_secret_into_any_output(leaky_workspace) ->
     audit = invoke("audit", "--protocol", "majority_vote", *shared, "--out", ws / "audit", "--no-plots")
     study = invoke("study", "--config", ws / "study.yaml", "--out", ws / "study", "--cache-dir", ws / "cache",
                    "--no-plots", "--retries", 0)  # fmt: skip
-    assert (run.exit_code, audit.exit_code, study.exit_code) == (3, 3, 3), run.output + audit.output
+    assert (run.exit_code, audit.exit_code, study.exit_code) == (3, 3, 3), (
+        run.output + audit.output + study.output
+    )
     for result in (run, audit, study):
         assert_no_secret(result.output, "the terminal")
     # Not vacuous: the provider did echo what it was sent, and the echo is in the outputs, redacted.

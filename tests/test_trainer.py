@@ -306,10 +306,9 @@ def test_replay_gives_the_turn_that_matters_the_larger_advantage(live) -> None:
 def test_cli_train_tiny_writes_metrics_and_a_loadable_policy(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from colab_graphs.cli import extra
-    from colab_graphs.cli.app import app
+    from colab_graphs.cli.app import _register_optional_commands, app
 
-    extra.register(app)  # what `main()` does before parsing: adds train (and the other optional commands)
+    _register_optional_commands()  # every command, as the console entry point registers them
     out = tmp_path / "run"
     result = CliRunner().invoke(
         app,

@@ -286,6 +286,9 @@ def cache_clear(
 
 def _register_optional_commands() -> None:
     # Commands whose modules pull in heavier code register themselves here; each import is cheap (lazy inside).
+    # Registering twice would list every command twice: a second call does nothing.
+    if any(c.name == "study" for c in app.registered_commands):
+        return
     from colab_graphs.cli import extra, study_cmd, view_cmd
 
     extra.register(app)
