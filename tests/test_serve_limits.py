@@ -106,7 +106,14 @@ def test_good_and_bad_requests_sent_together_each_get_their_own_answer(server, g
 
 
 def test_explicit_nulls_mean_the_defaults(server, greedy):
-    nulls = {"n": None, "stream": None, "logprobs": None, "stop": None, "seed": None, "presence_penalty": None}
+    nulls = {
+        "n": None,
+        "stream": None,
+        "logprobs": None,
+        "stop": None,
+        "seed": None,
+        "presence_penalty": None,
+    }
     status, payload = post(server.base_url, {**GOOD, **nulls})
     assert status == 200 and payload["choices"][0]["message"]["content"] == greedy
 
