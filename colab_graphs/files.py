@@ -3,6 +3,8 @@
 - `read_text` / `text_lines`: UTF-8, a byte-order mark accepted (editors on Windows write one), and a byte that
   is not UTF-8 named by file, line and column instead of Python's ``'utf-8' codec can't decode byte 0xff in
   position 1234``.
+- `atomic_file` / `atomic_write_text`: a file another command may read (a report, a log, a model's marker) is
+  replaced whole or not at all, so a killed writer never leaves half a file where finished work was.
 - `OutLock`: an output folder is written by one command at a time. Two audits into one ``--out`` used to both
   exit 0 with their plays interleaved (1,600 play records for 800 plays, call numbers meaning two calls). The
   lock is an ``flock`` on ``OUT/.colab-graphs.lock``, which names its holder (pid, host, command); the kernel
@@ -18,11 +20,12 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TextIO
 
 BOM = b"\xef\xbb\xbf"
 LOCK_FILE = ".colab-graphs.lock"
@@ -93,6 +96,42 @@ class FolderBusy(RuntimeError):
     exit_code = 5
 
 
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike[str]) -> Iterator[TextIO]:
+    """A UTF-8 text file that replaces `path` when the block ends, and leaves `path` as it was if the block raises.
+
+    Readers (the viewer, a resumed audit, a rerun command) see the old file or the new one, never part of one:
+    the text goes to a hidden file beside `path` (the same filesystem, so the rename is atomic), is flushed to
+    the disk, then renamed over `path`. The hidden name carries the process and thread, so concurrent writers of
+    one path never write into each other's file (the last rename wins).
+
+    Example:
+        >>> import tempfile
+        >>> path = Path(tempfile.mkdtemp()) / "summary.json"
+        >>> with atomic_file(path) as fh:
+        ...     _ = fh.write("{}")
+        >>> path.read_text()
+        '{}'
+    """
+    path = Path(path)
+    temp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+    try:
+        with open(temp, "w", encoding="utf-8") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Replace `path` with `text` (UTF-8) whole or not at all (see `atomic_file`)."""
+    with atomic_file(path) as fh:
+        fh.write(text)
+
+
 # Folders held by this flow of work (a command, and the library functions it calls: the CLI locks --out, then
 # `play_audit` locks it again and holds it once). A context variable, not a process-wide table, so that two
 # concurrent audits of one process into one folder still exclude each other.
@@ -126,9 +165,9 @@ class OutLock:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             fh.seek(0)
-            holder = fh.read()
+            held_by = fh.read()
             fh.close()
-            raise FolderBusy(_busy_message(self.folder, holder)) from None
+            raise FolderBusy(_busy_message(self.folder, held_by)) from None
         fh.seek(0)
         fh.truncate()
         holder = {

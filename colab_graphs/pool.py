@@ -167,7 +167,7 @@ class Member(BaseModel):
 
     @property
     def model(self) -> str:
-        return self.settings["model"]
+        return str(self.settings["model"])
 
     @property
     def endpoint(self) -> str:
@@ -270,16 +270,16 @@ def make_member(name: str, settings: Mapping[str, Any], where: str = "pool") -> 
     if not settings.get("model"):
         raise PoolError(f"{where}: member {name!r} has no 'model' (a LiteLLM model string is required)")
     refs: dict[str, str] = {}
-    settings = _expand_env(dict(settings), f"{where}: member {name!r}", refs)
-    extra = {k: settings.pop(k) for k in MEMBER_KEYS if k in settings}
+    expanded: dict[str, Any] = _expand_env(dict(settings), f"{where}: member {name!r}", refs)
+    extra = {k: expanded.pop(k) for k in MEMBER_KEYS if k in expanded}
     if "deployments" in extra:
         extra["deployments"] = _check_deployments(extra["deployments"], f"{where}: member {name!r}")
     if "router" in extra:
         extra["router"] = _check_router(
             extra["router"], bool(extra.get("deployments")), f"{where}: member {name!r}"
         )
-    settings = checked_settings(settings, extra, f"{where}: member {name!r}")
-    return Member(name=name, settings=settings, **extra).with_env_refs(refs)
+    checked = checked_settings(expanded, extra, f"{where}: member {name!r}")
+    return Member(name=name, settings=checked, **extra).with_env_refs(refs)
 
 
 def checked_settings(settings: dict[str, Any], extra: dict[str, Any], where: str) -> dict[str, Any]:
@@ -291,7 +291,9 @@ def checked_settings(settings: dict[str, Any], extra: dict[str, Any], where: str
     from colab_graphs.pool_settings import setting_problems
 
     settings, problems = setting_problems(settings)
-    own = {k: extra[k] for k in ("description", "system_prompt", "cache_namespace") if k in extra}
+    own: dict[str, Any] = {
+        k: extra[k] for k in ("description", "system_prompt", "cache_namespace") if k in extra
+    }
     checked_own, more = setting_problems(own)
     extra.update(checked_own)
     problems += more

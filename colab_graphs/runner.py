@@ -24,6 +24,7 @@ from colab_graphs.compile import RunContext, TemplateError, compile_graph
 from colab_graphs.data.example import Example
 from colab_graphs.data.scoring import ScorerFn, task_for, view_for
 from colab_graphs.data.tasks import TaskType, TaskView
+from colab_graphs.files import atomic_file, atomic_write_text
 from colab_graphs.log import ExampleRecord, Header, LogWriter, Play, read_records
 from colab_graphs.log.diff import refusal
 from colab_graphs.models.client import CallError, ModelClient
@@ -86,7 +87,7 @@ async def run_example(
     scorer: str | ScorerFn | TaskType | None = None,
     *,
     view: TaskView | None = None,
-    memo: dict | None = None,
+    memo: dict[Any, Any] | None = None,
 ) -> ExampleOutcome:
     """Run one example through a compiled graph and score it. A failed model call marks it failed.
 
@@ -152,12 +153,6 @@ def summarize(spec: GraphSpec, outcomes: Sequence[ExampleOutcome], wall_s: float
         "cost_saved_usd": tally.saved_usd,
         "wall_s": round(wall_s, 3),
     }
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(hide_secrets(text), encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _check_same_run(out: Path, header: Header, examples: Sequence[Example]) -> bool:
@@ -277,12 +272,10 @@ async def run_dataset(
     outcomes = [by_id[e.id] for e in examples]
     summary = summarize(spec, outcomes, time.perf_counter() - started)
     if out_dir is not None:
-        _atomic_write(
-            out_dir / "results.jsonl", "".join(json.dumps(o.result_line()) + "\n" for o in outcomes)
-        )
-        with open(out_dir / "traces.jsonl.tmp", "w", encoding="utf-8") as fh:
+        results = "".join(json.dumps(o.result_line()) + "\n" for o in outcomes)
+        atomic_write_text(out_dir / "results.jsonl", hide_secrets(results))
+        with atomic_file(out_dir / "traces.jsonl") as traces:
             for o in outcomes:
-                fh.write(trace_line(o.trace))
-        os.replace(out_dir / "traces.jsonl.tmp", out_dir / "traces.jsonl")
-        _atomic_write(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+                traces.write(trace_line(o.trace))
+        atomic_write_text(out_dir / "summary.json", hide_secrets(json.dumps(summary, indent=2) + "\n"))
     return outcomes, summary

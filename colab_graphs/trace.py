@@ -132,9 +132,8 @@ class Trace(BaseModel):
     @property
     def cost_usd(self) -> float | None:
         costs = [c.cost_usd for c in self.calls if not c.cached]
-        if any(c is None for c in costs):
-            return None
-        return sum(costs)  # type: ignore[arg-type]
+        known = [c for c in costs if c is not None]
+        return sum(known) if len(known) == len(costs) else None
 
     @property
     def tokens(self) -> int:

@@ -7,6 +7,7 @@ import gc
 import json
 import logging
 import os
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -143,6 +144,39 @@ def test_a_second_audit_into_the_same_out_is_refused_naming_the_first(tmp_path) 
     assert first.returncode == 0, stderr
     plays = [line for line in (out / "log.jsonl").read_text().splitlines() if '"type":"play"' in line]
     assert len(plays) == 2 * (len(members) + 1 + len(members))  # examples x (LOO coalitions + solos), once
+
+
+KILLED_WRITER = """
+import os, signal, sys
+from colab_graphs.files import atomic_file
+with atomic_file(sys.argv[1]) as fh:
+    fh.write('{"score": ')
+    fh.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_file_written_atomically_keeps_its_old_text_when_the_writer_is_killed_midway(tmp_path) -> None:
+    summary = tmp_path / "summary.json"
+    summary.write_text('{"score": 1.0}\n')
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_WRITER, str(summary)], capture_output=True, timeout=120
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert summary.read_text() == '{"score": 1.0}\n'
+
+
+def test_a_file_written_atomically_is_untouched_and_leaves_no_temp_file_when_the_write_raises(
+    tmp_path,
+) -> None:
+    from colab_graphs.files import atomic_file
+
+    summary = tmp_path / "summary.json"
+    summary.write_text('{"score": 1.0}\n')
+    with pytest.raises(RuntimeError), atomic_file(summary) as fh:
+        fh.write('{"score": ')
+        raise RuntimeError("the run failed while its summary was written")
+    assert summary.read_text() == '{"score": 1.0}\n' and os.listdir(tmp_path) == ["summary.json"]
 
 
 def test_a_lock_left_by_a_dead_process_is_taken_over(right, tmp_path) -> None:

@@ -125,6 +125,13 @@ def test_a_request_lists_every_problem_it_has(server):
     assert "seed:" in message and "temperature:" in message and "n:" in message
 
 
+def test_content_parts_of_no_type_beside_an_image_are_refused_with_a_400_naming_them(server):
+    parts = [{"text": "What is 2+2?"}, {"type": "image_url", "image_url": {"url": "data:,"}}]
+    status, payload = post(server.base_url, {**GOOD, "messages": [{"role": "user", "content": parts}]})
+    assert status == 400, payload
+    assert "text only" in payload["error"]["message"] and "image_url" in payload["error"]["message"]
+
+
 def test_max_tokens_beyond_what_the_context_leaves_is_refused_with_the_numbers(server):
     status, payload = post(server.base_url, {**GOOD, "max_tokens": 2040})
     assert status == 400 and payload["error"]["code"] == "context_length_exceeded"

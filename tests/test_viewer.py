@@ -90,8 +90,7 @@ def training_folder(folder: Path) -> Path:
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory) -> Path:
     """One folder holding what the CLI writes: an audit, a run, a study, a training run; an audit caught while
-    it is being played (its log cut after 20 plays, no report yet); an audit from before the log (version 0)."""
-    from tests.test_log import legacy_audit
+    it is being played (its log cut after 20 plays, no report yet)."""
     from tests.test_study import member_scripts, write_study
 
     root = tmp_path_factory.mktemp("view")
@@ -119,7 +118,6 @@ def outputs(tmp_path_factory) -> Path:
         config = write_study(work / "study", server, datasets=("d1",))
         cli("study", "--config", config, "--out", root / "study", "--cache-dir", work / "cache", "--no-plots")
     training_folder(root / "train")
-    legacy_audit(root / "legacy", root / "audit")
     running = root / "running"
     running.mkdir()
     lines = (root / "audit" / LOG_FILE).read_text().splitlines(keepends=True)
@@ -309,8 +307,6 @@ PAGES = [
     "?path=study/solo/P1/d1",
     "?path=train",
     "?path=running",
-    "?path=legacy",
-    "?path=legacy&example=[q1]&coalition=a",
     "?path=",
 ]
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from colab_graphs.files import atomic_write_text
 from colab_graphs.log.records import LOG_FILE, CallRecord, Header, PlayRecord
 from colab_graphs.redaction import hide_secrets
 from colab_graphs.trace import Call, Usage
@@ -145,9 +146,7 @@ class LogWriter:
             data = example.model_dump(exclude_none=True) if isinstance(example, BaseModel) else example
             lines.append(_dumps({"type": "example", **{k: v for k, v in data.items() if k != "type"}}))
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(hide_secrets("\n".join(lines) + "\n" + records), encoding="utf-8")
-        os.replace(tmp, self.path)
+        atomic_write_text(self.path, hide_secrets("\n".join(lines) + "\n" + records))
 
     def remember(self, calls: Iterable[CallRecord]) -> None:
         """Take the calls of an existing log as written (its plays refer to them; new plays will too)."""

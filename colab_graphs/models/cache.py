@@ -213,7 +213,8 @@ class CallCache:
             blob = row[0]
             self._remember(key, blob)
         try:
-            return json.loads(blob)
+            entry: dict[str, Any] = json.loads(blob)
+            return entry
         except (TypeError, ValueError) as exc:
             self._recent.pop(key, None)
             self._bad_row(key, f"is not JSON ({exc})")

@@ -103,7 +103,8 @@ def unload(model_ref: str | None = None) -> None:
             gone = [e for e in (*_engines.values(), *_named.values()) if e.name == ref]
         for name in [k for k, e in _named.items() if e in gone]:
             _versions.pop(name, None)
-        for table in (_engines, _named, _by_ref):
+            del _named[name]
+        for table in (_engines, _by_ref):
             for key in [k for k, e in table.items() if e in gone]:
                 del table[key]
         for engine in gone:

@@ -53,7 +53,6 @@ access_log = logging.getLogger("colab_graphs.access")
 _log = logging.getLogger(__name__)
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _LINGER_S = 2.0  # how long a refused connection is read from before it is closed
-_LINGERING = object()  # selector data of a refused connection
 
 
 @dataclass(frozen=True)
@@ -174,7 +173,7 @@ def _frame(buffer: bytearray, limits: ServerLimits) -> _Frame:
     return frame
 
 
-class _SocketWriter(io.RawIOBase):
+class _SocketWriter(io.BufferedIOBase):
     """``wfile`` for a handler: every write goes out whole (``sendall``), under the write timeout."""
 
     def __init__(self, sock: socket.socket) -> None:
@@ -244,8 +243,8 @@ class OpenAIServer:
                         self._accept()
                     elif key.fileobj is self._wake_read:
                         self._drain_wakeups()
-                    elif key.data is _LINGERING:
-                        self._drain_lingering(key.fileobj)  # type: ignore[arg-type]
+                    elif isinstance(key.data, socket.socket):  # a refused connection, registered with itself
+                        self._drain_lingering(key.data)
                     else:
                         self._read(key.data)
                 self._expire()
@@ -390,7 +389,7 @@ class OpenAIServer:
             sock.close()
             return
         self._lingering[sock] = time.monotonic() + _LINGER_S
-        self._selector.register(sock, selectors.EVENT_READ, _LINGERING)
+        self._selector.register(sock, selectors.EVENT_READ, sock)
 
     def _drain_lingering(self, sock: socket.socket) -> None:
         try:
@@ -459,8 +458,19 @@ class OpenAIHandler(BaseHTTPRequestHandler):
 
     # HTTP/1.1 keep-alive, as vLLM and OpenAI serve: clients reuse pooled connections.
     protocol_version = "HTTP/1.1"
+    # socketserver types a handler's server as its BaseServer; this handler is driven by OpenAIServer alone.
     server: OpenAIServer  # type: ignore[assignment]
     request: _Connection
+
+    def __init__(self, connection: _Connection, address: Any, server: OpenAIServer) -> None:
+        """What `BaseRequestHandler.__init__` does, typed for this server: the request is a connection whose
+        request was read whole (`setup` reads it from there), not a socket handed over by socketserver."""
+        self.request, self.client_address, self.server = connection, address, server
+        self.setup()
+        try:
+            self.handle()
+        finally:
+            self.finish()
 
     def setup(self) -> None:
         self.connection = self.request.sock

@@ -102,9 +102,10 @@ def weights_identity(ref: str) -> str:
         return entry.identity
     path = Path(ref).expanduser()
     if not path.is_dir():
-        path = _hub_folder(ref)
-        if path is None:
+        hub = _hub_folder(ref)
+        if hub is None:
             return f"unresolved:{ref}"  # the call itself will fail, naming why; nothing stored matches this
+        path = hub
     return folder_identity(path.resolve())
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,7 +132,8 @@ class JsonMatcher:
         if "allOf" in schema:
             (only,) = schema["allOf"]
             schema = {**{k: v for k, v in schema.items() if k != "allOf"}, **self._resolve(only)}
-        return schema
+        resolved: dict[str, Any] = schema
+        return resolved
 
     def _value(self, schema: Any, s: str, i: int) -> Iterator[int]:
         """End positions of the values `schema` accepts that start at `s[i]` (PARTIAL: `s` ends inside one)."""
@@ -428,7 +429,7 @@ class JsonGuide:
     """
 
     def __init__(
-        self, schema: dict[str, Any], vocab: Vocabulary, end_ids: Sequence[int], greedy: bool
+        self, schema: dict[str, Any], vocab: Vocabulary, end_ids: Iterable[int], greedy: bool
     ) -> None:
         self.matcher = JsonMatcher(schema)
         self.vocab, self.end_ids, self.greedy = vocab, sorted(end_ids), greedy
@@ -511,7 +512,8 @@ class JsonGuide:
 def _top(logits: Any, k: int) -> list[int]:
     import torch
 
-    return torch.topk(logits, min(k, logits.shape[-1])).indices.tolist()
+    top: list[int] = torch.topk(logits, min(k, logits.shape[-1])).indices.tolist()
+    return top
 
 
 def _likeliest(logits: Any, tokens: Sequence[int], limit: int) -> list[int]:
@@ -522,4 +524,5 @@ def _likeliest(logits: Any, tokens: Sequence[int], limit: int) -> list[int]:
     index = torch.as_tensor(tokens, dtype=torch.long)
     index = index[index < logits.shape[-1]]
     order = torch.argsort(logits[index], descending=True)[:limit]
-    return index[order].tolist()
+    likeliest: list[int] = index[order].tolist()
+    return likeliest

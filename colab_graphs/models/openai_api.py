@@ -142,7 +142,7 @@ class Message(_Strict):
         kinds = [p.get("type") for p in content if isinstance(p, dict)] if isinstance(content, list) else []
         if any(kind != "text" for kind in kinds):
             raise ValueError(
-                f"this model reads text only; content parts of type {sorted(set(kinds) - {'text'})}"
+                f"this model reads text only; content parts of type {sorted({str(k) for k in kinds} - {'text'})}"
             )
         return content
 
@@ -265,9 +265,10 @@ class CompletionRequest(_Request):
     def prompts(self) -> list[str | list[int]]:
         if isinstance(self.prompt, str):
             return [self.prompt]
-        if all(isinstance(p, int) for p in self.prompt):
-            return [list(self.prompt)]  # type: ignore[arg-type]
-        return list(self.prompt)  # type: ignore[arg-type]
+        token_ids = [p for p in self.prompt if isinstance(p, int)]
+        if len(token_ids) == len(self.prompt):  # one prompt as token ids
+            return [token_ids]
+        return [p for p in self.prompt if not isinstance(p, int)]
 
 
 RequestModel = TypeVar("RequestModel", bound=_Request)

@@ -8,17 +8,19 @@ fields only, plus the top-level ``colab_graphs`` key when the request asked for 
 
 from __future__ import annotations
 
+import functools
 import queue
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import Any, Protocol
 
 from colab_graphs.models.http import RequestError
 from colab_graphs.models.json_guide import JsonGuide, schema_problems, vocabulary
 from colab_graphs.models.local import DETAILS_KEY, openai_logprobs, sampling_request
 from colab_graphs.models.local_engine import GenerationRequest, GenerationResult, LocalEngine
-from colab_graphs.models.openai_api import ChatCompletionRequest, CompletionRequest
+from colab_graphs.models.openai_api import ChatCompletionRequest, CompletionRequest, NamedToolChoice
 from colab_graphs.models.tool_calls import call_schema, parse_tool_calls, render_chat
 
 CHAT_DEFAULT_MAX_TOKENS = 256
@@ -57,12 +59,16 @@ class _Reply:
 
     def _pieces(self) -> Iterator[tuple[int, str | None, GenerationResult | BaseException | None]]:
         """``(row, text, None)`` as rows write, then ``(row, None, result or exception)`` as each ends."""
-        events: queue.Queue[tuple[int, str | None, Any]] = queue.Queue()
+        events: queue.Queue[tuple[int, str | None, GenerationResult | BaseException | None]] = queue.Queue()
+
+        def ended(i: int, future: Future[GenerationResult]) -> None:
+            events.put((i, None, future.exception() or future.result()))
+
         for i, row in enumerate(self.rows):
             row.on_text = lambda piece, i=i: events.put((i, piece, None))
         futures = [self.engine.submit(row) for row in self.rows]
         for i, future in enumerate(futures):
-            future.add_done_callback(lambda f, i=i: events.put((i, None, f.exception() or f.result())))
+            future.add_done_callback(functools.partial(ended, i))
         left = len(futures)
         while left:
             event = events.get()
@@ -149,7 +155,8 @@ class ChatReply(_Reply):
     def _schema(request: ChatCompletionRequest, forced: bool) -> tuple[dict[str, Any] | None, str]:
         if forced:
             assert request.tools is not None
-            named = request.tool_choice.function.name if request.tool_mode == "function" else None  # type: ignore[union-attr]
+            choice = request.tool_choice
+            named = choice.function.name if isinstance(choice, NamedToolChoice) else None
             return call_schema(request.tools, named), "tools"
         response_format = request.response_format
         if response_format is None or response_format.type == "text":

@@ -46,8 +46,9 @@ import sys
 import threading
 from typing import Any
 
+from colab_graphs.models.engines import get_engine
 from colab_graphs.models.http import OpenAIHandler, OpenAIServer, RequestError, ServerLimits
-from colab_graphs.models.local import get_engine, model_folder
+from colab_graphs.models.local import model_folder
 from colab_graphs.models.local_engine import LocalEngine
 from colab_graphs.models.openai_api import ChatCompletionRequest, CompletionRequest, parse_body
 from colab_graphs.models.serve_replies import ChatReply, CompletionReply
@@ -153,7 +154,8 @@ class _Handler(OpenAIHandler):
 
     @property
     def state(self) -> LocalServer:
-        return self.server.app
+        state: LocalServer = self.server.app
+        return state
 
     def models(self) -> list[dict[str, Any]]:
         return [{"id": self.state.served_name, "object": "model", "created": 0, "owned_by": "colab-graphs"}]

@@ -21,6 +21,7 @@ from colab_graphs.spec import GraphSpec
 
 MAX_ROLLOUTS = 64  # the most recent sample rollouts a training page shows
 INDEX_DEPTH = 4  # how deep a folder that holds several outputs is searched
+Stamp = tuple[tuple[str, int, int], ...]  # (file name, mtime ns, size) of each of a folder's files
 
 
 class ViewerError(Exception):
@@ -35,14 +36,14 @@ class LogCache:
     """Logs read recently, read again only when one of their files changed (pages ask for a log repeatedly)."""
 
     FILES = (LOG_FILE, "report.json", "study.json", "summary.json", "metrics.jsonl", "rollouts.jsonl",
-             "eval_before.json", "eval_after.json", "game.jsonl", "traces.jsonl")  # fmt: skip
+             "eval_before.json", "eval_after.json")  # fmt: skip
 
     def __init__(self, size: int = 8):
         self.size = size
-        self._logs: dict[Path, tuple[tuple, Log]] = {}
+        self._logs: dict[Path, tuple[Stamp, Log]] = {}
         self._lock = threading.Lock()
 
-    def _stamp(self, folder: Path) -> tuple:
+    def _stamp(self, folder: Path) -> Stamp:
         stamp = []
         for name in self.FILES:
             try:

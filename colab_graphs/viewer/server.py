@@ -168,7 +168,8 @@ class ViewerServer(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
+        # The bound address, as server_address holds it (which typeshed types str | bytes for any family).
+        host, port = self.socket.getsockname()[:2]
         return f"http://{host}:{port}/"
 
     def start(self) -> ViewerServer:

@@ -213,7 +213,6 @@ function auditMeta(d) {
     ["v(all members)", h("span", { id: "v-all" }, fmt(grandValue(d)))],
     r ? ["Calls", `${fmtInt(r.calls.made)} made, ${fmtInt(r.calls.unique)} distinct, ${fmtInt(r.calls.cached)} cached, ${fmtInt(r.calls.failed)} failed; naive evaluation ${fmtInt(r.calls.naive)}`] : null,
     r ? ["Tokens, cost, time", `${fmtInt(r.tokens.total)} tokens, ${costText(r.cost_usd, r.calls.made, r.cost_saved_usd, r.calls.cached)}, ${Number(r.wall_s).toFixed(1)} s`] : null,
-    d.log_version === 0 ? ["Log", "written before the log kept conversations (version 0): no prompts or replies"] : null,
   ]);
 }
 
