@@ -10,8 +10,9 @@ import asyncio
 import inspect
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 from typing_extensions import TypedDict  # pydantic builds JSON schemas from it on 3.11 (get_input_jsonschema)
 
@@ -19,6 +20,7 @@ from colab_graphs.data.example import Example
 from colab_graphs.data.tasks import DEFAULT_INSTRUCTION, TaskType, TaskView
 from colab_graphs.logit_pool import check_pool_supports, check_seat_supports
 from colab_graphs.models.client import (
+    CallResult,
     ModelClient,
     background_loop,
     being_cancelled,
@@ -28,17 +30,21 @@ from colab_graphs.models.client import (
 from colab_graphs.models.lc import ChatRun
 from colab_graphs.pool import Pool
 from colab_graphs.registry import registry_lookup
-from colab_graphs.spec import END, START, Aggregate, Edge, GraphSpec, LogitSeat, Seat, is_pattern
+from colab_graphs.spec import END, START, Aggregate, Edge, GraphSpec, LogitSeat, Route, Seat, is_pattern
 from colab_graphs.trace import Trace
+
+if TYPE_CHECKING:
+    from langgraph._internal._runnable import RunnableCallable
+    from langgraph.graph.state import CompiledStateGraph
 
 FUSED_NODE = "protocol"  # the one node of a fused protocol (see compile_graph(fuse=True))
 
 
-def _merge(left: dict | None, right: dict | None) -> dict:
+def _merge(left: dict[str, Any] | None, right: dict[str, Any] | None) -> dict[str, Any]:
     return {**(left or {}), **(right or {})}
 
 
-def _add_counts(left: dict | None, right: dict | None) -> dict:
+def _add_counts(left: dict[str, int] | None, right: dict[str, int] | None) -> dict[str, int]:
     out = dict(left or {})
     for k, v in (right or {}).items():
         out[k] = out.get(k, 0) + v
@@ -66,6 +72,22 @@ class RunContext:
     # is already here takes its result and records a cached call, as the client's cache would serve it; one
     # whose request is in flight waits for it.
     memo: dict[Any, Any] | None = None
+
+
+class NodeRun(Protocol):
+    """A node's async function, as LangGraph calls it: the state, its `Runtime` (whose `context` is our
+    `RunContext`), the node's `RunnableConfig`; it returns the node's state update."""
+
+    async def __call__(
+        self, state: GraphState, runtime: Any = None, config: Any = None
+    ) -> dict[str, Any]: ...
+
+
+# A node's sync function (pure-Python nodes): (state, runtime) -> update.
+SyncRun = Callable[[GraphState, Any], dict[str, Any]]
+# A node's update when it needs nothing awaited (a pure-Python node; a seat whose request the run's memo
+# holds), else None.
+Ready = Callable[[GraphState, Any], dict[str, Any] | None]
 
 
 def task_view(state: GraphState, runtime: Any, fallback: RunContext | None) -> TaskView:
@@ -138,7 +160,7 @@ def render(template: str, node: str, state: GraphState, reads: dict[str, Any]) -
 
 def _context(runtime: Any, fallback: RunContext | None) -> RunContext:
     """The run's context (LangGraph hands nodes its `Runtime`, whose `context` is ours), else the fallback."""
-    rt = getattr(runtime, "context", None)
+    rt: RunContext | None = getattr(runtime, "context", None)
     if rt is not None:
         return rt
     if fallback is not None:
@@ -155,8 +177,8 @@ def _messages(system: str | None, prompt: str) -> list[dict[str, str]]:
     return msgs
 
 
-def _node(afn, fn=None):
-    """A node that runs `afn` under `ainvoke` and `fn` under `invoke`.
+def _node(afn: NodeRun, fn: SyncRun | None = None, name: str | None = None) -> "RunnableCallable":
+    """A node (named `name`, else as `afn`) that runs `afn` under `ainvoke` and `fn` under `invoke`.
 
     Without `fn`, `invoke` runs `afn` on a background loop (model seats). Built as LangGraph builds nodes from
     plain functions (no tracing callbacks, no thread hop for pure-Python nodes under `ainvoke`), with its
@@ -165,15 +187,20 @@ def _node(afn, fn=None):
     function per node; a node with both a sync and an async form needs its `RunnableCallable`, the one private
     LangGraph name this package uses (tests/test_compile.py pins it).
     """
+    from langchain_core.runnables import RunnableConfig
     from langgraph._internal._runnable import RunnableCallable
 
     if fn is None:
-        # `config` unannotated: LangGraph hands the node's RunnableConfig to a parameter of that name when it is
-        # unannotated or annotated RunnableConfig (importing that type here would cost every import of us).
-        def fn(state: GraphState, runtime: Any = None, config=None) -> dict[str, Any]:
+        # LangGraph hands the node's RunnableConfig to a parameter of that name when it is unannotated or
+        # annotated `RunnableConfig` or `RunnableConfig | None` (imported here: at module level it would cost
+        # every import of us).
+        def sync(
+            state: GraphState, runtime: Any = None, config: RunnableConfig | None = None
+        ) -> dict[str, Any]:
             return asyncio.run_coroutine_threadsafe(afn(state, runtime, config), background_loop()).result()
 
-    return RunnableCallable(fn, afn, name=getattr(afn, "__name__", None), trace=False)
+        fn = sync
+    return RunnableCallable(fn, afn, name=name or getattr(afn, "__name__", None), trace=False)
 
 
 def _update(node_name: str, written: dict[str, Any], output_key: str) -> dict[str, Any]:
@@ -187,13 +214,17 @@ def _update(node_name: str, written: dict[str, Any], output_key: str) -> dict[st
     return update
 
 
-def _seat_fn(seat: Seat, order: dict[str, int], fallback: RunContext | None, output_key: str):
-    """A seat's async node function; its `ready` attribute answers at once when the run's memo has the request."""
+def _seat_fn(
+    seat: Seat, order: dict[str, int], fallback: RunContext | None, output_key: str
+) -> tuple[NodeRun, Ready]:
+    """A seat's async node function and its `Ready` (the update at once when the run's memo holds the call)."""
     settings_key = json.dumps(seat.settings, sort_keys=True, default=str) if seat.settings else ""
     replay = {"node": seat.name, "seat": seat.name, "cached": True, "latency_s": 0.0, "attempts": 0}
     templates = ("rendered", seat.prompt, seat.system)
 
-    def prepare(state: GraphState, runtime: Any) -> tuple[RunContext, str | None, str, tuple]:
+    def prepare(
+        state: GraphState, runtime: Any
+    ) -> tuple[RunContext, str | None, str, tuple[str, int, str, str | None, str]]:
         rt = _context(runtime, fallback)
         # A seat that reads no state renders the same prompt in every run of an example: the memo keeps it.
         rendered = rt.memo.get(templates) if rt.memo is not None and not seat.reads else None
@@ -209,7 +240,7 @@ def _seat_fn(seat: Seat, order: dict[str, int], fallback: RunContext | None, out
         # same request, whose result the cache would return.
         return rt, system, prompt, (seat.member, seat.sample, settings_key, system, prompt)
 
-    def written(result: Any) -> dict[str, Any]:
+    def written(result: CallResult) -> dict[str, Any]:
         out: dict[str, Any] = {seat.writes: result.text}
         if result.logprobs:
             out[seat.writes + "#logprob"] = sum(result.logprobs) / len(result.logprobs)
@@ -241,8 +272,9 @@ def _seat_fn(seat: Seat, order: dict[str, int], fallback: RunContext | None, out
             except asyncio.CancelledError:
                 if not (hit.cancelled() and not being_cancelled()):
                     raise
-        flight = asyncio.get_running_loop().create_future() if memo is not None else None
+        flight: asyncio.Future[list[Any]] | None = None
         if memo is not None:
+            flight = asyncio.get_running_loop().create_future()
             memo[request] = flight
         member, messages = rt.pool[seat.member], _messages(system, prompt)
         events = await ChatRun.start(config, seat.name, member, messages, seat.settings)
@@ -259,22 +291,23 @@ def _seat_fn(seat: Seat, order: dict[str, int], fallback: RunContext | None, out
         except BaseException as exc:
             if events is not None:
                 await events.error(exc)
-            if flight is not None:
+            if memo is not None and flight is not None:
                 del memo[request]
                 fail_flight(flight, exc)
             raise
         if events is not None:
             await events.end(result)
-        if flight is not None:
+        if memo is not None and flight is not None:
             memo[request] = entry = [result, record, {}]
             flight.set_result(entry)
         return written(result)
 
-    run.ready = ready
-    return run
+    return run, ready
 
 
-def _logit_fn(node: LogitSeat, order: dict[str, int], fallback: RunContext | None, output_key: str):
+def _logit_fn(
+    node: LogitSeat, order: dict[str, int], fallback: RunContext | None, output_key: str
+) -> NodeRun:
     async def run(state: GraphState, runtime: Any = None, config: Any = None) -> dict[str, Any]:
         rt = _context(runtime, fallback)
         reads = resolve_reads(node.reads, state, order)
@@ -315,8 +348,11 @@ def _takes_task(fn: Any) -> bool:
     return any(p.name == "task" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
-def _aggregate_fns(node: Aggregate, order: dict[str, int], output_key: str, fallback: RunContext | None):
-    """(sync, async) functions of an aggregate node. Aggregators that take `task` get the run's task."""
+def _aggregate_fns(
+    node: Aggregate, order: dict[str, int], output_key: str, fallback: RunContext | None
+) -> tuple[SyncRun, NodeRun]:
+    """(sync, async) functions of an aggregate node (the sync one is also its `Ready`). Aggregators that take
+    `task` get the run's task."""
     fn = registry_lookup("aggregator", node.fn).obj
     takes_task = _takes_task(fn)
 
@@ -328,7 +364,6 @@ def _aggregate_fns(node: Aggregate, order: dict[str, int], output_key: str, fall
     async def arun(state: GraphState, runtime: Any = None, config: Any = None) -> dict[str, Any]:
         return run(state, runtime)
 
-    arun.ready = run
     return run, arun
 
 
@@ -384,20 +419,19 @@ async def _all_or_cancel(coros: list[Any]) -> list[Any]:
         raise
 
 
-def _fused_fn(levels: list[list[str]], fns: dict[str, Any]):
+def _fused_fn(levels: list[list[str]], fns: dict[str, NodeRun], readies: dict[str, Ready]) -> NodeRun:
     """One node that runs the protocol's levels in order, each level's nodes concurrently."""
-    readies = {name: getattr(fn, "ready", None) for name, fn in fns.items()}
 
     async def run(state: GraphState, runtime: Any = None, config: Any = None) -> dict[str, Any]:
         # The state as the graph's reducers would build it (merged values, counted visits), grown in place:
         # a level's updates apply only after all its nodes have read the state.
         values, visits = dict(state.get("values") or {}), dict(state.get("visits") or {})
-        view = {**state, "values": values, "visits": visits}
+        view: GraphState = {**state, "values": values, "visits": visits}
         total: dict[str, Any] = {"values": {}, "visits": {}}
         for names in levels:
             # Nodes that can answer at once do (pure-Python nodes, seats whose request the memo holds); the
             # others run concurrently. Updates apply in declaration order either way.
-            updates: list[Any] = [ready(view, runtime) if (ready := readies[n]) else None for n in names]
+            updates: list[Any] = [ready(view, runtime) if (ready := readies.get(n)) else None for n in names]
             pending = [i for i, u in enumerate(updates) if u is None]
             if len(pending) == 1:
                 updates[pending[0]] = await fns[names[pending[0]]](view, runtime, config)
@@ -418,7 +452,9 @@ def _fused_fn(levels: list[list[str]], fns: dict[str, Any]):
     return run
 
 
-def _route_fn(route, order: dict[str, int], fallback: RunContext | None):
+def _route_fn(
+    route: Route, order: dict[str, int], fallback: RunContext | None
+) -> Callable[[GraphState, Any], str]:
     fn = registry_lookup("router", route.fn).obj
     key = route.params.get("key")
     params = {k: v for k, v in route.params.items() if k != "key"}
@@ -446,28 +482,33 @@ def _target(name: str | None) -> str:
     return "__end__" if name in (END, None) else name
 
 
-def _node_functions(spec: GraphSpec, pool: Pool | None, client: ModelClient | None):
-    """(async functions of every node, sync functions of pure-Python nodes, the fallback runtime)."""
+def _node_functions(
+    spec: GraphSpec, pool: Pool | None, client: ModelClient | None
+) -> tuple[dict[str, NodeRun], dict[str, SyncRun], dict[str, Ready], RunContext | None]:
+    """(async functions of every node, sync functions of pure-Python nodes, `Ready`s of the nodes that have
+    one, the fallback runtime)."""
     spec.validate_for(pool.names if pool is not None else None)
     if pool is not None and any(isinstance(n, LogitSeat) for n in spec.nodes):
         check_pool_supports(spec, pool)  # API members cannot give next-token distributions: fail before calls
     fallback = RunContext(client or default_client(), pool) if pool is not None else None
     order = _writer_order(spec)
-    afns: dict[str, Any] = {}
-    syncs: dict[str, Any] = {}
+    afns: dict[str, NodeRun] = {}
+    syncs: dict[str, SyncRun] = {}
+    readies: dict[str, Ready] = {}
     for node in spec.nodes:
         if isinstance(node, Seat):
-            afns[node.name] = _seat_fn(node, order, fallback, spec.output)
+            afns[node.name], readies[node.name] = _seat_fn(node, order, fallback, spec.output)
         elif isinstance(node, LogitSeat):
             afns[node.name] = _logit_fn(node, order, fallback, spec.output)
         else:
             syncs[node.name], afns[node.name] = _aggregate_fns(node, order, spec.output, fallback)
-    return afns, syncs, fallback
+            readies[node.name] = syncs[node.name]
+    return afns, syncs, readies, fallback
 
 
 def compile_graph(
     spec: GraphSpec, pool: Pool | None = None, client: ModelClient | None = None, *, fuse: bool = False
-):
+) -> "CompiledStateGraph[GraphState, RunContext, GraphState, GraphState]":
     """Compile `spec` into a LangGraph `CompiledStateGraph`.
 
     Args:
@@ -485,13 +526,11 @@ def compile_graph(
     """
     from langgraph.graph import StateGraph
 
-    afns, syncs, fallback = _node_functions(spec, pool, client)
+    afns, syncs, readies, fallback = _node_functions(spec, pool, client)
     builder = StateGraph(GraphState, context_schema=RunContext)
     levels = fusion_levels(spec) if fuse else None
     if levels is not None:
-        run = _fused_fn(levels, afns)
-        run.__name__ = FUSED_NODE
-        builder.add_node(FUSED_NODE, _node(run))
+        builder.add_node(FUSED_NODE, _node(_fused_fn(levels, afns, readies), name=FUSED_NODE))
         builder.add_edge(START, FUSED_NODE)
         builder.add_edge(FUSED_NODE, "__end__")
         return builder.compile(name=spec.name)
@@ -521,12 +560,12 @@ class DirectGraph:
     pays thousands of times per example batch. Audits use it; users get the LangGraph graph.
     """
 
-    def __init__(self, name: str, run: Any):
+    def __init__(self, name: str, run: NodeRun) -> None:
         self.name = name
         self._run = run
 
     async def ainvoke(
-        self, state: dict[str, Any], config: Any = None, *, context: RunContext | None = None
+        self, state: GraphState, config: Any = None, *, context: RunContext | None = None
     ) -> dict[str, Any]:
         from langgraph.runtime import Runtime
 
@@ -536,11 +575,13 @@ class DirectGraph:
         return out
 
 
-def compile_direct(spec: GraphSpec, pool: Pool | None = None, client: ModelClient | None = None):
+def compile_direct(
+    spec: GraphSpec, pool: Pool | None = None, client: ModelClient | None = None
+) -> "DirectGraph | CompiledStateGraph[GraphState, RunContext, GraphState, GraphState]":
     """`DirectGraph` of `spec` when it fuses (no routes, one incoming edge per node), else the fused LangGraph
     graph (`compile_graph(..., fuse=True)`): either way an object with `ainvoke(state, config, context=...)`."""
     levels = fusion_levels(spec)
     if levels is None:
         return compile_graph(spec, pool, client, fuse=True)
-    afns, _, _ = _node_functions(spec, pool, client)
-    return DirectGraph(spec.name, _fused_fn(levels, afns))
+    afns, _, readies, _ = _node_functions(spec, pool, client)
+    return DirectGraph(spec.name, _fused_fn(levels, afns, readies))

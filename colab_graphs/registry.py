@@ -34,7 +34,7 @@ KINDS: tuple[Kind, ...] = ("protocol", "aggregator", "router", "scorer")
 FAMILIES = ("api", "text", "logit", "weight", "basic")
 PLUGIN_GROUP = "colab_graphs.plugins"
 
-T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])  # a decorated function keeps its own type
 
 
 @dataclass(frozen=True)
@@ -108,20 +108,20 @@ def registry_names(kind: Kind) -> list[str]:
 # --- decorators ------------------------------------------------------------------------------------------------
 
 
-def aggregator(name: str) -> Callable[[T], T]:
+def aggregator(name: str) -> Callable[[F], F]:
     """Register a pure-Python aggregator `(inputs, *, task, **params) -> str` under `name`."""
 
-    def decorate(fn: T) -> T:
+    def decorate(fn: F) -> F:
         registry_add("aggregator", name, fn)
         return fn
 
     return decorate
 
 
-def router(name: str) -> Callable[[T], T]:
+def router(name: str) -> Callable[[F], F]:
     """Register a router `(view, path_map, **params) -> path key` under `name`."""
 
-    def decorate(fn: T) -> T:
+    def decorate(fn: F) -> F:
         registry_add("router", name, fn)
         return fn
 
@@ -136,7 +136,7 @@ def protocol(
     min_members: int = 1,
     max_members: int | None = None,
     requires: Sequence[str] = (),
-) -> Callable[[T], T]:
+) -> Callable[[F], F]:
     """Register a protocol builder `(members, **params) -> GraphSpec` under `name`.
 
     Records the decorator's arguments and, from the builder, each parameter's default (its signature) and doc
@@ -146,10 +146,10 @@ def protocol(
     if family not in FAMILIES:
         raise ValueError(f"protocol {name!r}: family must be one of {FAMILIES}")
 
-    def decorate(fn: T) -> T:
+    def decorate(fn: F) -> F:
         params = {
             p.name: p.default
-            for p in list(inspect.signature(fn).parameters.values())[1:]  # type: ignore[arg-type]
+            for p in list(inspect.signature(fn).parameters.values())[1:]
             if p.default is not inspect.Parameter.empty and p.kind is not inspect.Parameter.VAR_KEYWORD
         }
         registry_add(

@@ -37,6 +37,7 @@ import threading
 import unicodedata
 from collections.abc import Iterator
 from decimal import Decimal
+from typing import Any
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -439,8 +440,8 @@ def extract_math(reply: str) -> str | None:
         inner = final_box(clause)
         if inner is not None and inner[1] != "":
             return _one_math_answer(inner[1])
-        if inner := _strip_math(clause):
-            return _one_math_answer(inner)
+        if bare := _strip_math(clause):
+            return _one_math_answer(bare)
     stripped = reply.strip()
     if stripped and "\n" not in stripped and len(stripped) <= 120 and len(_WORD.findall(stripped)) <= 2:
         return _one_math_answer(_strip_math(stripped) or None)
@@ -457,10 +458,13 @@ _math_lock = threading.Lock()
 
 
 @functools.lru_cache(maxsize=4096)
-def _math_parse(text: str, in_main: bool):
+def _math_parse(text: str, in_main: bool) -> list[Any]:
     from math_verify import parse
 
-    return parse(f"${text}$", parsing_timeout=5 if in_main else None)
+    parsed: list[Any] = parse(
+        f"${text}$", parsing_timeout=5 if in_main else None
+    )  # sympy expressions, strings
+    return parsed
 
 
 def math_equal(a: str, b: str, rel_tol: float = 1e-6, abs_tol: float = 0.0) -> bool:
@@ -575,7 +579,9 @@ def _mentioned_option(text: str, choices: list[str]) -> str | None:
     return LETTERS[mentioned.pop()] if len(mentioned) == 1 else None
 
 
-def _stated_letter(pattern: re.Pattern, text: str, valid: str, after: int = 0) -> tuple[bool, str | None]:
+def _stated_letter(
+    pattern: re.Pattern[str], text: str, valid: str, after: int = 0
+) -> tuple[bool, str | None]:
     """The last statement of `pattern` naming a valid letter at or after offset `after`: (found, letter), the
     letter None when more letters follow it ("A, B or C")."""
     for m in reversed(list(pattern.finditer(text))[-_MAX_STATEMENTS:]):
@@ -797,8 +803,8 @@ def main_function(code: str) -> str | None:
         for inner in ast.walk(f)
         if isinstance(inner, ast.Name) and isinstance(inner.ctx, ast.Load) and inner.id != f.name
     }
-    roots = [f.name for f in functions if f.name not in called]
-    return (roots or [f.name for f in functions] or [None])[-1]
+    names = [f.name for f in functions if f.name not in called] or [f.name for f in functions]
+    return names[-1] if names else None
 
 
 def canonical_code(code: str) -> str:
@@ -816,7 +822,7 @@ def canonical_code(code: str) -> str:
             and isinstance(body[0].value, ast.Constant)
             and isinstance(body[0].value.value, str)
         ):
-            node.body = body[1:] or [ast.Pass()]
+            body[:] = body[1:] or [ast.Pass()]  # the node's own list: `node` is any AST with a body
     return ast.unparse(tree)
 
 

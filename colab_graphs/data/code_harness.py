@@ -64,6 +64,17 @@ try:
 except ImportError:  # an interpreter without the C accelerator
     from json.encoder import py_encode_basestring_ascii as _quote
 
+# `typing` is not imported at run time (the candidate's side starts once per scored answer). Values are
+# dispatched on their exact type, taken once (`kind = type(value)`), which mypy does not narrow through: a
+# function that dispatches so takes `Any`. What arrives from the pipe is `Any` too until `decode` checks it.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, NoReturn, TypeAlias
+
+    # The plain data that crosses the pipe, as `encode` writes it.
+    Wire: TypeAlias = "None | bool | int | float | str | list[Wire] | dict[str, Wire]"
+
 _MAX_MESSAGE = 16 * 1024**2
 _MAX_DEPTH = 200
 _MAX_ITEMS = 100_000
@@ -77,7 +88,7 @@ class WireError(Exception):
     """A message that is not plain data in the harness's format (or too big, too deep)."""
 
 
-def encode(value: object, handle: object, depth: int = 0) -> object:
+def encode(value: Any, handle: Callable[[Any], Wire], depth: int = 0) -> Wire:
     """`value` as JSON-ready plain data; `handle(value)` is asked for anything else (it returns a tag or raises)."""
     if depth > _MAX_DEPTH:
         raise WireError(f"nested deeper than {_MAX_DEPTH} levels")
@@ -85,7 +96,7 @@ def encode(value: object, handle: object, depth: int = 0) -> object:
         return value
     kind = type(value)
     if kind is str or kind is float:
-        return value
+        return value  # type: ignore[no-any-return]  # a str or a float, which mypy cannot tell from `kind`
     if kind is int:
         return value if -_BIG_INT < value < _BIG_INT else {"int": format(value, "x")}
     inner = depth + 1
@@ -106,10 +117,10 @@ def encode(value: object, handle: object, depth: int = 0) -> object:
         return {kind.__name__: [encode(v, handle, inner) for v in value]}
     if kind.__name__ == "dict_items" and kind.__module__ == "builtins":
         return {"dict_items": [[encode(k, handle, inner), encode(v, handle, inner)] for k, v in value]}
-    return handle(value)  # type: ignore[operator]
+    return handle(value)
 
 
-def decode(data: object, resolve: object, depth: int = 0) -> object:
+def decode(data: Any, resolve: Callable[[int], Any], depth: int = 0) -> Any:
     """Plain data rebuilt from `encode`'s format with this process's own types; `resolve(n)` for a handle."""
     if depth > _MAX_DEPTH:
         raise WireError(f"nested deeper than {_MAX_DEPTH} levels")
@@ -118,9 +129,9 @@ def decode(data: object, resolve: object, depth: int = 0) -> object:
     kind = type(data)
     if kind is str or kind is float or kind is int:
         return data
-    if kind is not dict or len(data) != 1:  # type: ignore[arg-type]
+    if kind is not dict or len(data) != 1:
         raise WireError(f"not a value: {str(data)[:80]}")
-    (tag, body), inner = next(iter(data.items())), depth + 1  # type: ignore[union-attr]
+    (tag, body), inner = next(iter(data.items())), depth + 1
     if tag in _SEQUENCES:
         items = [decode(v, resolve, inner) for v in _list(body)]
         return _SEQUENCES[tag](items)
@@ -134,10 +145,10 @@ def decode(data: object, resolve: object, depth: int = 0) -> object:
         return (bytes if tag == "bytes" else bytearray).fromhex(body)
     if tag == "int" and type(body) is str:
         return int(body, 16)
-    if tag == "complex" and len(_list(body)) == 2 and all(type(x) in (int, float) for x in body):  # type: ignore[union-attr]
-        return complex(*body)  # type: ignore[misc]
+    if tag == "complex" and len(_list(body)) == 2 and all(type(x) in (int, float) for x in body):
+        return complex(*body)
     if tag == "range" and [type(x) for x in _list(body)] == [int, int, int]:
-        return range(*body)  # type: ignore[misc]
+        return range(*body)
     if tag == "fraction" and type(body) is str:
         from fractions import Fraction
 
@@ -147,17 +158,17 @@ def decode(data: object, resolve: object, depth: int = 0) -> object:
 
         return Decimal(body)
     if tag == "ref" and type(body) is int:
-        return resolve(body)  # type: ignore[operator]
+        return resolve(body)
     raise WireError(f"unknown value tag {str(tag)[:40]!r}")
 
 
-def _list(body: object) -> list:
+def _list(body: Any) -> list[Any]:
     if type(body) is not list:
         raise WireError("a container's items are not a list")
-    return body  # type: ignore[return-value]
+    return body
 
 
-_SEQUENCES = {
+_SEQUENCES: dict[str, Callable[[list[Any]], Any]] = {
     "list": list,
     "tuple": tuple,
     "set": set,
@@ -179,7 +190,7 @@ class _Pipe:
     def __init__(self, read_fd: int, write_fd: int, *, judge: bool) -> None:
         self._read_fd, self._write_fd, self._judge, self._buffer = read_fd, write_fd, judge, b""
 
-    def send(self, message: dict, deadline: float = float("inf")) -> None:
+    def send(self, message: dict[str, Any], deadline: float = float("inf")) -> None:
         if self._judge:
             payload = marshal.dumps(message, 2)
             data = b"%d\n" % len(payload) + payload
@@ -190,7 +201,7 @@ class _Pipe:
                 raise TimeoutError("the other side stopped reading")
             data = data[os.write(self._write_fd, data[:65536]) :]
 
-    def receive(self, deadline: float = float("inf")) -> dict:
+    def receive(self, deadline: float = float("inf")) -> dict[str, Any]:
         line = self._line(deadline)
         if self._judge:
             import json
@@ -225,7 +236,7 @@ class _Pipe:
         self._buffer += chunk
 
 
-def _json_text(tree: object) -> str:
+def _json_text(tree: Any) -> str:
     """JSON for the wire's trees (None, bool, int, float, str, lists, dicts with str keys); floats that are not
     finite as Python's `json` writes them (NaN, Infinity), which it reads back."""
     if tree is None:
@@ -234,19 +245,19 @@ def _json_text(tree: object) -> str:
         return "true" if tree else "false"
     kind = type(tree)
     if kind is str:
-        return _quote(tree)  # type: ignore[arg-type]
+        return _quote(tree)
     if kind is int:
-        return int.__repr__(tree)  # type: ignore[arg-type]
+        return int.__repr__(tree)
     if kind is float:
         if tree != tree:
             return "NaN"
         if tree in (float("inf"), float("-inf")):
-            return "Infinity" if tree > 0 else "-Infinity"  # type: ignore[operator]
-        return float.__repr__(tree)  # type: ignore[arg-type]
+            return "Infinity" if tree > 0 else "-Infinity"
+        return float.__repr__(tree)
     if kind is list:
-        return "[" + ",".join(_json_text(v) for v in tree) + "]"  # type: ignore[attr-defined]
+        return "[" + ",".join(_json_text(v) for v in tree) + "]"
     if kind is dict:
-        return "{" + ",".join(_quote(str(k)) + ":" + _json_text(v) for k, v in tree.items()) + "}"  # type: ignore[attr-defined]
+        return "{" + ",".join(_quote(str(k)) + ":" + _json_text(v) for k, v in tree.items()) + "}"
     raise WireError(f"not wire data: {kind.__name__}")
 
 
@@ -281,18 +292,17 @@ class _Candidate:
         per_call = time.monotonic() + self.call_timeout_s if self.call_timeout_s else float("inf")
         self.deadline = min(self.total_deadline, per_call)
 
-    def hello(self) -> dict:
+    def hello(self) -> dict[str, Any]:
         return self._receive()
 
-    def request(self, op: str, target: object, **fields: object) -> object:
+    def request(self, op: str, target: str | int, *, args: tuple[object, ...] = (), **fields: object) -> Any:
         if self.aborted:
             raise CandidateAbort(self.aborted)
         self.calls += 1
         self._start_call()
-        args = fields.pop("args", ())
         message = {"op": op, "target": target, **{k: self._encode(v) for k, v in fields.items()}}
         if op == "call":
-            message["args"] = [self._encode(a) for a in args]  # type: ignore[union-attr]
+            message["args"] = [self._encode(a) for a in args]
         try:
             self.pipe.send(message, self.deadline)
         except (OSError, TimeoutError) as exc:
@@ -303,19 +313,18 @@ class _Candidate:
         try:
             value = decode(reply.get("value"), self._handle)
             if op == "call":
-                self._write_back(args, reply.get("changed") or {})  # type: ignore[arg-type]
+                self._write_back(args, reply.get("changed") or {})
         except (WireError, TypeError, ValueError, KeyError, IndexError, RecursionError, OverflowError) as exc:
             self._abort(f"the candidate broke the protocol: {type(exc).__name__}: {str(exc)[:200]}")
         return value
 
-    def _exception(self, error: object) -> BaseException:
+    def _exception(self, error: Any) -> BaseException:
         try:
             return _rebuilt_exception(error)
         except WireError as exc:
             self._abort(f"the candidate broke the protocol: {exc}")
-            raise
 
-    def _receive(self) -> dict:
+    def _receive(self) -> dict[str, Any]:
         try:
             reply = self.pipe.receive(self.deadline)
         except TimeoutError:
@@ -328,30 +337,30 @@ class _Candidate:
             self._abort(f"the candidate raised {str(reply['abort'])[:100]}")
         return reply
 
-    def _abort(self, reason: str) -> None:
+    def _abort(self, reason: str) -> NoReturn:
         self.aborted = self.aborted or reason
         raise CandidateAbort(reason)
 
-    def _encode(self, value: object) -> object:
+    def _encode(self, value: object) -> Wire:
         return encode(value, _handle_of)
 
     def _handle(self, number: int) -> Handle:
         return Handle(self, number)
 
-    def _write_back(self, args: tuple, changed: dict) -> None:
+    def _write_back(self, args: tuple[object, ...], changed: Any) -> None:
         for position, data in changed.items():
             original = args[int(position)]
             new = decode(data, self._handle)
-            if type(new) is not type(original):
-                raise WireError("a changed argument came back as another type")
-            if isinstance(original, list | bytearray):
+            if isinstance(original, list | bytearray) and type(new) is type(original):
                 original[:] = new
-            else:
+            elif isinstance(original, dict | set) and type(new) is type(original):
                 original.clear()
                 original.update(new)
+            else:  # another type, or an argument the candidate could not have changed (a tuple, a str)
+                raise WireError("a changed argument came back as another type")
 
 
-def _handle_of(value: object) -> object:
+def _handle_of(value: object) -> Wire:
     if isinstance(value, Handle):
         return {"ref": object.__getattribute__(value, "_cg_target")}
     base = _plain_base(value)
@@ -368,7 +377,7 @@ def _plain_base(value: object) -> type | None:
 _BASES = (bool, int, float, complex, str, bytes, bytearray, tuple, list, dict, set, frozenset)
 
 
-def _rebuilt_exception(error: object) -> BaseException:
+def _rebuilt_exception(error: Any) -> BaseException:
     if type(error) is not dict:
         raise WireError("an error is not an object")
     message = str(error.get("message", ""))[:10_000]
@@ -390,15 +399,19 @@ class Handle:
     comparing, hashing, iterating or testing truth raises, since no candidate code may decide them."""
 
     __slots__ = ("_cg_candidate", "_cg_target")
+    # The slots' types, for mypy only: a class annotation would add `__annotations__`, one more attribute.
+    if TYPE_CHECKING:
+        _cg_candidate: _Candidate
+        _cg_target: str | int
 
-    def __init__(self, candidate: _Candidate, target: object) -> None:
+    def __init__(self, candidate: _Candidate, target: str | int) -> None:
         object.__setattr__(self, "_cg_candidate", candidate)
         object.__setattr__(self, "_cg_target", target)
 
-    def __call__(self, *args: object, **kwargs: object) -> object:
+    def __call__(self, *args: object, **kwargs: object) -> Any:
         return self._cg_candidate.request("call", self._cg_target, args=args, kwargs=kwargs)
 
-    def __getattr__(self, name: str) -> object:
+    def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
         return self._cg_candidate.request("getattr", self._cg_target, name=name)
@@ -406,20 +419,21 @@ class Handle:
     def __setattr__(self, name: str, value: object) -> None:
         self._cg_candidate.request("setattr", self._cg_target, name=name, value=value)
 
-    def _refuse(self, *_: object) -> bool:
+    def _refuse(self, *_: object) -> NoReturn:
         raise TypeError(_OPAQUE)
 
     __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __bool__ = __len__ = __iter__ = __contains__ = (
         _refuse
     )
     __index__ = __int__ = __float__ = __complex__ = _refuse
+    # Unhashable, the documented way; typeshed types `object.__hash__` as a method, which None does not match.
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"<the solution's {self._cg_target!r}>"
 
 
-def judge(reply_fd: int, request_fd: int, request: dict) -> dict:
+def judge(reply_fd: int, request_fd: int, request: dict[str, Any]) -> dict[str, Any]:
     """Run the tests against the candidate on the other end of the pipes; return the verdict (plain data).
 
     `request` (made by `colab_graphs.data.code_tests` from the dataset's test and question): ``test`` (source),
@@ -468,7 +482,7 @@ def judge(reply_fd: int, request_fd: int, request: dict) -> dict:
     }
 
 
-def _run_test(request: dict, namespace: dict, entry: str | None) -> str:
+def _run_test(request: dict[str, Any], namespace: dict[str, Any], entry: str | None) -> str:
     """Execute the test; "" when it completed, else why it failed."""
     try:
         exec(compile(request["test"], "test.py", "exec"), namespace)
@@ -502,7 +516,7 @@ def _describe_failure(exc: BaseException) -> str:
 def serve(solution_path: str, request_fd: int = 3, reply_fd: int = 4) -> None:
     """Load the solution, say which callables it defines, then answer the judge's requests until it hangs up."""
     pipe = _Pipe(request_fd, reply_fd, judge=False)
-    namespace: dict = {"__name__": "solution", "__file__": solution_path, "__builtins__": builtins}
+    namespace: dict[str, Any] = {"__name__": "solution", "__file__": solution_path, "__builtins__": builtins}
     try:
         with open(solution_path, encoding="utf-8") as fh:
             source = fh.read()
@@ -514,10 +528,10 @@ def serve(solution_path: str, request_fd: int = 3, reply_fd: int = 4) -> None:
     pipe.send({"ready": True, "names": names})
     objects: dict[int, object] = {}
 
-    def handle(value: object) -> object:
+    def handle(value: Any) -> Wire:
         if hasattr(type(value), "__next__") and hasattr(type(value), "__iter__"):
             items = []
-            for item in value:  # type: ignore[attr-defined]
+            for item in value:
                 items.append(encode(item, handle))
                 if len(items) > _MAX_ITEMS:
                     raise WireError(f"an iterator longer than {_MAX_ITEMS} items")
@@ -528,7 +542,7 @@ def serve(solution_path: str, request_fd: int = 3, reply_fd: int = 4) -> None:
         objects[len(objects)] = value
         return {"ref": len(objects) - 1}
 
-    def resolve(number: int) -> object:
+    def resolve(number: int) -> Any:
         return objects[number]
 
     while True:
@@ -539,12 +553,17 @@ def serve(solution_path: str, request_fd: int = 3, reply_fd: int = 4) -> None:
         pipe.send(_answer(message, namespace, handle, resolve))
 
 
-def _answer(message: dict, namespace: dict, handle: object, resolve: object) -> dict:
+def _answer(
+    message: dict[str, Any],
+    namespace: dict[str, Any],
+    handle: Callable[[Any], Wire],
+    resolve: Callable[[int], Any],
+) -> dict[str, Any]:
     try:
         target = message["target"]
         if isinstance(target, str) and target not in namespace:
             raise NameError(f"name {target!r} is not defined")
-        obj = namespace[target] if isinstance(target, str) else resolve(target)  # type: ignore[operator]
+        obj = namespace[target] if isinstance(target, str) else resolve(target)
         op = message["op"]
         if op == "getattr":
             return {"value": encode(getattr(obj, message["name"]), handle)}
@@ -553,8 +572,8 @@ def _answer(message: dict, namespace: dict, handle: object, resolve: object) -> 
             return {"value": None}
         args = [decode(a, resolve) for a in message["args"]]
         kwargs = decode(message["kwargs"], resolve)
-        value = obj(*args, **kwargs)  # type: ignore[operator, arg-type]
-        reply: dict = {"value": encode(value, handle)}
+        value = obj(*args, **kwargs)
+        reply: dict[str, Any] = {"value": encode(value, handle)}
         changed = {}
         for position, (sent, arg) in enumerate(zip(message["args"], args, strict=True)):
             if type(arg) in (list, dict, set, bytearray):

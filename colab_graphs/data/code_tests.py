@@ -17,6 +17,7 @@ import ast
 import builtins
 import functools
 from dataclasses import dataclass, field
+from typing import Any
 
 from colab_graphs.data.answers import DEFINITIONS, top_level_names
 
@@ -125,7 +126,7 @@ def _harness_source() -> str:
         return fh.read()
 
 
-def _judge_request(test: str, entry_point: str | None, prompt: str) -> dict:
+def _judge_request(test: str, entry_point: str | None, prompt: str) -> dict[str, Any]:
     """What the judge needs, read from the dataset's test and question (see `code_harness.judge`)."""
     tree = ast.parse(test)
     question = _question_statements(prompt)

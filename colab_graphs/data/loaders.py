@@ -76,7 +76,7 @@ UNSUPPORTED_MOCO_TASK_TYPES = {
 
 
 def load_examples(
-    source: str | os.PathLike | Any,
+    source: str | os.PathLike[str] | Any,
     *,
     split: str | None = None,
     limit: int | None = None,
@@ -187,7 +187,7 @@ def _read(
 
 
 def read_jsonl(
-    path: str | os.PathLike, *, field_map: dict[str, str] | None = None, scorer: str | None = None
+    path: str | os.PathLike[str], *, field_map: dict[str, str] | None = None, scorer: str | None = None
 ) -> list[Example]:
     """Read the JSONL dataset contract strictly: every line needs `id`, `input`, and `answer` or `test`, and what
     its scorer (`scorer`, else the record's default) needs to score it.
@@ -230,7 +230,7 @@ def _jsonl_records(path: Path, field_map: dict[str, str] | None) -> _Read:
     return read
 
 
-def _contract_example(record: dict, where: str) -> Example:
+def _contract_example(record: dict[str, Any], where: str) -> Example:
     missing = [f"{where}: missing field {f!r}" for f in ("id", "input") if record.get(f) is None]
     if record.get("answer") is None and record.get("test") is None:
         missing.append(f"{where}: needs an 'answer' field or a 'test' field")
@@ -240,7 +240,7 @@ def _contract_example(record: dict, where: str) -> Example:
 
 
 def read_moco_json(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     *,
     split: str | None = None,
     field_map: dict[str, str] | None = None,
@@ -295,7 +295,7 @@ _FILE_FIELDS = ("task_type", "rel_tol", "abs_tol")
 _OPTION_LINE = re.compile(r"^\(([A-Z])\)[ \t]+(\S.*?)[ \t]*$", re.MULTILINE)
 
 
-def _listed_options(record: dict) -> dict:
+def _listed_options(record: dict[str, Any]) -> dict[str, Any]:
     """An exact-match record whose answer is a letter of options its input lists ("(A) circle" lines, A, B, ...
     in order, as BBH's), given those options as `choices`: scored as multiple choice, so "The answer is (D)
     kite" is D, and a reply naming another option, or several, is not."""
@@ -400,7 +400,7 @@ def _records(
 
 
 def _record_example(
-    record: dict, where: str, index: int, split: str, field_map: dict[str, str] | None
+    record: dict[str, Any], where: str, index: int, split: str, field_map: dict[str, str] | None
 ) -> Example:
     record = _apply_field_map(record, field_map, where)
     for target, names in _ALIASES.items():
@@ -416,7 +416,7 @@ def _record_example(
     return _to_example(record, where)
 
 
-def _choices_as_list(record: dict, where: str) -> dict:
+def _choices_as_list(record: dict[str, Any], where: str) -> dict[str, Any]:
     """MoCo's ``choices: {"A": text, ...}`` -> the option list, lettered by position as MoCo's evaluator does
     (a file whose fourth key is "id" still has option D); a gold label given as a key is made that letter."""
     labels = [str(k) for k in record["choices"]]
@@ -430,7 +430,7 @@ def _choices_as_list(record: dict, where: str) -> dict:
     return out
 
 
-def _apply_field_map(record: dict, field_map: dict[str, str] | None, where: str) -> dict:
+def _apply_field_map(record: dict[str, Any], field_map: dict[str, str] | None, where: str) -> dict[str, Any]:
     record = dict(record)
     for target, source_field in (field_map or {}).items():
         if source_field not in record:
@@ -439,7 +439,7 @@ def _apply_field_map(record: dict, field_map: dict[str, str] | None, where: str)
     return record
 
 
-def _to_example(record: dict, where: str) -> Example:
+def _to_example(record: dict[str, Any], where: str) -> Example:
     try:
         return Example.model_validate(record)
     except ValidationError as exc:

@@ -75,7 +75,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ def run_code(
         >>> run_code("print(1 + 1)").stdout
         '2\\n'
     """
-    files = {"main.py": code}
+    files: dict[str, str | bytes] = {"main.py": code}
     run = _Run(
         _isolation_plan(network), timeout_s, memory_mb, cpu_s, max_procs, disk_mb, roles=("candidate",)
     )
@@ -200,8 +200,8 @@ def run_judged(
     carry); the host kills the run `_JUDGE_GRACE_S` later. Other arguments as `run_code`.
     """
     nonce = secrets.token_hex(16)
-    judge = {"input": request, "nonce": nonce}
-    files = {"solution.py": code, "harness.code": _compiled(harness)}
+    judge: JudgeInput = {"input": request, "nonce": nonce}
+    files: dict[str, str | bytes] = {"solution.py": code, "harness.code": _compiled(harness)}
     run = _Run(
         _isolation_plan(network), timeout_s + _JUDGE_GRACE_S, memory_mb, cpu_s or int(timeout_s) + 1,
         max_procs, disk_mb, roles=("candidate", "judge"),
@@ -283,6 +283,33 @@ def _executor() -> ThreadPoolExecutor:
 # --- one run ----------------------------------------------------------------------------------------------------
 
 
+class JudgeInput(TypedDict):
+    """The judge's side of a judged run: what `judge(...)` gets, and the nonce its verdict must carry."""
+
+    input: dict[str, Any]
+    nonce: str
+
+
+class JudgePlan(JudgeInput):
+    limits: dict[str, int]  # the judge's rlimits, by `resource` name
+
+
+class LaunchPlan(TypedDict):
+    """What `sandbox_launcher` reads on its config pipe (marshal): the run it builds and starts."""
+
+    python: str  # the interpreter the candidate execs (the launcher's own)
+    private_root: bool  # build the private root (a mount namespace allows it), else run in `workdir`
+    workdir: str | None  # the work directory without a private root
+    disk_bytes: int  # the private root's work tmpfs
+    uids: dict[str, int | None]  # "candidate", "judge": the uid each drops to (None: capabilities only)
+    limits: dict[str, int]  # the candidate's rlimits, by `resource` name
+    files: dict[str, str | bytes]  # the programs, by file name, read-only in the sandbox
+    argv: list[str]  # after `python -I`; "{files}" stands for the programs' directory
+    stdin: bool  # the candidate reads the launcher's stdin (else /dev/null)
+    judge: JudgePlan | None
+    fds: dict[str, int]  # "status", "verdict", "judge_log": the write ends of the pipes back to the host
+
+
 @dataclass(frozen=True)
 class _Plan:
     prefix: list[str]  # the `unshare` command line, [] without namespaces
@@ -295,7 +322,7 @@ class _Outcome:
     returncode: int | None
     timed_out: bool
     wall_s: float
-    status: dict
+    status: dict[str, Any]
     isolation: list[str]
     stdout: _CappedReader
     stderr: _CappedReader
@@ -356,15 +383,15 @@ class _Run:
 
     def start(
         self,
-        files: dict[str, str],
+        files: dict[str, str | bytes],
         argv: list[str],
         *,
-        judge: dict | None,
+        judge: JudgeInput | None,
         max_output_bytes: int,
         stdin: str | None = None,
     ) -> _Outcome:
         pipes = {name: os.pipe() for name in ("config", "status", "verdict", "judge_log")}
-        plan = {
+        plan: LaunchPlan = {
             "python": _sandbox_python(),
             "private_root": self.plan.private_root,
             "workdir": self.workdir,
@@ -374,7 +401,7 @@ class _Run:
             "files": files,
             "argv": argv,
             "stdin": stdin is not None,
-            "judge": judge and {**judge, "limits": self._limits("judge")},
+            "judge": {**judge, "limits": self._limits("judge")} if judge is not None else None,
             "fds": {name: pipes[name][1] for name in ("status", "verdict", "judge_log")},
         }
         child_fds = (pipes["config"][0], *plan["fds"].values())
@@ -396,7 +423,7 @@ class _Run:
             for fd in child_fds:
                 os.close(fd)
         config_w = pipes["config"][1]
-        threading.Thread(target=_feed_fd, args=(config_w, marshal.dumps(plan, 2)), daemon=True).start()
+        threading.Thread(target=_feed_fd, args=(config_w, marshal.dumps(dict(plan), 2)), daemon=True).start()
         if stdin is not None:
             threading.Thread(target=_feed, args=(proc.stdin, stdin.encode()), daemon=True).start()
         out, err = _CappedReader(proc.stdout, max_output_bytes), _CappedReader(proc.stderr, max_output_bytes)
@@ -427,7 +454,7 @@ class _Run:
             verdict=verdict.text(),
         )
 
-    def _isolation(self, status: dict) -> list[str]:
+    def _isolation(self, status: dict[str, Any]) -> list[str]:
         """What the launcher applied, and which namespaces differ from the host's (asked of the kernel)."""
         applied = list(status.get("isolation", []))
         theirs = status.get("namespaces", {})
@@ -550,12 +577,12 @@ def _feed_fd(fd: int, data: bytes) -> None:
         fh.write(data)
 
 
-def _read_status(fd: int) -> dict:
+def _read_status(fd: int) -> dict[str, Any]:
     """The launcher's report: one line with the isolation applied, one with how the code ended."""
     data = b""
     while chunk := os.read(fd, 4096):
         data += chunk
-    status: dict = {}
+    status: dict[str, Any] = {}
     for message in _literals(data.decode("utf-8", errors="replace")):
         if isinstance(message, dict):
             status.update(message)
@@ -577,7 +604,7 @@ def _killed_reason(returncode: int | None, timed_out: bool, stderr: str) -> str 
     if returncode == _LAUNCHER_FAILED and "cg-sandbox launcher:" in stderr:
         return "launcher_failed"
     if returncode is not None and returncode < 0:
-        names = {signal.SIGXCPU: "cpu_limit", signal.SIGXFSZ: "file_size_limit"}
+        names: dict[int, str] = {signal.SIGXCPU: "cpu_limit", signal.SIGXFSZ: "file_size_limit"}
         return names.get(-returncode, f"signal:{signal.Signals(-returncode).name}")
     if "MemoryError" in stderr[-2000:]:
         return "memory_limit"

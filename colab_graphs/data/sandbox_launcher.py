@@ -32,6 +32,12 @@ import resource
 import signal
 import sys
 
+TYPE_CHECKING = False  # `typing` is not imported at run time (nothing slow: this runs once per scored answer)
+if TYPE_CHECKING:
+    from typing import NoReturn, TextIO
+
+    from colab_graphs.data.sandbox import JudgePlan, LaunchPlan
+
 _FAILED = 125
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
@@ -57,26 +63,28 @@ _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_u
 def main(config_fd: int) -> None:
     _prctl(_PR_SET_DUMPABLE, 0)
     with os.fdopen(config_fd, "rb") as fh:
-        plan = marshal.loads(fh.read())
+        plan: LaunchPlan = marshal.loads(fh.read())
     status = os.fdopen(plan["fds"]["status"], "w")
     applied = ["empty_env", "workdir", "rlimits"]
     if plan["private_root"]:
         files_dir, workdir = _build_private_root(plan)
         applied += ["private_root", "readonly_fs", "disk_cap"]
-    else:
+    elif plan["workdir"] is not None:
         files_dir = workdir = plan["workdir"]
         for name, text in plan["files"].items():
             _write(os.path.join(files_dir, name), text, plan["uids"]["candidate"])
+    else:
+        _die("the plan has neither a private root nor a work directory")
     if plan["uids"]["candidate"] is not None:
         applied.append("uid_drop")
-    judge_pid, rpc = None, None
-    if plan.get("judge"):
+    judge_pid, rpc, judge = None, None, plan.get("judge")
+    if judge:
         to_candidate, to_judge = os.pipe(), os.pipe()
         rpc = {"request_r": to_candidate[0], "request_w": to_candidate[1]}
         rpc.update(reply_r=to_judge[0], reply_w=to_judge[1])
         judge_pid = os.fork()
         if judge_pid == 0:
-            _run_judge(plan, rpc["reply_r"], rpc["request_w"], status)
+            _run_judge(plan, judge, rpc["reply_r"], rpc["request_w"], status)
         for fd in (plan["fds"]["verdict"], plan["fds"]["judge_log"], rpc["reply_r"], rpc["request_w"]):
             os.close(fd)
     else:
@@ -100,7 +108,7 @@ def main(config_fd: int) -> None:
 # --- the private root -----------------------------------------------------------------------------------------
 
 
-def _build_private_root(plan: dict) -> tuple[str, str]:
+def _build_private_root(plan: LaunchPlan) -> tuple[str, str]:
     """Mount the private root on /tmp (this namespace's copy of it), fill it, pivot into it. Returns the
     directory of the programs and the work directory, as seen from inside."""
     root = "/tmp"
@@ -206,12 +214,11 @@ def _namespace_ids() -> dict[str, str]:
 # --- the processes --------------------------------------------------------------------------------------------
 
 
-def _run_judge(plan: dict, reply_r: int, request_w: int, status: object) -> None:
+def _run_judge(plan: LaunchPlan, judge: JudgePlan, reply_r: int, request_w: int, status: TextIO) -> NoReturn:
     """The judge's process (never returns): the harness's `judge` with the tests, behind its own uid."""
-    judge = plan["judge"]
     fds = plan["fds"]
     try:
-        status.close()  # type: ignore[attr-defined]
+        status.close()
         devnull = os.open("/dev/null", os.O_RDONLY)
         os.dup2(devnull, 0)
         os.dup2(fds["judge_log"], 1)
@@ -223,7 +230,10 @@ def _run_judge(plan: dict, reply_r: int, request_w: int, status: object) -> None
         _prctl(_PR_SET_DUMPABLE, 0)  # after the uid change, which resets it
         harness = type(sys)("cg_harness")  # a real module: dataclasses look their module up in sys.modules
         sys.modules[harness.__name__] = harness
-        exec(marshal.loads(plan["files"]["harness.code"]), harness.__dict__)
+        code = plan["files"]["harness.code"]
+        if not isinstance(code, bytes):
+            raise TypeError("the harness is not compiled code")
+        exec(marshal.loads(code), harness.__dict__)
         verdict = harness.judge(reply_r, request_w, judge["input"])
     except BaseException as exc:  # noqa: BLE001 - any failure of the judge is a failed verdict
         verdict = {"passed": False, "reason": f"judge error: {type(exc).__name__}: {exc}"[:2000]}
@@ -233,7 +243,9 @@ def _run_judge(plan: dict, reply_r: int, request_w: int, status: object) -> None
         os._exit(0)
 
 
-def _run_candidate(plan: dict, files_dir: str, workdir: str, rpc: dict | None, status: object, nested: bool):
+def _run_candidate(
+    plan: LaunchPlan, files_dir: str, workdir: str, rpc: dict[str, int] | None, status: TextIO, nested: bool
+) -> NoReturn:
     """The candidate's side (never returns): a reaper as PID 1 of its own PID namespace, the program below it."""
     if nested:
         # PID 1 of the new namespace: a /proc that shows only this namespace's processes needs a mount of its own.
@@ -249,19 +261,19 @@ def _run_candidate(plan: dict, files_dir: str, workdir: str, rpc: dict | None, s
     # A signal cannot be re-raised on a PID 1, so how the program ended goes through the status pipe. SIGUSR1
     # (from the launcher, once the judge is done) ends the program here, so that its reaping counts its CPU time.
     signal.signal(signal.SIGUSR1, lambda *_: os.kill(child, signal.SIGKILL))
-    _close_all_but({1, 2, status.fileno()})  # type: ignore[attr-defined]
+    _close_all_but({1, 2, status.fileno()})
     while True:
         pid, wait_status = os.waitpid(-1, 0)
         if pid == child:
             break
     signum = os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else None
     code = os.WEXITSTATUS(wait_status) if os.WIFEXITED(wait_status) else 128 + (signum or 0)
-    status.write(repr({"signal": signum, "exit_code": code}) + "\n")  # type: ignore[attr-defined]
-    status.close()  # type: ignore[attr-defined]
+    status.write(repr({"signal": signum, "exit_code": code}) + "\n")
+    status.close()
     os._exit(code)
 
 
-def _exec_candidate(plan: dict, files_dir: str, workdir: str, rpc: dict | None) -> None:
+def _exec_candidate(plan: LaunchPlan, files_dir: str, workdir: str, rpc: dict[str, int] | None) -> NoReturn:
     try:
         if not plan["stdin"]:
             os.dup2(os.open("/dev/null", os.O_RDONLY), 0)
@@ -285,7 +297,7 @@ def _exec_candidate(plan: dict, files_dir: str, workdir: str, rpc: dict | None) 
         _die(f"{type(exc).__name__}: {exc}")
 
 
-def _wait(judge_pid: int | None, candidate_pid: int, status: object) -> None:
+def _wait(judge_pid: int | None, candidate_pid: int, status: TextIO) -> NoReturn:
     """Reap every process; end when the judge (judged runs) or the candidate (plain runs) has ended."""
     waited = judge_pid if judge_pid is not None else candidate_pid
     code = 0
@@ -303,7 +315,7 @@ def _wait(judge_pid: int | None, candidate_pid: int, status: object) -> None:
             os.waitpid(candidate_pid, 0)
         except (ProcessLookupError, ChildProcessError):
             pass
-    status.close()  # type: ignore[attr-defined]
+    status.close()
     os._exit(code)
 
 
@@ -363,7 +375,7 @@ def _close_all_but(keep: set[int]) -> None:
         low = fd + 1
 
 
-def _die(message: str) -> None:
+def _die(message: str) -> NoReturn:
     print(f"cg-sandbox launcher: {message}", file=sys.stderr, flush=True)
     os._exit(_FAILED)
 

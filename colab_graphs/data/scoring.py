@@ -54,7 +54,8 @@ def scorer_names() -> list[str]:
 
 
 def get_task(name: str) -> TaskType:
-    return registry_lookup("scorer", name).obj
+    task: TaskType = registry_lookup("scorer", name).obj  # `register_task` stores only TaskType objects
+    return task
 
 
 def get_scorer(name: str) -> ScorerFn:

@@ -251,7 +251,7 @@ class CodeTask(TaskType):
         from colab_graphs.data.code_tests import arun_tests, unusable_test
 
         problem = unusable_test(example.test)
-        if problem:
+        if problem or example.test is None:  # (unusable_test names a missing test)
             raise ValueError(
                 f"example {example.id!r}: {problem}; the 'code' scorer needs a test that can fail"
             )

@@ -111,7 +111,7 @@ class CallPathChatModel(BaseChatModel):
         if member is None:
             return None
         sent = openai_messages(messages)
-        options = {"overrides": overrides or None, "node": target.node, "seat": member.name}
+        options: dict[str, Any] = {"overrides": overrides or None, "node": target.node, "seat": member.name}
         if target.memo is None:
             result, _ = await target.client.complete_recorded(
                 member, sent, trace=target.trace, on_delta=on_delta, **options
@@ -241,6 +241,8 @@ class CallPathChatModel(BaseChatModel):
         from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
         from langchain_core.utils.pydantic import is_basemodel_subclass
 
+        # `pydantic`: a pydantic (v2 or v1) model class. mypy does not narrow `schema` through the flag (the
+        # two `type: ignore`s below); testing both bases here instead would import pydantic.v1.
         pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
         trace_format = {"kwargs": {"method": method}, "schema": schema}
         if method == "function_calling":
@@ -248,7 +250,7 @@ class CallPathChatModel(BaseChatModel):
             llm = self.bind_tools(
                 [schema], tool_choice=name, strict=strict, ls_structured_output_format=trace_format
             )
-            parser: Runnable = (
+            parser: Runnable[Any, Any] = (
                 PydanticToolsParser(tools=[schema], first_tool_only=True)  # type: ignore[list-item]
                 if pydantic
                 else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
@@ -304,6 +306,7 @@ async def _memoised(
     memo = target.memo
     request, _ = target.client.canonical_request(member, messages, 0, overrides or None)
     key = request_key(request)
+    result: CallResult  # the memo holds (result, record) pairs and flights
     while (hit := memo.get(key)) is not None:
         if isinstance(hit, asyncio.Future):
             try:

@@ -20,6 +20,7 @@ from colab_graphs.pool import Member
 if TYPE_CHECKING:
     from langchain_core.callbacks import AsyncCallbackManagerForLLMRun
     from langchain_core.messages import AIMessage, BaseMessage
+    from langchain_core.messages.ai import UsageMetadata
     from langchain_core.outputs import ChatGenerationChunk
 
 # LangChain's messages package costs about half a second to import; compile.py imports this module, and a
@@ -61,7 +62,7 @@ def parsed_tool_calls(raw: list[dict[str, Any]] | None) -> tuple[list[Any], list
     return calls, invalid
 
 
-def usage_metadata(result: CallResult) -> dict[str, int]:
+def usage_metadata(result: CallResult) -> UsageMetadata:
     usage = result.usage
     return {
         "input_tokens": usage.prompt_tokens,

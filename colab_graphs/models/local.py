@@ -49,7 +49,7 @@ from colab_graphs.models.openai_api import SamplingParams
 DETAILS_KEY = "colab_graphs"
 
 
-def local_call_details(response: Any) -> dict[str, list] | None:
+def local_call_details(response: Any) -> dict[str, list[Any]] | None:
     """Exact ``prompt_token_ids``, ``completion_token_ids`` and ``logprobs`` of a local model's first choice.
 
     Reads a response of the in-process provider (``choices[0].provider_specific_fields["colab_graphs"]``) or
@@ -57,7 +57,10 @@ def local_call_details(response: Any) -> dict[str, list] | None:
     Accepts a litellm ``ModelResponse``, an OpenAI SDK response, or either's ``model_dump()``. Returns None for
     responses from other providers.
     """
-    get = response.get if isinstance(response, dict) else lambda key: getattr(response, key, None)
+
+    def get(key: str) -> Any:
+        return response.get(key) if isinstance(response, dict) else getattr(response, key, None)
+
     served = get(DETAILS_KEY)
     if served is None and not isinstance(response, dict):
         served = (getattr(response, "model_extra", None) or {}).get(DETAILS_KEY)  # the OpenAI SDK's extras
@@ -77,7 +80,9 @@ def local_call_details(response: Any) -> dict[str, list] | None:
     return {k: list(details[k]) for k in ("prompt_token_ids", "completion_token_ids", "logprobs")}
 
 
-def _provider_settings(optional_params: dict[str, Any], litellm_params: dict[str, Any] | None) -> dict:
+def _provider_settings(
+    optional_params: dict[str, Any], litellm_params: dict[str, Any] | None
+) -> dict[str, Any]:
     """The request's ``colab_graphs`` mapping: a keyword argument, else the same key of ``metadata``."""
     settings = optional_params.get(DETAILS_KEY)
     if settings is None:
@@ -93,7 +98,9 @@ def _served_dtype(settings: dict[str, Any]) -> str:
     return dtype
 
 
-def build_request(engine: LocalEngine, messages: list[dict], params: dict[str, Any]) -> GenerationRequest:
+def build_request(
+    engine: LocalEngine, messages: list[dict[str, Any]], params: dict[str, Any]
+) -> GenerationRequest:
     """A :class:`GenerationRequest` from OpenAI-style sampling parameters (a pool member's settings).
 
     Raises:
@@ -174,7 +181,7 @@ def to_model_response(model: str, tokenizer: Any, result: GenerationResult, want
 
 
 def _generate_logit_level(
-    model: str, messages: list[dict], params: dict[str, Any], settings: dict[str, Any]
+    model: str, messages: list[dict[str, Any]], params: dict[str, Any], settings: dict[str, Any]
 ) -> GenerationResult:
     """Dispatch a provider request carrying ``colab_graphs={"logit_mode": ...}`` settings.
 
@@ -225,7 +232,10 @@ def _generate_logit_level(
 
 
 def generate_response(
-    model: str, messages: list[dict], params: dict[str, Any], litellm_params: dict | None = None
+    model: str,
+    messages: list[dict[str, Any]],
+    params: dict[str, Any],
+    litellm_params: dict[str, Any] | None = None,
 ) -> Any:
     """Generate with ``local/<model>`` and build the response, blocking the calling thread."""
     settings = _provider_settings(params, litellm_params)
@@ -238,7 +248,10 @@ def generate_response(
 
 
 async def agenerate_response(
-    model: str, messages: list[dict], params: dict[str, Any], litellm_params: dict | None = None
+    model: str,
+    messages: list[dict[str, Any]],
+    params: dict[str, Any],
+    litellm_params: dict[str, Any] | None = None,
 ) -> Any:
     """Async :func:`generate_response`: model loading and decoding stay off the event loop."""
     import asyncio
@@ -256,15 +269,18 @@ async def agenerate_response(
 def _handler_class() -> type:
     from litellm import CustomLLM
 
-    class LocalProvider(CustomLLM):
+    # CustomLLM is `Any` to mypy (pyproject: litellm is not analysed), so subclassing it needs the ignore.
+    class LocalProvider(CustomLLM):  # type: ignore[misc]
         """LiteLLM custom handler: ``model`` arrives without the ``local/`` prefix."""
 
-        async def acompletion(self, model, messages, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        async def acompletion(
+            self, model: str, messages: list[dict[str, Any]], *args: Any, **kwargs: Any
+        ) -> Any:
             return await agenerate_response(
                 model, messages, kwargs.get("optional_params") or {}, kwargs.get("litellm_params")
             )
 
-        def completion(self, model, messages, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        def completion(self, model: str, messages: list[dict[str, Any]], *args: Any, **kwargs: Any) -> Any:
             return generate_response(
                 model, messages, kwargs.get("optional_params") or {}, kwargs.get("litellm_params")
             )

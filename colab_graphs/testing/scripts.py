@@ -282,7 +282,4 @@ def _python_members(path: Path, name: str) -> dict[str, Member]:
     members = getattr(module, name, None)
     if not isinstance(members, Mapping):
         raise ValueError(f"{path}: {name!r} is not a mapping of member names to scripts")
-    return {
-        str(n): m if isinstance(m, Member) else Member(m)  # type: ignore[arg-type]
-        for n, m in members.items()
-    }
+    return {str(n): m if isinstance(m, Member) else Member(m) for n, m in members.items()}

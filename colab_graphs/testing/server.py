@@ -117,7 +117,8 @@ class _Handler(OpenAIHandler):
 
     @property
     def scripted(self) -> ScriptedServer:
-        return self.server.app
+        app: ScriptedServer = self.server.app  # the ScriptedServer that started this handler's server
+        return app
 
     def begin(self) -> None:
         self._started = time.time()
@@ -209,7 +210,7 @@ class _Handler(OpenAIHandler):
             return
         reply = _Reply(key, attempt, body["model"], scripted_reply, confidence, params, messages)
         if self._fields["stream"]:
-            self.send_events(reply.chunks((body.get("stream_options") or {}).get("include_usage")))
+            self.send_events(reply.chunks(bool((body.get("stream_options") or {}).get("include_usage"))))
         else:
             self.send_json(200, reply.completion())
 
@@ -253,7 +254,7 @@ class _Reply:
         self.model = model
         self.pieces = _split_tokens(reply.content)
         self.text = reply.content
-        self.tool_calls = [
+        self.tool_calls: list[dict[str, Any]] = [
             {
                 "id": call.id or f"call_{hashlib.sha256(f'{key}|{attempt}|{i}'.encode()).hexdigest()[:24]}",
                 "type": "function",
@@ -280,7 +281,8 @@ class _Reply:
             self.pieces = self.pieces[:limit]
             self.text = "".join(self.pieces)
             self.finish_reason = "length"
-        self.n = params.get("n") if isinstance(params.get("n"), int) and params["n"] > 0 else 1
+        n = params.get("n")
+        self.n = n if isinstance(n, int) and n > 0 else 1
         self.logprob = math.log(confidence)
         self.top = int(params.get("top_logprobs") or 0) if params.get("logprobs") else None
         prompt_tokens = sum(len(message_text(message).split()) for message in messages)
