@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from colab_graphs.models.cache import CallCache, request_key
+from colab_graphs.models.spend import SpendCap
 from colab_graphs.pool import CONNECTION_KEYS, Member
 from colab_graphs.trace import Call, Trace, Usage, redact
 
@@ -196,6 +197,9 @@ class ModelClient:
         retries: attempts after the first for retryable failures (429, 5xx, timeouts, malformed responses).
         backoff_s: first backoff; doubles each retry (with jitter), capped at `backoff_max_s`.
         timeout_s: per-attempt timeout passed to LiteLLM.
+
+    `cap` (a `SpendCap`, None by default) is asked before every upstream call; a call it refuses raises
+    `CapReached` and is not sent (see `colab_graphs.models.spend`).
     """
 
     def __init__(
@@ -215,6 +219,7 @@ class ModelClient:
         self.backoff_max_s = backoff_max_s
         self.timeout_s = timeout_s
         self.stats = CallStats()
+        self.cap: SpendCap | None = None
         self._inflight: dict[str, asyncio.Future[CallResult]] = {}
         self._limits: dict[str, asyncio.Semaphore] = {}
         self._routers: dict[str, Any] = {}
@@ -400,6 +405,8 @@ class ModelClient:
         secrets = member.secrets()
         call_kwargs = {"timeout": self.timeout_s, **kwargs}
         attempts = 0
+        # Asked here, after the cache and the single flight: only a call that would really be sent counts.
+        reserved = self.cap.reserve(member, kwargs["messages"], request["settings"]) if self.cap else 0.0
         self.stats.made += 1
         while True:
             attempts += 1
@@ -418,6 +425,8 @@ class ModelClient:
                     await asyncio.sleep(delay * (0.5 + self._rng.random()))
                     continue
                 self.stats.failed += 1
+                if self.cap is not None:
+                    self.cap.settle(reserved, 0.0)
                 raise CallError(
                     kind, redact(f"{type(exc).__name__}: {exc}", secrets)[:2000], member.name, attempts
                 ) from None
@@ -429,6 +438,8 @@ class ModelClient:
             completion_tokens=int(getattr(usage_obj, "completion_tokens", 0) or 0),
         )
         cost = _response_cost(litellm, response, models)
+        if self.cap is not None:
+            self.cap.settle(reserved, cost)
         details = None
         if any(m.startswith("local/") for m in models):
             from colab_graphs.models.local import local_call_details
