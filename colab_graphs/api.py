@@ -156,6 +156,8 @@ async def arun_audit(
     *,
     method: str = "loo",
     budget: int | None = None,
+    budget_unit: str = "calls",
+    target_error: float | None = None,
     params: Mapping[str, Any] | None = None,
     scorer: str | None = None,
     out: str | os.PathLike[str] | None = None,
@@ -164,14 +166,18 @@ async def arun_audit(
     individual: bool = True,
     plots: bool | None = None,
     force: bool = False,
+    max_calls: int | None = None,
+    max_cost_usd: float | None = None,
     client: ModelClient | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     max_concurrency: int = 16,
 ) -> AuditReport:
     """Audit each member's contribution to a protocol (what `colab-graphs audit` does).
 
-    `method`: "loo" (n + 1 coalitions), "exact" (all 2^n) or "sampled" (`budget` permutations). Writes
-    report.json, report.md and plots under `out` when given.
+    `method`: "loo" (n + 1 coalitions), "exact" (all 2^n) or "sampled" (`budget` in `budget_unit`: distinct
+    calls, coalitions or permutations; or until `target_error`). `max_calls` / `max_cost_usd` cap the audit's
+    spending (the report is then `partial`; run again to finish it). Writes report.json, report.md and plots
+    under `out` when given.
     """
     from colab_graphs.audit.run import play_audit
 
@@ -183,6 +189,10 @@ async def arun_audit(
         client=as_client(client, cache_dir, max_concurrency),
         method=method,  # type: ignore[arg-type]
         budget=budget,
+        budget_unit=budget_unit,  # type: ignore[arg-type]
+        target_error=target_error,
+        max_calls=max_calls,
+        max_cost_usd=max_cost_usd,
         seed=seed,
         scorer=scorer,
         out=out,

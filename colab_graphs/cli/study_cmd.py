@@ -44,6 +44,10 @@ def study(
     no_plots: Annotated[
         bool, typer.Option("--no-plots", help="Do not draw the heatmap and scatter grid.")
     ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Print and write OUT/plan.json (calls, tokens, cost); call nothing."),
+    ] = False,
 ) -> None:
     """Audit every protocol over every pool on every dataset; correlate individual and compositional strength.
 
@@ -58,6 +62,19 @@ def study(
         raise
     out = out or Path("studies") / config.stem
     client = make_client(cache_dir, no_cache, max_concurrency or the_config.max_concurrency, retries=retries)
+    if dry_run:
+        from colab_graphs.cli.plan_view import print_study_plan
+        from colab_graphs.study.plan import plan_study
+
+        try:
+            the_plan = plan_study(the_config, client)
+        except StudyConfigError as err:
+            fail(str(err))
+            raise
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "plan.json").write_text(the_plan.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        print_study_plan(the_plan, out / "plan.json")
+        return
     progress, task = progress_bar(1, f"study {config.stem}")
 
     def on_plan(planned: int, recorded: int) -> None:
