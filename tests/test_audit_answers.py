@@ -128,8 +128,9 @@ def test_values_from_answers_equal_playing_every_coalition(
     spec = build_protocol(protocol, MEMBERS, **params)
     computed = audit(arun, spec, pool, examples, CallCache(tmp_path / "a"), method="exact")
     assert computed.shapley_estimator == "exact_from_answers"
-    played = audit(arun, spec.model_copy(update={"name": "played"}), pool, examples, CallCache(tmp_path / "b"),
-                   method="exact")  # fmt: skip
+    played = audit(
+        arun, spec, pool, examples, CallCache(tmp_path / "b"), method="exact", play_every_coalition=True
+    )
     assert played.shapley_estimator == "exact" and len(played.coalitions) == 2 ** len(MEMBERS)
     assert values_of(computed) == pytest.approx(values_of(played), abs=1e-12)
     assert computed.shapley == pytest.approx(played.shapley, abs=1e-12)

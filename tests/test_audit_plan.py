@@ -83,6 +83,12 @@ def test_a_dry_run_writes_the_plan_and_sends_no_request(server, pool_for, exampl
     assert set(plan["per_member"]) == set(MEMBERS) and plan["cost_usd"] is None  # no price for "a"
     assert "No call was made" in done.stdout and "unknown" in done.stdout
     assert not (tmp_path / "out" / "report.json").exists()
+    # The same command without --dry-run stays within the plan's bound.
+    done = cli("audit", "--protocol", "debate", "--pool", pool_file, "--data", data, "--method", "exact",
+               "--no-plots", "--cache-dir", tmp_path / "cache", "--out", tmp_path / "out")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["calls"]["made"] == len(server.requests) <= plan["calls_max"]
 
 
 @pytest.mark.parametrize(("protocol", "params"), [("majority_vote", {"samples": 2}), ("slm_mux", {})])

@@ -35,9 +35,10 @@ from colab_graphs.pool import Pool
 from colab_graphs.registry import registry_lookup
 from colab_graphs.spec import Aggregate, GraphSpec, Seat, is_pattern
 
-# CPU the game from answers may take before an audit falls back to playing coalitions: (2^n coalitions) x
-# examples evaluations; a vectorised vote does about 30 million a second here, a Python aggregate 30 thousand.
-AFFORDABLE = {"vote": 2**16 * 200, "aggregate": 2**10 * 100}
+# How much of the game from answers an audit computes before it plays coalitions instead: (2^n coalitions) x
+# examples evaluations, a few seconds of CPU on the 2-core VM (BENCHMARKS.md): a vectorised vote does about
+# 3.5 million a second (n = 16 over 100 examples: 1.9 s), slm_mux's Python aggregate about 7 thousand.
+AFFORDABLE = {"vote": 2**16 * 200, "aggregate": 2**9 * 100}
 
 
 def answers_kind(spec: GraphSpec) -> str | None:

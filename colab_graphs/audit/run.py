@@ -250,6 +250,7 @@ async def play_audit(
     plots: bool | None = None,
     max_calls: int | None = None,
     max_cost_usd: float | None = None,
+    play_every_coalition: bool = False,
     on_plan: Callable[[int], None] | None = None,
     on_progress: Callable[[Play], None] | None = None,
 ) -> AuditReport:
@@ -265,6 +266,8 @@ async def play_audit(
         individual: also run each member alone (`solo`) for its individual strength.
         plots: draw PNGs (default: when matplotlib is installed).
         max_calls, max_cost_usd: spending caps (module docstring); the report is then `partial`.
+        play_every_coalition: play each coalition the method needs even where the game can be computed from
+            the members' answers (the log then holds every coalition's conversation, for the viewer).
         on_plan: called with the number of (coalition, example) runs planned, for a progress bar (again when
             a sampled audit adds a batch).
     """
@@ -272,7 +275,7 @@ async def play_audit(
     players = list(spec.members)
     strategy = choose_strategy(
         spec, len(examples), method, budget=budget, budget_unit=budget_unit, target_error=target_error,
-        seed=seed, force=force,
+        seed=seed, force=force, from_answers=not play_every_coalition,
     )  # fmt: skip
     _check_prices(pool, players, max_cost_usd)
     game = CoalitionGame(spec, pool, examples, client=client, scorer=scorer, store=out, dataset=dataset)

@@ -80,8 +80,12 @@ def choose_strategy(
     seed: int = 0,
     force: bool = False,
     max_exact_players: int = 12,
+    from_answers: bool = True,
 ) -> AuditStrategy:
     """The strategy of an audit of `spec` over `n_examples` examples (see the module docstring).
+
+    `from_answers=False` plays every coalition the method needs even where its value could be computed from
+    the answers (the log then holds each coalition's conversation).
 
     Raises:
         ValueError: an unknown method or budget unit, a sampled audit without a budget or a target error, a
@@ -93,7 +97,7 @@ def choose_strategy(
         raise ValueError(f"budget unit must be one of {', '.join(BUDGET_UNITS)}, got {budget_unit!r}")
     if target_error is not None and not target_error > 0:
         raise ValueError(f"target error must be positive, got {target_error}")
-    kind = answers.answers_kind(spec)
+    kind = answers.answers_kind(spec) if from_answers else None
     if kind is not None and (answers.affordable(kind, n, n_examples) or (method == "exact" and force)):
         plan = plan_coalitions(players, "loo")
         return AuditStrategy(method, "exact_from_answers", plan, answers_kind=kind, seed=seed)

@@ -76,6 +76,13 @@ def audit(
     ] = False,
     no_individual: Annotated[bool, typer.Option("--no-individual", help="Skip the solo runs.")] = False,
     no_plots: Annotated[bool, typer.Option("--no-plots", help="Do not draw PNG plots.")] = False,
+    play_every_coalition: Annotated[
+        bool,
+        typer.Option(
+            "--play-every-coalition",
+            help="Play each coalition even where its value follows from the members' answers (a vote's).",
+        ),
+    ] = False,
 ) -> None:
     """Audit how much each member adds to a protocol: writes report.json, report.md and PNG plots."""
     from colab_graphs.audit.run import AuditError, play_audit
@@ -103,7 +110,7 @@ def audit(
         try:
             strategy = choose_strategy(
                 spec, len(examples), method, budget=budget, budget_unit=budget_unit,  # type: ignore[arg-type]
-                target_error=target_error, seed=seed or 0, force=force,
+                target_error=target_error, seed=seed or 0, force=force, from_answers=not play_every_coalition,
             )  # fmt: skip
             the_plan = plan_audit(
                 spec, the_pool, examples, strategy, client=client, scorer=scorer, individual=not no_individual
@@ -139,6 +146,7 @@ def audit(
                     target_error=target_error,
                     max_calls=max_calls,
                     max_cost_usd=max_cost,
+                    play_every_coalition=play_every_coalition,
                     seed=seed or 0,
                     scorer=scorer,
                     out=out,
