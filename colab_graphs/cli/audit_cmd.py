@@ -93,6 +93,8 @@ def audit(
         fail(f"--method must be loo, exact or sampled, got {method!r}")
     if budget_unit not in BUDGET_UNITS:
         fail(f"--budget-unit must be one of {', '.join(BUDGET_UNITS)}, got {budget_unit!r}")
+    if method != "sampled" and (budget is not None or target_error is not None):
+        fail("--budget and --target-error apply to --method sampled")
     if method == "sampled" and not budget and target_error is None:
         fail("--method sampled needs --budget (distinct calls, see --budget-unit) or --target-error")
     for name, cap in (("--max-calls", max_calls), ("--max-cost", max_cost)):
