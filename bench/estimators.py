@@ -55,6 +55,7 @@ from colab_graphs.audit.stratified import (  # noqa: E402
     StratifiedSampler,
     exact_shapley_table,
     stratified_shapley,
+    warmup_masks,
 )
 
 ROUNDS = 2
@@ -281,9 +282,11 @@ def estimators_for(table: np.ndarray, n: int, game: str, examples: int, availabl
     }
     if game == "debate":
         full = debate_calls(range(total), examples)
+        # The grid starts at the first batch's calls: a smaller budget still holds the first batch.
+        first_batch = debate_calls(warmup_masks(n, 0), examples)
         estimators["stratified + control variate, by calls (this package)"] = (
             partial(ours, table, n, calls=True),
-            geometric(full // 100, full),
+            geometric(first_batch, full, ratio=1.05),
             "calls",
         )
     for name, fn in available.items():
