@@ -91,6 +91,27 @@ def test_a_dry_run_writes_the_plan_and_sends_no_request(server, pool_for, exampl
     assert report["calls"]["made"] == len(server.requests) <= plan["calls_max"]
 
 
+def test_a_dry_run_table_of_a_vote_is_the_calls_the_run_then_makes(server, pool_for, examples, tmp_path):
+    pool_file, data = write_inputs(tmp_path, pool_for(server, MEMBERS, seed=3, temperature=0.7), examples)
+    args = ("audit", "--protocol", "majority_vote", "-P", "samples=2", "--pool", pool_file, "--data", data,
+            "--method", "exact", "--cache-dir", tmp_path / "cache", "--out", tmp_path / "out")  # fmt: skip
+    done = cli(*args, "--dry-run")
+    assert done.returncode == 0, done.stderr
+    assert server.requests == []
+    plan = json.loads((tmp_path / "out" / "plan.json").read_text())
+    assert plan["calls_max"] is None and plan["calls"] == len(MEMBERS) * 2 * len(examples)
+    total = next(line for line in done.stdout.splitlines() if "total" in line)
+    assert [cell.strip() for cell in total.split("│")][2] == f"{plan['calls']:,}"
+    assert "calls are exact" in done.stdout
+    done = cli(*args, "--no-plots")
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["calls"]["made"] == len(server.requests) == plan["calls"]
+    assert {m: p["calls"] for m, p in plan["per_member"].items()} == {
+        m: u["calls"] for m, u in report["usage"].items()
+    }
+
+
 @pytest.mark.parametrize(("protocol", "params"), [("majority_vote", {"samples": 2}), ("slm_mux", {})])
 def test_the_plan_of_a_fixed_protocol_is_exactly_the_calls_the_audit_makes(
     arun, server, pool_for, examples, tmp_path, protocol, params
