@@ -183,7 +183,12 @@ async def scenario(
 ) -> dict[str, Any]:
     cache_dir = Path(args.workdir) / f"cache-{name}"
     profiler = cProfile.Profile() if args.profile else None
-    plan = {"method": method, "budget": budget, "plots": False}
+    # The figures below (and BENCHMARKS.md's) measure coalitions played through the graph, permutations
+    # counted as before: a vote's game would otherwise be computed from its answers (bench/answers_exact.py).
+    plan = {
+        "method": method, "budget": budget, "budget_unit": "permutations", "plots": False,
+        "play_every_coalition": True,
+    }  # fmt: skip
     with Phase(server) as audit:
         client = ModelClient(CallCache(cache_dir), max_concurrency=args.concurrency)
         if profiler:

@@ -315,6 +315,8 @@ async def arun_audit(
     app: str | Any | None = None,
     method: str = "loo",
     budget: int | None = None,
+    budget_unit: str = "calls",
+    target_error: float | None = None,
     params: Mapping[str, Any] | None = None,
     scorer: str | None = None,
     out: str | os.PathLike[str] | None = None,
@@ -323,6 +325,9 @@ async def arun_audit(
     individual: bool = True,
     plots: bool | None = None,
     force: bool = False,
+    max_calls: int | None = None,
+    max_cost_usd: float | None = None,
+    play_every_coalition: bool = False,
     client: ModelClient | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     max_concurrency: int = 16,
@@ -333,8 +338,9 @@ async def arun_audit(
 
     `protocol`: a protocol (name, `GraphSpec`, graph reference) or a LangGraph app object; `app`: an app
     reference ``path/to/file.py:NAME`` / ``module:NAME`` instead. `method`: "loo" (n + 1 coalitions), "exact"
-    (all 2^n) or "sampled" (`budget` permutations). Writes report.json, report.md and plots under `out` when
-    given.
+    (all 2^n) or "sampled" (`budget` in `budget_unit`: distinct calls, coalitions or permutations; or until
+    `target_error`). `max_calls` / `max_cost_usd` cap the audit's spending (the report is then `partial`; run
+    again to finish it). Writes report.json, report.md and plots under `out` when given.
     """
     from colab_graphs.audit.run import play_audit
 
@@ -365,6 +371,11 @@ async def arun_audit(
             client=the_client,
             method=method,  # type: ignore[arg-type]
             budget=budget,
+            budget_unit=budget_unit,  # type: ignore[arg-type]
+            target_error=target_error,
+            max_calls=max_calls,
+            max_cost_usd=max_cost_usd,
+            play_every_coalition=play_every_coalition,
             seed=seed,
             scorer=scorer,
             out=out,

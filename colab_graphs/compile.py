@@ -28,6 +28,7 @@ from colab_graphs.models.client import (
     fail_flight,
 )
 from colab_graphs.models.lc import ChatRun
+from colab_graphs.models.spend import CapReached
 from colab_graphs.pool import Pool
 from colab_graphs.registry import registry_lookup
 from colab_graphs.spec import END, START, Aggregate, Edge, GraphSpec, LogitSeat, Route, Seat, is_pattern
@@ -175,6 +176,21 @@ def _messages(system: str | None, prompt: str) -> list[dict[str, str]]:
     msgs = [{"role": "system", "content": system}] if system else []
     msgs.append({"role": "user", "content": prompt})
     return msgs
+
+
+def seat_messages(seat: Seat, state: GraphState) -> list[dict[str, str]]:
+    """The messages a seat that reads nothing sends on `state` (an example's input state), as its node does.
+
+    Such a seat's request depends on the example alone, so an audit can know it, and whether the cache holds
+    it, before any call (`colab_graphs.audit.plan`, and the game computed from answers).
+    """
+    if seat.reads:
+        raise ValueError(
+            f"seat {seat.name!r} reads {sorted(seat.reads.values())}: its prompt depends on the run"
+        )
+    prompt = render(seat.prompt, seat.name, state, {})
+    system = render(seat.system, seat.name, state, {}) if seat.system else None
+    return _messages(system, prompt)
 
 
 def _node(afn: NodeRun, fn: SyncRun | None = None, name: str | None = None) -> "RunnableCallable":
@@ -343,7 +359,8 @@ def _logit_fn(
     return run
 
 
-def _takes_task(fn: Any) -> bool:
+def takes_task(fn: Any) -> bool:
+    """Whether an aggregator takes the run's task (a `task` parameter, or `**kwargs`)."""
     params = inspect.signature(fn).parameters.values()
     return any(p.name == "task" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
@@ -354,11 +371,11 @@ def _aggregate_fns(
     """(sync, async) functions of an aggregate node (the sync one is also its `Ready`). Aggregators that take
     `task` get the run's task."""
     fn = registry_lookup("aggregator", node.fn).obj
-    takes_task = _takes_task(fn)
+    wants_task = takes_task(fn)
 
     def run(state: GraphState, runtime: Any = None) -> dict[str, Any]:
         reads = resolve_reads(node.reads, state, order)
-        params = {**node.params, "task": task_view(state, runtime, fallback)} if takes_task else node.params
+        params = {**node.params, "task": task_view(state, runtime, fallback)} if wants_task else node.params
         return _update(node.name, {node.writes: fn(reads, **params)}, output_key)
 
     async def arun(state: GraphState, runtime: Any = None, config: Any = None) -> dict[str, Any]:
@@ -408,13 +425,18 @@ def _apply(state: dict[str, Any], update: dict[str, Any]) -> None:
 
 
 async def _all_or_cancel(coros: list[Any]) -> list[Any]:
-    """Run concurrently; on the first failure cancel the rest (as a LangGraph superstep does) and raise it."""
+    """Run concurrently; on the first failure cancel the rest (as a LangGraph superstep does) and raise it.
+
+    A spending cap is the exception: the calls already sent finish (their replies are cached, so a resumed
+    run does not pay for them again) and no new one starts, so waiting for them wastes nothing.
+    """
     tasks = [asyncio.ensure_future(c) for c in coros]
     try:
         return await asyncio.gather(*tasks)
-    except BaseException:
-        for task in tasks:
-            task.cancel()
+    except BaseException as exc:
+        if not isinstance(exc, CapReached):
+            for task in tasks:
+                task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
 

@@ -136,12 +136,15 @@ def protocol(
     min_members: int = 1,
     max_members: int | None = None,
     requires: Sequence[str] = (),
+    independent_replies: bool = False,
 ) -> Callable[[F], F]:
     """Register a protocol builder `(members, **params) -> GraphSpec` under `name`.
 
     Records the decorator's arguments and, from the builder, each parameter's default (its signature) and doc
     (the `Args:` section of its docstring), so `colab-graphs protocols` can list them and `-P key=value` is
-    parsed to the parameter's type.
+    parsed to the parameter's type. `independent_replies` declares that no member's reply depends on the
+    coalition (every seat's prompt depends on the example alone, no seat reads another's output), so an audit
+    may compute every coalition's value from the members' answers (`colab_graphs.audit.answers`).
     """
     if family not in FAMILIES:
         raise ValueError(f"protocol {name!r}: family must be one of {FAMILIES}")
@@ -161,6 +164,7 @@ def protocol(
             min_members=min_members,
             max_members=max_members,
             requires=list(requires),
+            independent_replies=independent_replies,
             params=params,
             param_docs=param_docs(fn),
         )

@@ -121,17 +121,18 @@ def test_exact_audit_gives_the_hand_computed_contributions(exact_vote_audit):
     assert list(report.shapley) == PLAYERS  # pool order
 
 
-def test_loo_audit_evaluates_n_plus_one_coalitions_with_the_hand_computed_values(
+def test_loo_audit_of_a_vote_gives_the_hand_computed_values_and_exact_shapley_from_the_answers(
     arun, vote_server, pool_for, tmp_path
 ):
     spec = build_protocol("majority_vote", PLAYERS)
     report, _ = audit(
         arun, spec, pool_for(vote_server, PLAYERS), vote_examples(), tmp_path / "c", method="loo"
     )
-    expected = {k: v for k, v in HAND_VALUES.items() if len(k) >= len(PLAYERS) - 1}
-    assert coalition_values(report) == pytest.approx(expected)
+    # A vote declares independent replies: every coalition's value follows from the leave-one-out calls.
+    assert report.method == "loo" and report.shapley_estimator == "exact_from_answers"
+    assert coalition_values(report) == pytest.approx(HAND_VALUES)
     assert report.loo == pytest.approx(HAND_LOO)
-    assert report.shapley is None
+    assert report.shapley == pytest.approx(HAND_SHAPLEY)
     assert report.individual == pytest.approx(HAND_INDIVIDUAL)
     assert set(vote_server.request_counts().values()) == {1}
 
@@ -154,7 +155,7 @@ def test_a_repeated_audit_with_the_same_cache_sends_no_request(arun, vote_server
     again, client = audit(arun, spec, pool, examples, tmp_path / "c", tmp_path / "again", method="exact")
     assert vote_server.request_counts() == before
     assert client.stats.made == 0
-    assert again.calls.made == 0 and again.calls.cached == first.calls.naive
+    assert again.calls.made == 0 and again.calls.cached == first.calls.made + first.calls.cached
     assert coalition_values(again) == coalition_values(first)
     assert again.shapley == first.shapley and again.loo == first.loo
 
@@ -227,11 +228,11 @@ def test_debate_audit_makes_fewer_calls_than_naive_and_none_twice(debate_audit):
 # Sampled and exact Shapley: budgets and limits
 
 
-def test_sampled_shapley_uses_its_permutation_budget_and_is_efficient(
+def test_sampled_shapley_by_permutations_uses_its_budget_and_is_efficient(
     arun, scripted_server, pool_for, tmp_path
 ):
-    spec = build_protocol("majority_vote", DEBATERS)
-    examples = builtin_task("arithmetic", 10, seed=5)
+    spec = build_protocol("debate", DEBATERS)
+    examples = builtin_task("arithmetic", 6, seed=5)
     report, _ = audit(
         arun,
         spec,
@@ -239,18 +240,22 @@ def test_sampled_shapley_uses_its_permutation_budget_and_is_efficient(
         examples,
         tmp_path / "c",
         method="sampled",
-        budget=6,
+        budget=16,
+        budget_unit="permutations",
         individual=False,
     )
-    assert report.shapley_method == "sampled" and report.n_permutations == 6
-    assert len(report.coalitions) < 2 ** len(DEBATERS)
+    assert report.shapley_estimator == "permutation" and report.n_permutations == 16
+    # Exact from the held values once the prefixes cover every coalition, sampled (with its error) before.
+    covered = len(report.coalitions) == 2 ** len(DEBATERS)
+    assert report.shapley_method == ("exact" if covered else "sampled")
+    assert (report.sampling_error is None) == covered
     # Every permutation's marginal contributions add up to v(N) - v({}), so their average does too.
     assert sum(report.shapley.values()) == pytest.approx(report.value_of(DEBATERS) - report.value_of([]))
 
 
-def test_exact_shapley_refuses_thirteen_members_without_force(arun, tmp_path):
+def test_exact_shapley_over_played_coalitions_refuses_thirteen_members_without_force(arun, tmp_path):
     members = [f"m{i}" for i in range(13)]
-    spec = build_protocol("majority_vote", members)
+    spec = build_protocol("debate", members)  # its calls depend on the coalition: every coalition is played
     pool = Pool.from_dict({m: {"model": f"openai/{m}", "api_base": "http://127.0.0.1:9/v1"} for m in members})
     with pytest.raises(ValueError, match=r"exact Shapley over 13 players needs 2\^13 = 8192 coalitions"):
         audit(arun, spec, pool, vote_examples(), tmp_path / "c", method="exact")
@@ -290,7 +295,7 @@ def test_cli_audit_writes_the_report_and_exits_zero(vote_server, tmp_path):
     assert {tuple(c["members"]): c["value"] for c in report["coalitions"]} == pytest.approx(HAND_VALUES)
     assert (out / "report.md").exists()
     assert (out / "contributions.png").exists() and (out / "individual_vs_compositional.png").exists()
-    assert "Shapley (exact)" in done.stdout
+    assert "Shapley (exact_from_answers)" in done.stdout
 
 
 def test_cli_exact_over_too_many_members_is_a_clear_error(tmp_path):
@@ -301,7 +306,7 @@ def test_cli_exact_over_too_many_members_is_a_clear_error(tmp_path):
     )
     data = tmp_path / "data.jsonl"
     data.write_text(json.dumps({"id": "x", "input": "What is 1 + 1?", "answer": "2"}) + "\n")
-    done = cli("audit", "--protocol", "majority_vote", "--pool", pool, "--data", data, "--method", "exact",
+    done = cli("audit", "--protocol", "debate", "--pool", pool, "--data", data, "--method", "exact",
                "--cache-dir", tmp_path / "cache", "--out", tmp_path / "out")  # fmt: skip
     assert done.returncode == 2
     assert "exact Shapley over 13 players" in done.stderr and "--force" in done.stderr

@@ -17,6 +17,14 @@ from colab_graphs.audit.estimators import (
     rank_correlation,
     ranks,
 )
+from colab_graphs.audit.stratified import (
+    StratifiedSampler,
+    exact_shapley_table,
+    members_of,
+    next_masks,
+    stratified_shapley,
+    warmup_masks,
+)
 
 NAMES = ["ana", "bo", "cy", "dee", "eli", "fay"]
 
@@ -156,8 +164,10 @@ def test_antithetic_pairs_lower_the_error_on_a_diminishing_returns_game():
 def test_sampled_interval_covers_the_exact_value_on_a_majority_game():
     players, values = majority_game()
     exact = estimate(plan_coalitions(players, "exact"), values, n_boot=10).values()
-    sampled = estimate(plan_coalitions(players, "sampled", budget=100, seed=5), values)
-    assert all(sampled[p].ci_low <= exact[p] <= sampled[p].ci_high for p in players)
+    plan = plan_coalitions(players, "sampled", budget=10, seed=5)
+    assert not plan.complete
+    sampled = estimate(plan, values)
+    assert all(abs(sampled[p].value - exact[p]) <= sampled.sampling_error[p] for p in players)
 
 
 # Axioms
@@ -255,13 +265,15 @@ def test_bootstrap_intervals_are_reproducible_with_a_seed():
     assert estimate(plan, values, seed=8).intervals() != first
 
 
-def test_sampled_intervals_carry_permutation_error_beyond_example_error():
-    # One example: resampling examples alone would give a zero-width interval.
+def test_sampled_estimates_give_their_sampling_error_apart_from_the_example_interval():
+    # One example: resampling examples gives a zero-width interval; the sampling error is what remains.
     players, values = majority_game(n_examples=1)
     estimates = estimate(plan_coalitions(players, "sampled", budget=10, seed=2), values)
-    assert any(e.ci_high - e.ci_low > 0 for e in estimates.per_player.values())
+    assert all(e.ci_high == e.ci_low for e in estimates.per_player.values())
+    assert estimates.sampling_error is not None and max(estimates.sampling_error.values()) > 0
+    assert not estimates.exact and estimates.estimator == "permutation"
     exact = estimate(plan_coalitions(players, "exact"), values)
-    assert all(e.ci_high == e.ci_low for e in exact.per_player.values())
+    assert exact.sampling_error is None and exact.exact
 
 
 def test_intervals_narrow_with_more_examples():
@@ -456,3 +468,109 @@ def test_spearman_p_value_agrees_with_scipy(pairs):
     assert spearman_p_value(expected.statistic, len(xs)) == pytest.approx(
         expected.pvalue, rel=1e-6, abs=1e-12
     )
+
+
+# Stratified sampling with a control variate (colab_graphs.audit.stratified)
+
+
+def as_table(players, values):
+    """Per-example values (2^n, n_examples) indexed by bitmask (the empty coalition 0 unless given)."""
+    n_examples = len(values[frozenset(players)])
+    return np.stack([value_of(values, members_of(m, players), n_examples) for m in range(1 << len(players))])
+
+
+@settings(max_examples=40, deadline=None)
+@given(games())
+def test_exact_shapley_from_a_full_table_equals_the_exact_estimate(game):
+    players, values = game
+    exact = estimate(plan_coalitions(players, "exact"), values, n_boot=10)
+    table = exact_shapley_table(as_table(players, values))
+    for i, p in enumerate(players):
+        np.testing.assert_allclose(table[:, i], exact[p].per_example, atol=1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(games(min_players=2, max_players=4))
+def test_the_stratified_estimate_is_exact_once_it_holds_every_coalition(game):
+    players, values = game
+    n = len(players)
+    table = as_table(players, values)
+    est = stratified_shapley(n, list(range(1 << n)), table)
+    assert est.exact and not est.standard_error.any()
+    np.testing.assert_allclose(est.per_example, exact_shapley_table(table), atol=1e-12)
+
+
+@pytest.mark.parametrize("n", [5, 6, 9, 12])
+def test_the_first_batch_holds_and_leaves_out_every_member_at_every_size(n):
+    masks = warmup_masks(n, seed=3)
+    assert len(set(masks)) == len(masks)
+    for size in range(1, n):
+        of_size = [m for m in masks if m.bit_count() == size]
+        for i in range(n):
+            assert any(m >> i & 1 for m in of_size) and any(not m >> i & 1 for m in of_size)
+    # The leave-one-out coalitions are among them: leave-one-out comes with every sampled estimate.
+    full = (1 << n) - 1
+    assert {full, *(full ^ (1 << i) for i in range(n))} <= set(masks)
+
+
+def stratified_error(players, values, budget, seed):
+    n = len(players)
+    table = as_table(players, values)
+    sampler = StratifiedSampler(n, seed=seed, max_coalitions=budget)
+    while True:
+        est = stratified_shapley(n, sampler.held, table[sampler.held])
+        if sampler.stop(est) or not sampler.next_batch(est):
+            break
+    exact = exact_shapley_table(table).mean(axis=0)
+    return float(np.abs(est.values - exact).max())
+
+
+def test_the_stratified_error_shrinks_as_it_holds_more_coalitions():
+    players, values = majority_game()
+    small = np.mean([stratified_error(players, values, 30, s) for s in range(5)])
+    large = np.mean([stratified_error(players, values, 120, s) for s in range(5)])
+    assert large < small / 2
+
+
+def test_a_target_error_stops_the_sampler_once_every_interval_is_within_it():
+    players, values = majority_game()
+    table = as_table(players, values)
+    sampler = StratifiedSampler(6, seed=1, target_error=0.03)
+    while True:
+        est = stratified_shapley(6, sampler.held, table[sampler.held])
+        if (reason := sampler.stop(est)) or not sampler.next_batch(est):
+            break
+    assert reason in ("target_error", "complete")
+    assert est.half_width().max() <= 0.03
+
+
+def test_a_batch_never_spends_more_than_it_may():
+    players, values = majority_game()
+    table = as_table(players, values)
+    held = warmup_masks(6, seed=0)
+    est = stratified_shapley(6, held, table[held])
+    new = next_masks(
+        6, held, est, spend=25.0, cost_of=lambda m: float(m.bit_count()), max_new=100, seed=0, batch=1
+    )
+    assert new and sum(m.bit_count() for m in new) <= 25
+    assert not set(new) & set(held)
+
+
+def test_the_stratified_estimate_names_a_stratum_without_a_coalition():
+    players, values = majority_game()
+    table = as_table(players, values)
+    with pytest.raises(ValueError, match="no held coalition of size 2"):
+        stratified_shapley(6, [0, 1, 2, 4, 8, 16, 32, 63], table[[0, 1, 2, 4, 8, 16, 32, 63]])
+
+
+@settings(max_examples=30, deadline=None)
+@given(games(min_players=3, max_players=3), st.integers(0, 1000))
+def test_permutation_prefixes_that_cover_every_coalition_give_the_exact_values(game, seed):
+    players, values = game
+    plan = plan_coalitions(players, "sampled", budget=4, seed=seed)
+    sampled = estimate(plan, values, n_boot=10)
+    assert sampled.exact == plan.complete
+    if plan.complete:
+        exact = estimate(plan_coalitions(players, "exact"), values, n_boot=10)
+        for p in players:
+            np.testing.assert_allclose(sampled[p].per_example, exact[p].per_example, atol=1e-12)

@@ -56,6 +56,7 @@ def audit(
         out=out,
         plots=False,
         dataset="vote",
+        play_every_coalition=True,  # the log of every coalition's plays (not values from the answers)
     )
 
 

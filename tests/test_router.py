@@ -92,7 +92,10 @@ def replicated_pool(bases: list[str], weights: list[int] | None = None, **router
 def audit(arun, pool: Pool, cache_dir: Path, out: Path | None = None):
     client = ModelClient(CallCache(cache_dir), max_concurrency=4, backoff_s=0.01)
     spec = build_protocol("majority_vote", PLAYERS)
-    return arun(play_audit(spec, pool, examples(), client=client, method="loo", out=out))
+    # Every coalition played (not valued from the answers): the plays are what the replicas serve.
+    return arun(
+        play_audit(spec, pool, examples(), client=client, method="loo", out=out, play_every_coalition=True)
+    )
 
 
 def assert_hand_values(report) -> None:

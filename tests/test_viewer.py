@@ -112,7 +112,7 @@ def outputs(tmp_path_factory) -> Path:
             "--cache-dir",
             work / "cache",
         ]
-        cli("audit", *shared, "--method", "exact", "--out", root / "audit")
+        cli("audit", *shared, "--method", "exact", "--play-every-coalition", "--out", root / "audit")
         cli("run", *shared, "--out", root / "run")
     with ScriptedServer(member_scripts()) as server:
         config = write_study(work / "study", server, datasets=("d1",))

@@ -65,6 +65,11 @@ class CoalitionPlan:
     def __len__(self) -> int:
         return len(self.coalitions)
 
+    @property
+    def complete(self) -> bool:
+        """Whether the plan holds every coalition (its Shapley values are then computed exactly)."""
+        return len(self.coalitions) == 2 ** len(self.players)
+
 
 @dataclass(frozen=True)
 class PlayerEstimate:
@@ -87,6 +92,10 @@ class Estimates:
         confidence: Level of the percentile bootstrap intervals (e.g. 0.95).
         n_boot: Bootstrap replicates behind the intervals.
         n_permutations: Permutations averaged over (sampled only).
+        sampling_error: Member -> half-width of the sampling interval (at `confidence`): how far the
+            estimate may be from the exact value on these examples, from the choice of permutations alone.
+            None when the estimate is exact.
+        exact: True when the values are exact (exact Shapley, or sampled prefixes that cover every coalition).
     """
 
     method: Method
@@ -95,6 +104,9 @@ class Estimates:
     confidence: float
     n_boot: int
     n_permutations: int | None = None
+    sampling_error: Mapping[str, float] | None = None
+    exact: bool = True
+    estimator: str | None = None
 
     def __getitem__(self, player: str) -> PlayerEstimate:
         return self.per_player[player]
@@ -108,7 +120,8 @@ class Estimates:
         return {p: (self.per_player[p].ci_low, self.per_player[p].ci_high) for p in self.players}
 
 
-def _ordered(coalitions: Iterable[Coalition], players: Sequence[str]) -> tuple[Coalition, ...]:
+def ordered_coalitions(coalitions: Iterable[Coalition], players: Sequence[str]) -> tuple[Coalition, ...]:
+    """Distinct coalitions by size, then by their members' pool order."""
     index = {p: i for i, p in enumerate(players)}
     return tuple(sorted(set(coalitions), key=lambda c: (len(c), sorted(index[p] for p in c))))
 
@@ -177,7 +190,7 @@ def plan_coalitions(
     n = len(players)
 
     if method == "loo":
-        return CoalitionPlan(players, method, _ordered(_loo_coalitions(players), players))
+        return CoalitionPlan(players, method, ordered_coalitions(_loo_coalitions(players), players))
 
     if method == "exact":
         if n > max_exact_players and not force:
@@ -186,7 +199,7 @@ def plan_coalitions(
                 f"players); use method 'sampled' with a budget of permutations, or force=True"
             )
         subsets = (frozenset(c) for size in range(n + 1) for c in itertools.combinations(players, size))
-        return CoalitionPlan(players, method, _ordered(subsets, players))
+        return CoalitionPlan(players, method, ordered_coalitions(subsets, players))
 
     if budget is None or budget < 1:
         raise ValueError(f"sampled Shapley needs a budget of at least 1 permutation, got budget={budget}")
@@ -195,7 +208,7 @@ def plan_coalitions(
     return CoalitionPlan(
         players,
         method,
-        _ordered(prefixes.union(_loo_coalitions(players)), players),
+        ordered_coalitions(prefixes.union(_loo_coalitions(players)), players),
         permutations=tuple(tuple(players[i] for i in order) for order in orders),
         exhaustive=exhaustive,
         budget=budget,
@@ -345,26 +358,34 @@ def _permutation_units(plan: CoalitionPlan) -> list[list[int]]:
     ]
 
 
-def _sampled_bootstrap(
-    plan: CoalitionPlan, gains: np.ndarray, *, n_boot: int, confidence: float, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Intervals that resample examples and permutations jointly, so they carry the sampling error too."""
-    n, _, n_examples = gains.shape
+def t_quantile(confidence: float, df: int) -> float:
+    """Two-sided Student t quantile (Cornish-Fisher expansion; within 1% of the exact value from df = 3)."""
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
+    if df <= 0:
+        return math.inf
+    g1 = (z**3 + z) / 4
+    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
+    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
+    return z + g1 / df + g2 / df**2 + g3 / df**3
+
+
+def _permutation_error(plan: CoalitionPlan, gains: np.ndarray, confidence: float) -> np.ndarray:
+    """Half-width of each member's sampling interval: Student t over the permutation units (an antithetic
+    pair is one unit: its two orders were drawn together), averaged over examples.
+
+    Each member's variance is shrunk toward the largest member's (two units' worth): a member that is
+    rarely pivotal shows no spread in a few permutations although its value is not certain (a weighted
+    voting game's light members), and its interval would not cover.
+    """
     units = _permutation_units(plan)
-    sums = np.stack([gains[:, u, :].sum(axis=1) for u in units], axis=1)  # (n, U, E)
-    sizes = np.array([len(u) for u in units], dtype=float)
-    example_rng = np.random.default_rng(seed)
-    unit_rng = np.random.default_rng([seed, 1])
-    replicates = []
-    for example_counts, unit_counts in zip(
-        _bootstrap_counts(example_rng, n_examples, n_boot),
-        _bootstrap_counts(unit_rng, len(units), n_boot),
-        strict=True,
-    ):
-        per_unit = sums @ example_counts.T / n_examples  # (n, U, b)
-        totals = np.einsum("bu,nub->bn", unit_counts, per_unit)
-        replicates.append(totals / (unit_counts @ sizes)[:, None])
-    return _percentiles(np.vstack(replicates), confidence)
+    means = np.stack([gains[:, u, :].mean(axis=(1, 2)) for u in units], axis=1)  # (n, U)
+    if len(units) < 2:
+        return np.full(len(plan.players), math.inf)
+    own = means.var(axis=1, ddof=1)
+    shrunk = (len(units) * own + 2.0 * own.max()) / (len(units) + 2.0)
+    return t_quantile(confidence, len(units) - 1) * np.sqrt(shrunk / len(units))
 
 
 def estimate(
@@ -390,8 +411,9 @@ def estimate(
     Returns:
         Per-member estimates. Leave-one-out is v(N) - v(N minus i); exact Shapley is the weighted average of
         marginal contributions over all coalitions; sampled Shapley is the mean marginal contribution over the
-        plan's permutations. Each is computed per example, then averaged. Sampled intervals resample
-        permutations (antithetic pairs together) as well as examples, unless the permutations are exhaustive.
+        plan's permutations, or exact when their prefixes cover every coalition. Each is computed per
+        example, then averaged. Intervals resample examples (the example noise); a sampled estimate also
+        gives its sampling error (over the choice of permutations, for these examples), apart.
 
     Raises:
         ValueError: When a coalition the method needs is missing, arrays differ in shape or are not finite,
@@ -409,19 +431,21 @@ def estimate(
     table = _ValueTable(plan.players, needed, values)
 
     n_permutations = None
+    error = None
     if method == "loo":
         per_example = _loo(plan, table)
-    elif method == "exact":
+    elif method == "exact" or plan.complete:
         per_example = _exact(plan, table)
+        n_permutations = len(plan.permutations) or None
     else:
         gains = _marginals(plan, table)
         per_example = gains.mean(axis=1).T
         n_permutations = len(plan.permutations)
-
-    if method == "sampled" and not plan.exhaustive:
-        low, high = _sampled_bootstrap(plan, gains, n_boot=n_boot, confidence=confidence, seed=seed)
-    else:
-        low, high = _example_bootstrap(per_example, n_boot=n_boot, confidence=confidence, seed=seed)
+        if not plan.exhaustive:
+            error = dict(
+                zip(plan.players, map(float, _permutation_error(plan, gains, confidence)), strict=True)
+            )
+    low, high = _example_bootstrap(per_example, n_boot=n_boot, confidence=confidence, seed=seed)
 
     per_player = {
         p: PlayerEstimate(
@@ -432,7 +456,41 @@ def estimate(
         )
         for i, p in enumerate(plan.players)
     }
-    return Estimates(method, plan.players, per_player, confidence, n_boot, n_permutations)
+    exact = method != "sampled" or plan.complete or plan.exhaustive
+    estimator = None if method == "loo" else "exact" if method == "exact" else "permutation"
+    return Estimates(
+        method, plan.players, per_player, confidence, n_boot, n_permutations, error, exact, estimator
+    )
+
+
+def estimates_from(
+    players: Sequence[str],
+    per_example: np.ndarray,
+    *,
+    method: Method,
+    estimator: str,
+    exact: bool,
+    sampling_error: Sequence[float] | None = None,
+    n_boot: int = 1000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> Estimates:
+    """`Estimates` from per-example values (n_examples, n) an estimator computed (stratified, from answers),
+    with example-bootstrap intervals and, unless exact, the sampling error's half-widths."""
+    _check_bootstrap(n_boot, confidence)
+    low, high = _example_bootstrap(per_example, n_boot=n_boot, confidence=confidence, seed=seed)
+    per_player = {
+        p: PlayerEstimate(
+            float(per_example[:, i].mean()), per_example[:, i].copy(), float(low[i]), float(high[i])
+        )
+        for i, p in enumerate(players)
+    }
+    error = (
+        None
+        if exact or sampling_error is None
+        else dict(zip(players, map(float, sampling_error), strict=True))
+    )
+    return Estimates(method, tuple(players), per_player, confidence, n_boot, None, error, exact, estimator)
 
 
 def ranks(scores: Mapping[str, float]) -> dict[str, int]:

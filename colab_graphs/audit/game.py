@@ -43,6 +43,7 @@ from colab_graphs.log import (
 )
 from colab_graphs.log.diff import refusal
 from colab_graphs.models.client import ModelClient
+from colab_graphs.models.spend import CapReached
 from colab_graphs.pool import Pool
 from colab_graphs.protocols.fitting import Fitted, fit_coalition
 from colab_graphs.runner import run_example, run_fingerprint
@@ -215,11 +216,16 @@ class CoalitionGame:
         solo_members: Sequence[str] = (),
         on_progress: Callable[[Play], None] | None = None,
         on_plays: Callable[[list[Play]], None] | None = None,
+        planned: Sequence[Coalition] | None = None,
     ) -> None:
         """Evaluate every coalition (and each member in `solo_members` alone) on every example.
 
         `on_progress` sees each play as it finishes (finished plays of an earlier run too); `on_plays` gets an
-        example's new plays together once they are all finished and recorded.
+        example's new plays together once they are all finished and recorded. `planned` is what the log's
+        plan records (default: `coalitions`; a sampled audit that evaluates batch after batch gives them all).
+
+        A spending cap (`colab_graphs.models.spend`) that refuses a call stops new calls; the examples whose
+        plays need none still finish (and are recorded), then `CapReached` is raised.
         """
         jobs: list[tuple[str, list[str]]] = [("coalition", self._ordered(c)) for c in coalitions]
         jobs += [("solo", [m]) for m in solo_members]
@@ -227,7 +233,7 @@ class CoalitionGame:
             await self._fit(game, members)
         for game, members in jobs:
             self._graph(game, members)  # compile (and validate every coalition) before any call
-        self.write_plan(coalitions, solo_members)
+        self.write_plan(coalitions if planned is None else planned, solo_members)
         limit = asyncio.Semaphore(self.max_in_flight)
 
         async def one(game: str, members: list[str], example: Example, view: TaskView, memo: dict) -> Play:
@@ -244,14 +250,20 @@ class CoalitionGame:
             # The largest coalition plays first: its calls fill the memo, so the others mostly answer from it at
             # once instead of each waiting on the same calls in flight (thousands of waiting tasks per example
             # in a sampled 8-member audit); the calls only they make run together after it.
+            # A spending cap stops the example: the plays that finish anyway (their calls were sent) are kept.
             first, *rest = sorted(todo, key=lambda job: (job[0] != "coalition", -len(job[1])))
             async with limit:
                 view, memo = view_for(example, self.scorer), {}
                 plays = [await one(*first, example, view, memo)]
-                plays += await asyncio.gather(
-                    *(one(game, members, example, view, memo) for game, members in rest)
+                others = await asyncio.gather(
+                    *(one(game, members, example, view, memo) for game, members in rest),
+                    return_exceptions=True,
                 )
+            plays += [p for p in others if isinstance(p, Play)]
             self.record(plays)
+            errors = [e for e in others if isinstance(e, BaseException)]
+            if errors:
+                raise errors[0]
             if on_plays:
                 on_plays(plays)
 
@@ -265,8 +277,8 @@ class CoalitionGame:
                 elif on_progress:
                     on_progress(done)
             if todo:
-                tasks.append(plays_of(example, todo))
-        await asyncio.gather(*tasks)
+                tasks.append(asyncio.ensure_future(plays_of(example, todo)))
+        await _settle(tasks)
 
     async def _fit(self, game: str, members: list[str]) -> None:
         """Run the protocol's fit step for one coalition, once (see `colab_graphs.protocols.fitting`)."""
@@ -282,6 +294,14 @@ class CoalitionGame:
 
     def _ordered(self, coalition: Coalition) -> list[str]:
         return [m for m in self.spec.members if m in coalition]
+
+    def finished_examples(
+        self, coalitions: Sequence[Coalition], solo_members: Sequence[str] = ()
+    ) -> list[str]:
+        """Ids of the examples (dataset order) on which every coalition and solo run has a play."""
+        cids = [coalition_id("coalition", self._ordered(c)) for c in coalitions]
+        cids += [coalition_id("solo", [m]) for m in solo_members]
+        return [e.id for e in self.examples if all((cid, e.id) in self.plays for cid in cids)]
 
     # --- results -------------------------------------------------------------------------------------------
 
@@ -342,6 +362,29 @@ class CoalitionGame:
             "per_member": per_member,
             "per_coalition": per_coalition,
         }
+
+
+async def _settle(tasks: list[asyncio.Future]) -> None:
+    """Wait for the examples' tasks. The first error other than a spending cap cancels the rest and is raised;
+    a cap lets the others finish (what needs no new call is recorded), then is raised."""
+    pending = set(tasks)
+    reached: CapReached | None = None
+    try:
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                error = task.exception()
+                if isinstance(error, CapReached):
+                    reached = reached or error
+                elif error is not None:
+                    raise error
+    finally:
+        for task in pending:  # an error, or this audit itself cancelled: its examples stop with it
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+    if reached is not None:
+        raise reached
 
 
 def read_plays(store: str | os.PathLike[str]) -> list[Play]:

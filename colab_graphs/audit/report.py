@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_fie
 from colab_graphs.audit.estimators import (
     Coalition,
     CoalitionPlan,
+    Estimates,
     bootstrap_mean_ci,
     estimate,
     rank_correlation,
@@ -31,6 +32,7 @@ from colab_graphs.redaction import hide_secrets
 SCHEMA_VERSION = 1
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
+SHOWN_COALITIONS = 64  # rows of the markdown's coalition table (report.json lists every one)
 
 
 def _package_version() -> str:
@@ -126,7 +128,30 @@ class AuditReport(BaseModel):
     failed_examples: list[str] = Field(default_factory=list)
     method: Literal["loo", "exact", "sampled"]
     shapley_method: Literal["exact", "sampled"] | None = None
+    shapley_estimator: str | None = Field(
+        None,
+        description="exact | exact_from_answers (computed from the members' answers) | stratified | permutation",
+    )
+    sampling_error: dict[str, float] | None = Field(
+        None,
+        description="member -> half-width of the 95% sampling interval (None when exact); `ci[m]['shapley']` "
+        "is the example-noise interval, apart",
+    )
     n_permutations: int | None = None
+    budget: int | None = None
+    budget_unit: str | None = None
+    target_error: float | None = None
+    stopped: str | None = Field(
+        None, description="why sampling stopped: target_error | budget | complete | coalitions"
+    )
+    coalitions_valued: int | None = Field(
+        None, description="coalitions with a value (all 2^n from answers), when more than `coalitions` lists"
+    )
+    partial: bool = Field(False, description="a cap stopped the audit: values over the examples finished")
+    cap: dict[str, Any] | None = Field(
+        None, description="the cap reached: {cap, limit, calls, cost_usd} (calls and cost: what the run sent)"
+    )
+    examples_planned: int | None = None
     coalitions: list[CoalitionValue]
     individual: dict[str, float] = Field(default_factory=dict)
     loo: dict[str, float]
@@ -250,6 +275,8 @@ def contribution_fields(
     values: Mapping[Coalition, np.ndarray],
     individual: Mapping[str, np.ndarray] | None = None,
     *,
+    shapley: Estimates | None = None,
+    listed: Sequence[Coalition] | None = None,
     n_boot: int = 1000,
     confidence: float = 0.95,
     seed: int = 0,
@@ -260,17 +287,21 @@ def contribution_fields(
         plan: The plan the values were evaluated for.
         values: Coalition -> per-example scores (the empty coalition scores zero unless given).
         individual: Member -> per-example scores of the member alone (the `solo` protocol).
+        shapley: Shapley estimates computed elsewhere (stratified sampling, the game from answers); default:
+            `estimate(plan, values)` unless the plan is leave-one-out.
+        listed: The coalitions the report lists (default: the plan's).
         n_boot: Bootstrap replicates for the intervals.
         confidence: Interval level.
         seed: Bootstrap seed; every measure resamples with it.
 
     Returns:
-        method, shapley_method, n_permutations, n_examples, coalitions, individual, loo, shapley, confidence,
-        n_boot, ci, ranks and rank_correlation.
+        method, shapley_method, shapley_estimator, sampling_error, n_permutations, n_examples, coalitions,
+        individual, loo, shapley, confidence, n_boot, ci, ranks and rank_correlation.
     """
     boot = {"n_boot": n_boot, "confidence": confidence, "seed": seed}
     loo = estimate(plan, values, method="loo", **boot)
-    shapley = estimate(plan, values, **boot) if plan.method != "loo" else None
+    if shapley is None and plan.method != "loo":
+        shapley = estimate(plan, values, **boot)
     n_examples = len(next(iter(loo.per_player.values())).per_example)
 
     ci: dict[str, dict[str, tuple[float, float]]] = {p: {"loo": loo.intervals()[p]} for p in plan.players}
@@ -282,6 +313,9 @@ def contribution_fields(
     if shapley is not None:
         for p, interval in shapley.intervals().items():
             ci[p]["shapley"] = interval
+            if shapley.sampling_error is not None:
+                value, half = shapley[p].value, shapley.sampling_error[p]
+                ci[p]["shapley_sampling"] = (value - half, value + half)
 
     measures = {"loo": loo.values(), **({"shapley": shapley.values()} if shapley else {})}
     correlations = (
@@ -292,7 +326,9 @@ def contribution_fields(
     zeros = np.zeros(n_examples)
     return {
         "method": plan.method,
-        "shapley_method": plan.method if shapley else None,
+        "shapley_method": None if shapley is None else "exact" if shapley.exact else "sampled",
+        "shapley_estimator": None if shapley is None else shapley.estimator,
+        "sampling_error": None if shapley is None else shapley.sampling_error,
         "n_permutations": len(plan.permutations) or None,
         "n_examples": n_examples,
         "coalitions": [
@@ -300,7 +336,7 @@ def contribution_fields(
                 members=[p for p in plan.players if p in c],
                 value=float(np.mean(values.get(c, zeros))),
             )
-            for c in plan.coalitions
+            for c in (plan.coalitions if listed is None else listed)
         ],
         "individual": strengths,
         "loo": measures["loo"],
@@ -363,13 +399,27 @@ def render_markdown(report: AuditReport, images: Mapping[str, str] | None = None
         images: Plot name -> file name relative to the page, shown at the end.
     """
     r = report
-    method = {"loo": "leave-one-out only", "exact": "exact Shapley", "sampled": "sampled Shapley"}[r.method]
-    if r.method == "sampled":
-        method += f" ({r.n_permutations} permutations)"
+    method = {"loo": "leave-one-out", "exact": "exact Shapley", "sampled": "sampled Shapley"}[r.method]
+    estimator = {
+        "exact_from_answers": "exact Shapley computed from the members' answers",
+        "stratified": "stratified sampling with a control variate",
+        "permutation": f"{r.n_permutations} permutations",
+        "exact": "exact Shapley",
+    }.get(r.shapley_estimator or "", "")
+    if estimator:
+        method += f" ({estimator}" + (f", stopped: {r.stopped}" if r.stopped else "") + ")"
     grand = r.value_of(r.players)
     params = ", ".join(f"`{k}={v!r}`" for k, v in r.protocol_params.items()) or "defaults"
     failed = f" ({len(r.failed_examples)} failed and excluded)" if r.failed_examples else ""
     lines = [f"# Contribution audit: `{r.protocol}`", ""]
+    if r.partial:
+        cap = r.cap or {}
+        lines += [
+            f"**Partial**: {cap.get('cap')} {cap.get('limit')} was reached. Values are over the {r.n_examples} of "
+            f"{r.examples_planned} examples every coalition finished; run the same command with a higher cap "
+            "(or none) to finish the audit.",
+            "",
+        ]
     lines += _table(
         ["", ""],
         "ll",
@@ -393,15 +443,24 @@ def render_markdown(report: AuditReport, images: Mapping[str, str] | None = None
     )
     lines.append("")
     # (key, column title, signed): contributions can be negative, strengths cannot.
+    if r.sampling_error is not None:
+        lines += [
+            "The Shapley interval is the example noise; `Sampling +-` is the 95% sampling interval's half-width "
+            "(how far the estimate may be from the exact value on these examples).",
+            "",
+        ]
     measures = [("individual", "Individual", False), ("loo", "LOO", True)]
     measures += [("shapley", "Shapley", True)] if r.shapley is not None else []
     scores = {"individual": r.individual, "loo": r.loo, "shapley": r.shapley or {}}
     header = ["Member", *(title for _, title, _ in measures), *(f"Rank {title}" for _, title, _ in measures)]
+    if r.sampling_error is not None:
+        header.append("Sampling +-")
     rows = [
         [
             m,
             *(_score(scores[key].get(m), r.ci.get(m, {}).get(key), signed) for key, _, signed in measures),
             *(str(r.ranks.get(key, {}).get(m, "n/a")) for key, _, _ in measures),
+            *([f"{r.sampling_error[m]:.3f}"] if r.sampling_error is not None else []),
         ]
         for m in r.players
     ]
@@ -458,7 +517,7 @@ def render_markdown(report: AuditReport, images: Mapping[str, str] | None = None
     lines += ["", "## Coalitions", ""]
     usage = {tuple(c.members): c for c in r.per_coalition}
     rows = []
-    for c in r.coalitions:
+    for c in r.coalitions[:SHOWN_COALITIONS]:
         u = usage.get(tuple(c.members))
         rows.append(
             [
@@ -469,6 +528,9 @@ def render_markdown(report: AuditReport, images: Mapping[str, str] | None = None
             ]
         )
     lines += _table(["Coalition", "Size", "Value", "Tokens"], "lrrr", rows)
+    hidden = (r.coalitions_valued or len(r.coalitions)) - len(rows)
+    if hidden > 0:
+        lines += ["", f"... and {hidden:,} more coalitions ({len(r.coalitions):,} listed in report.json)."]
 
     for name, file in (images or {}).items():
         lines += ["", f"![{name}]({file})"]

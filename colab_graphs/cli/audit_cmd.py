@@ -52,7 +52,33 @@ def audit(
     pool: PoolOpt = None,
     data: DataOpt = None,
     method: Annotated[str, typer.Option("--method", help="loo | exact | sampled")] = "loo",
-    budget: Annotated[int | None, typer.Option("--budget", help="Permutations for --method sampled.")] = None,
+    budget: Annotated[
+        int | None, typer.Option("--budget", help="For --method sampled: distinct calls (see --budget-unit).")
+    ] = None,
+    budget_unit: Annotated[
+        str,
+        typer.Option("--budget-unit", help="calls | coalitions | permutations (the permutation sampler)."),
+    ] = "calls",
+    target_error: Annotated[
+        float | None,
+        typer.Option(
+            "--target-error", help="For --method sampled: stop when every 95% sampling interval is +- E."
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Print and write OUT/plan.json (calls, tokens, cost); call nothing."),
+    ] = False,
+    max_calls: Annotated[
+        int | None,
+        typer.Option(
+            "--max-calls", help="Stop before this run's new calls pass N (exit 4; rerun to resume)."
+        ),
+    ] = None,
+    max_cost: Annotated[
+        float | None,
+        typer.Option("--max-cost", help="Stop before this run's cost passes USD (exit 4; rerun to resume)."),
+    ] = None,
     scorer: ScorerOpt = None,
     out: OutOpt = None,
     max_concurrency: ConcOpt = 16,
@@ -69,15 +95,30 @@ def audit(
     no_individual: Annotated[bool, typer.Option("--no-individual", help="Skip the solo runs.")] = False,
     no_plots: Annotated[bool, typer.Option("--no-plots", help="Do not draw PNG plots.")] = False,
     no_preflight: NoPreflightOpt = False,
+    play_every_coalition: Annotated[
+        bool,
+        typer.Option(
+            "--play-every-coalition",
+            help="Play each coalition even where its value follows from the members' answers (a vote's).",
+        ),
+    ] = False,
 ) -> None:
     """Audit how much each member adds to a protocol: writes report.json, report.md and PNG plots."""
     from colab_graphs.audit.run import AuditError, play_audit
+    from colab_graphs.audit.strategy import BUDGET_UNITS, choose_strategy
     from colab_graphs.spec import SpecError
 
     if method not in ("loo", "exact", "sampled"):
         fail(f"--method must be loo, exact or sampled, got {method!r}")
-    if method == "sampled" and not budget:
-        fail("--method sampled needs --budget (number of permutations)")
+    if budget_unit not in BUDGET_UNITS:
+        fail(f"--budget-unit must be one of {', '.join(BUDGET_UNITS)}, got {budget_unit!r}")
+    if method != "sampled" and (budget is not None or target_error is not None):
+        fail("--budget and --target-error apply to --method sampled")
+    if method == "sampled" and not budget and target_error is None:
+        fail("--method sampled needs --budget (distinct calls, see --budget-unit) or --target-error")
+    for name, cap in (("--max-calls", max_calls), ("--max-cost", max_cost)):
+        if cap is not None and cap < 0:
+            fail(f"{name} must not be negative, got {cap}")
     the_pool = load_pool(pool)
     examples = load_data(data, limit, seed, scorer=scorer)
     client = make_client(cache_dir, no_cache, max_concurrency, retries=retries, preflight=not no_preflight)
@@ -91,6 +132,29 @@ def audit(
             None,
         )
         out = out or Path("audits") / spec.name
+    if dry_run:
+        if make_game is not None:
+            fail(
+                "--dry-run plans a protocol's calls; an app's graph is its own code, so its calls cannot be "
+                "counted before it runs (audit it with --max-calls / --max-cost to cap what it spends)"
+            )
+        from colab_graphs.audit.plan import plan_audit, write_plan
+        from colab_graphs.cli.plan_view import print_plan
+
+        try:
+            strategy = choose_strategy(
+                spec, len(examples), method, budget=budget, budget_unit=budget_unit,  # type: ignore[arg-type]
+                target_error=target_error, seed=seed or 0, force=force, from_answers=not play_every_coalition,
+            )  # fmt: skip
+            the_plan = plan_audit(
+                spec, the_pool, examples, strategy, client=client, scorer=scorer, individual=not no_individual
+            )
+        except (SpecError, ValueError) as err:
+            fail(str(err).replace("or force=True", "or pass --force"))
+            raise
+        with holding_out(out):  # (plan.json goes beside the report another audit may be writing)
+            print_plan(the_plan, write_plan(the_plan, out))
+        return
     progress, task = progress_bar(1, f"audit {spec.name} ({method})")
 
     def on_plan(total: int) -> None:
@@ -118,8 +182,13 @@ def audit(
                         the_pool,
                         examples,
                         client=client,
-                        method=method,
+                        method=method,  # type: ignore[arg-type]
                         budget=budget,
+                        budget_unit=budget_unit,  # type: ignore[arg-type]
+                        target_error=target_error,
+                        max_calls=max_calls,
+                        max_cost_usd=max_cost,
+                        play_every_coalition=play_every_coalition,
                         seed=seed or 0,
                         scorer=scorer,
                         out=out,
@@ -139,6 +208,8 @@ def audit(
         fail(str(err).replace("or force=True", "or pass --force"))
         raise
     _print_report(report, out)
+    if report.partial:
+        raise typer.Exit(4)
     if report.failed_examples:
         raise typer.Exit(3)
 
@@ -167,14 +238,28 @@ def _print_report(report, out: Path) -> None:
     def fmt(v: float | None, signed: bool = False) -> str:
         return "-" if v is None else (f"{v:+.3f}" if signed else f"{v:.3f}")
 
+    console = Console()
+    if report.partial:
+        cap = report.cap or {}
+        console.print(
+            f"[yellow]partial: {cap.get('cap', 'a cap')} {cap.get('limit')} reached; values over the "
+            f"{report.n_examples} of {report.examples_planned} examples finished. Run the same command with a "
+            "higher cap (or none) to finish it: nothing recorded is called again.[/]"
+        )
+        if not report.n_examples:
+            console.print(f"report: {out / 'report.md'}")
+            return
+
     table = Table(title=f"{report.protocol}: contributions over {report.n_examples} example(s)")
     table.add_column("member")
     table.add_column("individual", justify="right")
     table.add_column("LOO", justify="right")
     table.add_column(f"LOO {report.confidence:.0%} CI", justify="right")
     if report.shapley is not None:
-        table.add_column(f"Shapley ({report.shapley_method})", justify="right")
+        table.add_column(f"Shapley ({report.shapley_estimator or report.shapley_method})", justify="right")
         table.add_column(f"Shapley {report.confidence:.0%} CI", justify="right")
+    if report.sampling_error is not None:
+        table.add_column("sampling +-", justify="right")
 
     def interval(member: str, measure: str) -> str:
         lo, hi = report.ci.get(member, {}).get(measure, (None, None))
@@ -184,9 +269,15 @@ def _print_report(report, out: Path) -> None:
         row = [m, fmt(report.individual.get(m)), fmt(report.loo[m], True), interval(m, "loo")]
         if report.shapley is not None:
             row += [fmt(report.shapley[m], True), interval(m, "shapley")]
+        if report.sampling_error is not None:
+            row.append(fmt(report.sampling_error[m]))
         table.add_row(*row)
-    console = Console()
     console.print(table)
+    if report.stopped:
+        console.print(
+            f"sampled: {len(report.coalitions)} coalitions, stopped by {report.stopped}; "
+            "'sampling +-' is the 95% sampling interval, the LOO CI the example noise"
+        )
     grand = report.value_of(report.players)
     c = report.calls
     console.print(

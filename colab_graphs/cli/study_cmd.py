@@ -45,6 +45,10 @@ def study(
         bool, typer.Option("--no-plots", help="Do not draw the heatmap and scatter grid.")
     ] = False,
     no_preflight: NoPreflightOpt = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Print and write OUT/plan.json (calls, tokens, cost); call nothing."),
+    ] = False,
 ) -> None:
     """Audit every protocol over every pool on every dataset; correlate individual and compositional strength.
 
@@ -65,6 +69,22 @@ def study(
         retries=retries,
         preflight=not no_preflight,
     )
+    if dry_run:
+        from colab_graphs.cli.plan_view import print_study_plan
+        from colab_graphs.study.plan import plan_study
+
+        try:
+            the_plan = plan_study(the_config, client)
+        except StudyConfigError as err:
+            fail(str(err))
+            raise
+        from colab_graphs.files import atomic_write_text
+
+        out.mkdir(parents=True, exist_ok=True)
+        with holding_out(out):
+            atomic_write_text(out / "plan.json", the_plan.model_dump_json(indent=2) + "\n")
+        print_study_plan(the_plan, out / "plan.json")
+        return
     progress, task = progress_bar(1, f"study {config.stem}")
 
     def on_plan(planned: int, recorded: int) -> None:

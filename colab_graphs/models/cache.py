@@ -242,6 +242,19 @@ class CallCache:
         if len(self._recent) > MEMORY_ENTRIES:
             del self._recent[next(iter(self._recent))]
 
+    def contains(self, keys: set[str]) -> set[str]:
+        """Which of `keys` the cache holds (an audit's plan counts them as free)."""
+        found = {k for k in keys if k in self._recent}
+        rest = sorted(keys - found)
+        with self._lock:
+            for start in range(0, len(rest), 500):  # SQLite limits the parameters of one statement
+                chunk = rest[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                found.update(
+                    k for (k,) in self._conn.execute(f"SELECT key FROM calls WHERE key IN ({marks})", chunk)
+                )
+        return found
+
     def written_since(self, keys: set[str], since: float) -> set[str]:
         """Which of `keys` were stored at or after time `since` (seconds since the epoch)."""
         with self._lock:

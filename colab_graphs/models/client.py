@@ -23,6 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from colab_graphs.models.cache import CallCache, request_key
 from colab_graphs.models.identity import cache_identity
+from colab_graphs.models.spend import SpendCap
 from colab_graphs.pool import CONNECTION_KEYS, Member
 from colab_graphs.redaction import public_url, redact
 from colab_graphs.trace import Call, Trace, Usage
@@ -286,6 +287,9 @@ class ModelClient:
             does, every call to it fails at once with kind "unreachable", naming the member and its api_base,
             instead of after a minute of retries. A member over deployments fails only when none answers.
             Endpoints whose calls are all cached are never checked.
+
+    `cap` (a `SpendCap`, None by default) is asked before every upstream call; a call it refuses raises
+    `CapReached` and is not sent (see `colab_graphs.models.spend`).
     """
 
     def __init__(
@@ -309,6 +313,7 @@ class ModelClient:
         self.backoff_max_s = backoff_max_s
         self.timeout_s = timeout_s
         self.stats = CallStats()
+        self.cap: SpendCap | None = None
         self._inflight: dict[str, asyncio.Future[CallResult]] = {}
         self._limits: dict[str, asyncio.Semaphore] = {}
         self._routers: dict[str, Any] = {}
@@ -588,6 +593,8 @@ class ModelClient:
         # The in-process provider answers whole; its reply goes to `on_delta` as one piece below.
         streamed = on_delta if not local else None
         attempts = 0
+        # Asked here, after the cache and the single flight: only a call that would really be sent counts.
+        reserved = self.cap.reserve(member, kwargs["messages"], request["settings"]) if self.cap else 0.0
         self.stats.made += 1
         if self.preflight:
             unreachable = await self._unreachable(member)
@@ -613,6 +620,8 @@ class ModelClient:
                     await asyncio.sleep(delay * (0.5 + self._rng.random()))
                     continue
                 self.stats.failed += 1
+                if self.cap is not None:
+                    self.cap.settle(reserved, 0.0)
                 raise CallError(
                     kind, redact(f"{type(exc).__name__}: {exc}", secrets)[:2000], member.name, attempts
                 ) from None
@@ -626,6 +635,8 @@ class ModelClient:
             completion_tokens=int(getattr(usage_obj, "completion_tokens", 0) or 0),
         )
         cost = _response_cost(litellm, response, models)
+        if self.cap is not None:
+            self.cap.settle(reserved, cost)
         details = None
         if local:
             from colab_graphs.models.local import local_call_details

@@ -35,6 +35,7 @@ def solo(members: list[str], member: str | None = None, prompt: str = ANSWER) ->
     family="text",
     description="Every member answers independently; the most frequent answer wins (ties: pool order).",
     min_members=1,
+    independent_replies=True,
 )
 def majority_vote(members: list[str], samples: int = 1, prompt: str = ANSWER) -> GraphSpec:
     """Every member answers in parallel, then a deterministic majority vote.

@@ -39,6 +39,7 @@ class ProtocolInfo:
     min_members: int = 1
     max_members: int | None = None
     requires: list[str] = field(default_factory=list)
+    independent_replies: bool = False
     params: dict[str, Any] = field(default_factory=dict)
     param_docs: dict[str, str] = field(default_factory=dict)
 
@@ -54,6 +55,7 @@ class ProtocolInfo:
             "min_members": self.min_members,
             "max_members": self.max_members,
             "requires": self.requires,
+            "independent_replies": self.independent_replies,
             "params": {k: _jsonable(v) for k, v in self.params.items()},
             "param_docs": self.param_docs,
         }

@@ -32,6 +32,7 @@ __all__ = ["consistency", "fit_slm_mux", "slm_mux"]
     family="text",
     description="Every member answers several times; the most self-consistent member's majority answer wins.",
     min_members=1,
+    independent_replies=True,
 )
 def slm_mux(
     members: list[str],

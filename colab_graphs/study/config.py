@@ -9,8 +9,10 @@
     datasets:                               # sources, or {source, limit, split, scorer, label}
       - builtin:arithmetic
       - {source: arc_challenge, limit: 20, scorer: multiple_choice}
-    method: loo                             # loo | exact | sampled (sampled needs budget)
-    budget: 64
+    method: loo                             # loo | exact | sampled (sampled needs budget or target_error)
+    budget: 2000                            # for sampled: distinct calls (see budget_unit)
+    budget_unit: calls                      # calls | coalitions | permutations
+    target_error: 0.01                      # for sampled: stop at this 95% sampling half-width
     limit: 20                               # default limit of every dataset
     seed: 0                                 # shuffles the data before limit; seeds the estimators
     max_concurrency: 16                     # in-flight calls per endpoint
@@ -36,6 +38,8 @@ STUDY_KEYS = (
     "datasets",
     "method",
     "budget",
+    "budget_unit",
+    "target_error",
     "limit",
     "seed",
     "max_concurrency",
@@ -89,6 +93,8 @@ class StudyConfig:
     max_concurrency: int = 16
     force: bool = False
     shard_size: int | None = None
+    budget_unit: str = "calls"
+    target_error: float | None = None
 
 
 def load_study_config(path: str | Path) -> StudyConfig:
@@ -131,8 +137,18 @@ def parse_study_config(data: Any, path: Path) -> StudyConfig:
     if method not in ("loo", "exact", "sampled"):
         raise fail("method", f"must be loo, exact or sampled, got {method!r}")
     budget = _optional_int(data, "budget", fail, minimum=1)
-    if method == "sampled" and budget is None:
-        raise fail("budget", "method sampled needs a budget (number of permutations)")
+    budget_unit = data.get("budget_unit", "calls")
+    if budget_unit not in ("calls", "coalitions", "permutations"):
+        raise fail("budget_unit", f"must be calls, coalitions or permutations, got {budget_unit!r}")
+    target_error = data.get("target_error")
+    if target_error is not None and (
+        isinstance(target_error, bool) or not isinstance(target_error, (int, float)) or target_error <= 0
+    ):
+        raise fail("target_error", f"must be a positive number, got {target_error!r}")
+    if method == "sampled" and budget is None and target_error is None:
+        raise fail(
+            "budget", "method sampled needs a budget (distinct calls, see budget_unit) or a target_error"
+        )
     limit = _optional_int(data, "limit", fail, minimum=1)
     seed = _optional_int(data, "seed", fail, minimum=0)
     max_concurrency = _optional_int(data, "max_concurrency", fail, minimum=1) or 16
@@ -145,8 +161,9 @@ def parse_study_config(data: Any, path: Path) -> StudyConfig:
     protocols = _protocols(data["protocols"], fail)
     datasets = _datasets(data["datasets"], path, limit, fail)
     config = StudyConfig(
-        path, pools, protocols, datasets, method, budget, seed, max_concurrency, force, shard_size
-    )
+        path, pools, protocols, datasets, method, budget, seed, max_concurrency, force, shard_size, budget_unit,
+        None if target_error is None else float(target_error),
+    )  # fmt: skip
     _check_protocols_fit_pools(config, fail)
     return config
 

@@ -15,8 +15,14 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from colab_graphs.audit.estimators import Coalition, plan_coalitions
+from pydantic import BaseModel, Field
+
+from colab_graphs.audit.estimators import Coalition
+from colab_graphs.audit.plan import AuditPlan, CallPlanner
+from colab_graphs.audit.report import TokenCount
+from colab_graphs.audit.strategy import choose_strategy
 from colab_graphs.data.example import Example
+from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.spec import GraphSpec
 from colab_graphs.study.config import DatasetEntry, ProtocolEntry, StudyConfig, StudyConfigError
@@ -34,7 +40,8 @@ class Setting:
         protocol: Protocol label (its folder), or None for solo runs.
         dataset: Dataset label.
         spec: The protocol over the whole pool (the `solo` protocol for solo runs).
-        coalitions: The coalitions the estimate needs (none for solo runs).
+        coalitions: The coalitions played up front (none for solo runs; a sampled estimate plays its first
+            batch here and the rest when its audit is finished, `play_audit`).
         solo_members: Members that play alone (every member for solo runs, none for audits).
         scorer: Scorer name, or None for each example's default.
         family: The protocol's family (None for solo runs).
@@ -125,17 +132,24 @@ def build_plan(config: StudyConfig) -> StudyPlan:
             info = get_protocol(entry.name)
             try:
                 spec = build_protocol(entry.name, pool.names, **_with_descriptions(entry, info.params, pool))
-                plan = plan_coalitions(
-                    spec.members,
-                    config.method,
-                    budget=config.budget,
-                    seed=config.seed or 0,
-                    force=config.force,
-                )
+                # Per dataset: whether the game is computed from answers depends on the number of examples.
+                strategies = [
+                    choose_strategy(
+                        spec,
+                        len(examples[dataset.label]),
+                        config.method,  # type: ignore[arg-type]
+                        budget=config.budget,
+                        budget_unit=config.budget_unit,  # type: ignore[arg-type]
+                        target_error=config.target_error,
+                        seed=config.seed or 0,
+                        force=config.force,
+                    )
+                    for dataset in config.datasets
+                ]
             except (KeyError, ValueError, SpecError) as err:
                 message = err.args[0] if isinstance(err, KeyError) else str(err)
                 raise StudyConfigError(f"{where}: protocols[{i}] over pools.{pool_name}: {message}") from None
-            for dataset in config.datasets:
+            for dataset, strategy in zip(config.datasets, strategies, strict=True):
                 audits.append(
                     Setting(
                         f"{pool_name}/{entry.label}/{dataset.label}",
@@ -143,7 +157,7 @@ def build_plan(config: StudyConfig) -> StudyPlan:
                         entry.label,
                         dataset.label,
                         spec,
-                        plan.coalitions,
+                        strategy.coalitions,
                         (),
                         dataset.scorer,
                         info.family,
@@ -218,3 +232,71 @@ def shard_count(plan: StudyPlan, workers: int, shard_size: int | None) -> int:
     if shard_size:
         return max(1, math.ceil(total / shard_size))
     return max(1, 4 * workers)
+
+
+def plan_study(config: StudyConfig, client: ModelClient) -> StudyDryRun:
+    """Every setting's audit plan and the study's totals (a request several settings make counts once); no
+    call is made (`colab-graphs study --dry-run`).
+
+    Raises:
+        StudyConfigError: as `build_plan`.
+    """
+    from colab_graphs.audit.plan import plan_audit
+
+    plan = build_plan(config)
+    settings: dict[str, AuditPlan] = {}
+    requests: dict[str, CallPlanner] = {}
+    bounded = extra = 0
+    costs: list[float | None] = []
+    exact = True
+    for setting in plan.audits:
+        pool, examples = plan.pools[setting.pool], plan.examples[setting.dataset]
+        strategy = choose_strategy(
+            setting.spec, len(examples), config.method,  # type: ignore[arg-type]
+            budget=config.budget, budget_unit=config.budget_unit,  # type: ignore[arg-type]
+            target_error=config.target_error, seed=config.seed or 0, force=config.force,
+        )  # fmt: skip
+        settings[setting.key] = plan_audit(
+            setting.spec, pool, examples, strategy, client=client, scorer=setting.scorer
+        )
+        planner, more = settings[setting.key].counted
+        exact = exact and planner.exact and not more
+        extra += more
+        for key in planner.requests:
+            requests.setdefault(key, planner)
+        for name in pool.names:
+            runs, _, _, cost = planner.bounded_usage(name)
+            bounded += runs
+            costs.append(cost)
+    cached = client.cache.contains(set(requests)) if client.cache is not None else set()
+    prompt = completion = 0
+    for key, planner in requests.items():
+        if key not in cached:
+            p, c, cost, _ = planner.fixed_usage(key)
+            prompt, completion = prompt + p, completion + c
+            costs.append(cost)
+    total = len(requests) + bounded + extra
+    return StudyDryRun(
+        settings=settings,
+        calls=total if exact else None,
+        calls_max=None if exact else total,
+        cached=len(cached),
+        tokens=TokenCount(prompt=prompt, completion=completion),
+        cost_usd=None if any(c is None for c in costs) else round(sum(costs), 8),  # type: ignore[arg-type]
+        notes=["calls and cost of the study count a request that several settings make once"]
+        + (["later batches of sampled settings are priced in their own plans only"] if extra else []),
+    )
+
+
+class StudyDryRun(BaseModel):
+    """A study's plan (`OUT/plan.json` of `colab-graphs study --dry-run`): each setting's `AuditPlan`, and
+    the study's distinct calls (`calls`, or a bound `calls_max`), those cached, tokens and cost."""
+
+    kind: str = "study_plan"
+    settings: dict[str, AuditPlan]
+    calls: int | None = None
+    calls_max: int | None = None
+    cached: int = 0
+    tokens: TokenCount = Field(default_factory=TokenCount)
+    cost_usd: float | None = 0.0
+    notes: list[str] = Field(default_factory=list)

@@ -223,6 +223,8 @@ async def play_study(
                 client=client,
                 method=config.method,  # type: ignore[arg-type]
                 budget=config.budget,
+                budget_unit=config.budget_unit,  # type: ignore[arg-type]
+                target_error=config.target_error,
                 seed=config.seed or 0,
                 scorer=setting.scorer,
                 out=out / setting.folder,

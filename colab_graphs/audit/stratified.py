@@ -1,0 +1,457 @@
+"""Stratified Shapley sampling with a per-example control variate: every evaluated coalition is used.
+
+The Shapley value of member i is a difference of strata means (Kolpaczki et al. 2024, "Approximating the
+Shapley value without marginal contributions", stratified SVARM):
+
+    phi_i = 1/n sum_{t=1..n} mu+_{i,t}  -  1/n sum_{t=0..n-1} mu-_{i,t}
+
+where mu+_{i,t} is the mean of v(S) over the coalitions of size t that hold i and mu-_{i,t} over those of size t
+that do not. An evaluated coalition of size t falls in a stratum of *every* member (the + one of its members,
+the - one of the others), so no evaluation is spent on one member only, unlike a marginal contribution. The
+strata of sizes 0, 1, n-1 and n are enumerated (2n + 2 coalitions, the leave-one-out ones among them); the
+middle sizes are sampled without replacement, allocated where the variance per unit of cost is largest
+(Neyman allocation, with the cost of a coalition in calls when it is known).
+
+What shapiq's estimators do not use, and this one does:
+
+- **The per-example structure.** v(S) is a mean over examples of per-example games v_e(S). Per example, a
+  member is *right* when it scores at least 0.5 alone (its singleton, which the estimate holds anyway). The
+  surrogate g_e(S) = F(members of S right on e, members of S wrong on e), with F fitted over every held
+  (coalition, example) pair, is most of a vote-like game, and its Shapley value is exact in closed form (a
+  game of two player types). Only the residual v - g is sampled: a control variate, unbiased whatever F is
+  (F is refitted from the held values; its dependence on them is a second-order effect).
+- **The coalitions already played.** Every held coalition enters every member's strata, and the allocation
+  of the next batch reads the variances of the held ones.
+- **The example-level variance.** The sampling error (over the choice of coalitions, for these examples) is
+  reported apart from the example noise (a bootstrap over examples): only the first can drive a stop.
+
+The sampling standard error pools the residual variance of each size over its coalitions (more stable than
+per-stratum variances from a handful of samples, and conservative: it includes the spread between the + and
+- strata) and applies the finite-population correction, so a fully enumerated stratum adds none. Once the
+held coalitions cover all 2^n, the value is exact and computed from the table (`exact_shapley_table`).
+
+Coalitions are bitmasks over the players in pool order (bit i: the i-th member).
+
+Example:
+    >>> import numpy as np
+    >>> table = np.array([[0.0], [1.0], [0.0], [1.0]])  # v({}) = 0, v({a}) = 1, v({b}) = 0, v({a, b}) = 1
+    >>> exact_shapley_table(table).round(6).tolist()
+    [[1.0, 0.0]]
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+Z_95 = 1.959963984540054  # the normal quantile of a two-sided 95% interval
+MIN_CELL = 30  # (coalition, example) pairs a surrogate cell needs before its mean is used
+
+
+@lru_cache(maxsize=8)
+def popcounts(n: int) -> np.ndarray:
+    """Size of every coalition bitmask 0 .. 2^n - 1."""
+    masks = np.arange(1 << n)
+    sizes = np.zeros(1 << n, dtype=np.int64)
+    for i in range(n):
+        sizes += (masks >> i) & 1
+    return sizes
+
+
+def mask_of(coalition: Iterable[str], players: Sequence[str]) -> int:
+    index = {p: i for i, p in enumerate(players)}
+    return sum(1 << index[p] for p in coalition)
+
+
+def members_of(mask: int, players: Sequence[str]) -> frozenset[str]:
+    return frozenset(p for i, p in enumerate(players) if mask >> i & 1)
+
+
+def _bits(masks: np.ndarray, n: int) -> np.ndarray:
+    return ((masks[:, None] >> np.arange(n)) & 1).astype(bool)
+
+
+def exact_shapley_table(table: np.ndarray) -> np.ndarray:
+    """Exact Shapley values per example from the values of all 2^n coalitions.
+
+    Args:
+        table: shape (2^n, n_examples); row `mask` is v(coalition with those bits).
+
+    Returns:
+        shape (n_examples, n): member i's Shapley value on each example.
+    """
+    rows, n_examples = table.shape
+    n = rows.bit_length() - 1
+    if rows != 1 << n:
+        raise ValueError(f"exact_shapley_table: expected 2^n rows, got {rows}")
+    sizes = popcounts(n)
+    weight = np.array([1.0 / (n * math.comb(n - 1, s)) for s in range(n)])
+    masks = np.arange(rows)
+    out = np.empty((n_examples, n))
+    for i in range(n):
+        without = masks[((masks >> i) & 1) == 0]
+        out[:, i] = weight[sizes[without]] @ (table[without | (1 << i)] - table[without])
+    return out
+
+
+def border_masks(n: int) -> list[int]:
+    """The enumerated strata: the empty and grand coalitions, the singletons and the leave-one-out ones."""
+    full = (1 << n) - 1
+    masks = [0, full, *(1 << i for i in range(n)), *(full ^ (1 << i) for i in range(n))]
+    return list(dict.fromkeys(masks))
+
+
+def warmup_masks(n: int, seed: int) -> list[int]:
+    """The first batch: the border strata, then for each middle size coalitions that hold every member at
+    least once and leave every member out at least once (chunks of a random order), and at least two
+    coalitions of each size, so every stratum has a mean and every size a variance. Up to 4 players, every
+    coalition (16 at most: a middle size of 6 coalitions sampled 4 times says little about its spread)."""
+    if n <= 4:
+        return list(range(1 << n))
+    rng = np.random.default_rng([seed, 0])
+    masks = border_masks(n)
+    held = set(masks)
+    full = (1 << n) - 1
+    for s in range(2, n - 1):
+        of_size: list[int] = []
+        for width, complement in ((s, False), (n - s, True)):
+            order = rng.permutation(n)
+            for start in range(0, n, width):
+                chunk = sum(1 << int(order[(start + j) % n]) for j in range(width))
+                of_size.append(full ^ chunk if complement else chunk)
+        while len(set(of_size)) < min(2, math.comb(n, s)):
+            of_size.append(sum(1 << int(i) for i in rng.choice(n, s, replace=False)))
+        for mask in of_size:
+            if mask not in held:
+                held.add(mask)
+                masks.append(mask)
+    return masks
+
+
+@dataclass(frozen=True)
+class StratifiedEstimate:
+    """A stratified Shapley estimate.
+
+    Attributes:
+        per_example: shape (n_examples, n): each member's estimated Shapley value on each example.
+        standard_error: shape (n,): the sampling standard error of each member's mean value (0 when exact).
+        size_variance: residual variance of the held coalitions of each size (0 .. n), for allocation.
+        exact: True when the held coalitions are all 2^n (the values are then exact).
+        n_coalitions: coalitions the estimate used.
+    """
+
+    per_example: np.ndarray
+    standard_error: np.ndarray
+    size_variance: np.ndarray
+    exact: bool
+    n_coalitions: int
+
+    @property
+    def values(self) -> np.ndarray:
+        return self.per_example.mean(axis=0)
+
+    def half_width(self, z: float = Z_95) -> np.ndarray:
+        """Half-width of the sampling interval (95% by default) of each member's value."""
+        return z * self.standard_error
+
+
+def _types(n: int, masks: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Per example and member: right (1) when the member scores at least 0.5 alone."""
+    rows = {int(m): r for r, m in enumerate(masks)}
+    right = np.zeros((values.shape[1], n), dtype=np.int64)
+    for i in range(n):
+        if (1 << i) in rows:
+            right[:, i] = values[rows[1 << i]] >= 0.5
+    return right
+
+
+def _surrogate_table(
+    n: int, right_count: np.ndarray, wrong_count: np.ndarray, values: np.ndarray
+) -> np.ndarray:
+    """F[k, w]: the mean value of held (coalition, example) pairs with k right and w wrong members.
+
+    A cell with fewer than `MIN_CELL` pairs takes the mean over the cells of its lead k - w, and with fewer
+    than that there, 0 (no control). A mean over a few pairs would fit them, shrinking the residuals the
+    sampling error is estimated from (a game of one example, whose coalitions are its only pairs, would
+    report intervals that do not cover).
+    """
+    sums = np.zeros((n + 1, n + 1))
+    counts = np.zeros((n + 1, n + 1))
+    np.add.at(sums, (right_count.ravel(), wrong_count.ravel()), values.ravel())
+    np.add.at(counts, (right_count.ravel(), wrong_count.ravel()), 1.0)
+    k, w = np.indices((n + 1, n + 1))
+    lead = k - w
+    lead_sums = np.zeros(2 * n + 1)
+    lead_counts = np.zeros(2 * n + 1)
+    np.add.at(lead_sums, lead.ravel() + n, sums.ravel())
+    np.add.at(lead_counts, lead.ravel() + n, counts.ravel())
+    by_lead = np.where(lead_counts >= MIN_CELL, lead_sums / np.maximum(lead_counts, 1.0), 0.0)
+    return np.where(counts >= MIN_CELL, sums / np.maximum(counts, 1.0), by_lead[lead + n])
+
+
+@lru_cache(maxsize=8)
+def _type_weights(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Shapley weights of the two-type game: for c right members, the weight of each (k, w) of the others.
+
+    right[c, k, w]: for a right member, C(c-1, k) C(n-c, w) / (n C(n-1, k+w)); wrong[c, k, w] likewise for a
+    wrong member (C(c, k) C(n-c-1, w)). Zero where the counts are impossible.
+    """
+    right = np.zeros((n + 1, n + 1, n + 1))
+    wrong = np.zeros((n + 1, n + 1, n + 1))
+    for c in range(n + 1):
+        for k in range(n + 1):
+            for w in range(n + 1):
+                if k + w > n - 1:
+                    continue
+                base = n * math.comb(n - 1, k + w)
+                if c >= 1 and k <= c - 1 and w <= n - c:
+                    right[c, k, w] = math.comb(c - 1, k) * math.comb(n - c, w) / base
+                if c <= n - 1 and k <= c and w <= n - c - 1:
+                    wrong[c, k, w] = math.comb(c, k) * math.comb(n - c - 1, w) / base
+    return right, wrong
+
+
+def _surrogate_shapley(n: int, table: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """Exact Shapley values (n_examples, n) of the per-example surrogates F(right in S, wrong in S)."""
+    w_right, w_wrong = _type_weights(n)
+    padded = np.zeros((n + 2, n + 2))
+    padded[: n + 1, : n + 1] = table
+    gain_right = padded[1 : n + 2, : n + 1] - padded[: n + 1, : n + 1]  # F[k+1, w] - F[k, w]
+    gain_wrong = padded[: n + 1, 1 : n + 2] - padded[: n + 1, : n + 1]  # F[k, w+1] - F[k, w]
+    by_count_right = np.einsum("ckw,kw->c", w_right, gain_right)
+    by_count_wrong = np.einsum("ckw,kw->c", w_wrong, gain_wrong)
+    c = right.sum(axis=1)
+    return np.where(right == 1, by_count_right[c][:, None], by_count_wrong[c][:, None])
+
+
+def stratified_shapley(n: int, masks: Sequence[int], values: np.ndarray) -> StratifiedEstimate:
+    """Estimate Shapley values from held coalitions (see the module docstring).
+
+    Args:
+        n: number of players.
+        masks: the held coalitions as bitmasks, distinct; they must include the border strata and, for each
+            middle size, a coalition with and one without every member (`warmup_masks` gives both).
+        values: shape (len(masks), n_examples): each held coalition's per-example values.
+
+    Raises:
+        ValueError: a stratum without a coalition, or values whose shape does not match the masks.
+    """
+    masks_arr = np.asarray(masks, dtype=np.int64)
+    values = np.asarray(values, dtype=float)
+    if values.ndim != 2 or values.shape[0] != len(masks_arr):
+        raise ValueError(
+            f"stratified_shapley: values of shape {values.shape} for {len(masks_arr)} coalitions"
+        )
+    if len(set(masks_arr.tolist())) != len(masks_arr):
+        raise ValueError("stratified_shapley: coalitions are repeated")
+    if len(masks_arr) == 1 << n:
+        table = np.empty_like(values)
+        table[masks_arr] = values
+        per_example = exact_shapley_table(table)
+        return StratifiedEstimate(per_example, np.zeros(n), np.zeros(n + 1), True, len(masks_arr))
+
+    bits = _bits(masks_arr, n)
+    sizes = bits.sum(axis=1)
+    right = _types(n, masks_arr, values)
+    right_count = bits.astype(np.int64) @ right.T  # (coalitions, examples)
+    wrong_count = sizes[:, None] - right_count
+    table = _surrogate_table(n, right_count, wrong_count, values)
+    residual = values - table[right_count, wrong_count]
+
+    n_examples = values.shape[1]
+    per_example = _surrogate_shapley(n, table, right)
+    means = residual.mean(axis=1)  # the residual of each held coalition, over examples
+    sampled = (sizes >= 2) & (sizes <= n - 2)
+    overall = float(means[sampled].var(ddof=1)) if sampled.sum() > 1 else 0.0
+    variance = np.zeros(n)
+    size_variance = np.zeros(n + 1)
+    for t in range(n + 1):
+        rows = sizes == t
+        m_t = int(rows.sum())
+        in_t = bits[rows].astype(float)  # (m_t, n)
+        r_t = residual[rows]  # (m_t, E)
+        sum_in = in_t.T @ r_t if m_t else np.zeros((n, n_examples))
+        count_in = in_t.sum(axis=0)
+        sum_out = r_t.sum(axis=0)[None, :] - sum_in
+        count_out = m_t - count_in
+        mean_t = means[rows]
+        if m_t > 1:
+            size_variance[t] = float(mean_t.var(ddof=1))
+        # A size's variance from a few coalitions is shrunk toward the variance over all sampled sizes (two
+        # pseudo-coalitions' worth): a size whose few samples happened to agree is not certain.
+        pooled = (m_t * size_variance[t] + 2.0 * overall) / (m_t + 2.0)
+        square_in = in_t.T @ mean_t**2
+        linear_in = in_t.T @ mean_t
+        for sign, total, counts, sums, square, linear, needed in (
+            (1.0, math.comb(n - 1, t - 1) if t >= 1 else 0, count_in, sum_in, square_in, linear_in, t >= 1),
+            (
+                -1.0, math.comb(n - 1, t) if t <= n - 1 else 0, count_out, sum_out,
+                float(mean_t @ mean_t) - square_in, float(mean_t.sum()) - linear_in, t <= n - 1,
+            ),
+        ):  # fmt: skip
+            if not needed:
+                continue
+            if (counts == 0).any():
+                empty = [i for i in range(n) if counts[i] == 0]
+                raise ValueError(
+                    f"stratified_shapley: no held coalition of size {t} {'holds' if sign > 0 else 'lacks'} "
+                    f"player(s) {empty}; start from warmup_masks"
+                )
+            per_example += sign * (sums / counts[:, None]).T / n
+            # The stratum's own variance where it is larger (its members differ from the size's others).
+            own = (square - linear**2 / np.maximum(counts, 1.0)) / np.maximum(counts - 1.0, 1.0)
+            spread = np.maximum(pooled, np.where(counts > 1, own, 0.0))
+            variance += spread * np.maximum(1.0 / counts - 1.0 / total, 0.0) / n**2
+    return StratifiedEstimate(per_example, np.sqrt(variance), size_variance, False, len(masks_arr))
+
+
+def _random_new(n: int, size: int, held: set[int], held_of_size: int, rng: np.random.Generator) -> int | None:
+    """A coalition of `size` not held (`held_of_size` of them are), uniformly among those; None when all are."""
+    total = math.comb(n, size)
+    if held_of_size >= total:
+        return None
+    if held_of_size > total // 2:
+        free = [
+            sum(1 << i for i in c)
+            for c in itertools.combinations(range(n), size)
+            if sum(1 << i for i in c) not in held
+        ]
+        return int(free[rng.integers(len(free))])
+    while True:
+        mask = int((1 << rng.choice(n, size, replace=False)).sum())
+        if mask not in held:
+            return mask
+
+
+def next_masks(
+    n: int,
+    held: Iterable[int],
+    estimate: StratifiedEstimate,
+    *,
+    spend: float,
+    cost_of: Callable[[int], float],
+    max_new: int,
+    seed: int,
+    batch: int,
+) -> list[int]:
+    """The next coalitions to evaluate: greedily where a unit of cost lowers the sampling variance most.
+
+    Adding a coalition of size s lowers the variance of every member's estimate by about
+    sigma^2_s (n/s + n/(n-s)) (1/m_s - 1/(m_s + 1)) / n^2, with sigma^2_s the residual variance of size s
+    (floored at a tenth of the mean, so a size whose few samples agreed is not starved) and m_s the
+    coalitions of that size held; it is divided by what the coalition costs.
+
+    Args:
+        n: players.
+        held: the coalitions held (bitmasks).
+        estimate: the estimate from the held coalitions (its `size_variance`).
+        spend: the cost the batch may add in all, in the unit of `cost_of`.
+        cost_of: what one more coalition (a bitmask) costs: 1 per coalition, or the new calls it makes.
+        max_new: most coalitions the batch may add.
+        seed, batch: the draw of batch number `batch` is the same whatever ran before it.
+
+    Returns:
+        New coalitions (possibly none: every middle size held entirely, or nothing fits the spend).
+    """
+    held = set(held)
+    rng = np.random.default_rng([seed, batch])
+    middle = list(range(2, n - 1))
+    sizes = Counter(m.bit_count() for m in held)
+    held_by_size = {s: sizes[s] for s in middle}
+    floor = 0.1 * float(np.mean([estimate.size_variance[s] for s in middle])) if middle else 0.0
+    candidates: dict[int, tuple[int, float]] = {}  # size -> (a coalition not held, its cost)
+    chosen: list[int] = []
+    spent = 0.0
+    while len(chosen) < max_new:
+        best, best_gain = None, -1.0
+        for s in middle:
+            if held_by_size[s] >= math.comb(n, s):
+                continue
+            if s not in candidates:
+                mask = _random_new(n, s, held, held_by_size[s], rng)
+                assert mask is not None  # the size is not full
+                candidates[s] = (mask, float(cost_of(mask)))
+            cost = candidates[s][1]
+            if spent + cost > spend:
+                continue
+            sigma2 = max(float(estimate.size_variance[s]), floor, 1e-12)
+            m_s = max(held_by_size[s], 1)
+            gain = sigma2 * (n / s + n / (n - s)) * (1.0 / m_s - 1.0 / (m_s + 1))
+            gain /= max(cost, 1e-9)
+            if gain > best_gain:
+                best, best_gain = s, gain
+        if best is None:
+            return chosen
+        mask, cost = candidates.pop(best)
+        held.add(mask)
+        chosen.append(mask)
+        held_by_size[best] += 1
+        spent += cost
+    return chosen
+
+
+class StratifiedSampler:
+    """The stratified estimator's batches: the warm-up first, then batch after batch until a stop.
+
+    The caller evaluates each batch and hands back the estimate from everything held; `stop` says whether to
+    go on and `next_batch` draws the next batch within what the caller may still spend. A batch adds at most
+    half the coalitions held (at least n), or, with a target error, about what the variance says the target
+    needs (the variance falls as one over the sampled coalitions), so a stop comes soon after it is earned.
+
+    Args:
+        n: players.
+        seed: the draws' seed (the same seed, values and budget give the same batches, so a resumed audit
+            replays the same plan).
+        target_error: stop once every member's 95% sampling interval is within +- this.
+        max_coalitions: stop once this many coalitions are held.
+    """
+
+    def __init__(
+        self, n: int, *, seed: int = 0, target_error: float | None = None, max_coalitions: int | None = None
+    ):
+        self.n = n
+        self.seed = seed
+        self.target_error = target_error
+        self.max_coalitions = max_coalitions or (1 << n)
+        self.held: list[int] = warmup_masks(n, seed)
+        self.batches = 0
+
+    def stop(self, estimate: StratifiedEstimate) -> str | None:
+        """ "complete" (every coalition held: exact), "target_error", "coalitions" (max_coalitions), or None."""
+        if estimate.exact:
+            return "complete"
+        if self.target_error is not None and float(estimate.half_width().max()) <= self.target_error:
+            return "target_error"
+        if len(self.held) >= self.max_coalitions:
+            return "coalitions"
+        return None
+
+    def next_batch(
+        self,
+        estimate: StratifiedEstimate,
+        *,
+        spend: float = math.inf,
+        cost_of: Callable[[int], float] | None = None,
+    ) -> list[int]:
+        """The next coalitions (appended to `held`); none when nothing fits `spend` (in `cost_of`'s unit,
+        1 per coalition by default) or every coalition is held."""
+        n = self.n
+        growth = max(n, len(self.held) // 2)
+        if self.target_error is not None:
+            sampled = max(1, len(self.held) - 2 * n - 2)
+            needed = sampled * (float(estimate.half_width().max()) / self.target_error) ** 2 - sampled
+            growth = int(min(growth, max(n, needed)))
+        growth = min(growth, self.max_coalitions - len(self.held))
+        self.batches += 1
+        new = next_masks(
+            n, self.held, estimate, spend=spend, cost_of=cost_of or (lambda _: 1.0), max_new=growth,
+            seed=self.seed, batch=self.batches,
+        )  # fmt: skip
+        self.held += new
+        return new

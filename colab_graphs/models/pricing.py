@@ -1,0 +1,152 @@
+"""What a call will cost before it is made: prompt tokens, the completion allowance, and LiteLLM's prices.
+
+Used by an audit's plan (`--dry-run`) and by the spending caps (`--max-cost`), which must both price a call
+without making it. Prices come from LiteLLM's price map (`litellm.model_cost`, the bundled copy: see
+`colab_graphs._env`), or from a member's own `input_cost_per_token` / `output_cost_per_token` settings (which
+LiteLLM also honours when it prices the reply); in-process `local/` models are free. A member LiteLLM has no
+price for is "unknown", never free.
+
+Prompt tokens are counted with the member's own tokenizer when it is a `local/` model already on disk (its
+chat template applied, as the engine renders it), else with `litellm.token_counter` (the model's tokenizer
+where LiteLLM knows it, else tiktoken's cl100k), else as characters / 4. Completion tokens are the call's
+`max_tokens`, an upper bound; without one, `DEFAULT_COMPLETION_TOKENS` is assumed and the plan says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from colab_graphs.pool import Member
+
+DEFAULT_COMPLETION_TOKENS = 256  # assumed per call when neither the member nor the seat sets max_tokens
+LOCAL_PREFIX = "local/"
+
+
+@dataclass(frozen=True)
+class Price:
+    """USD per prompt token and per completion token."""
+
+    prompt: float
+    completion: float
+
+    def of(self, prompt_tokens: int, completion_tokens: int) -> float:
+        return self.prompt * prompt_tokens + self.completion * completion_tokens
+
+
+def _models(member: Member) -> list[str]:
+    return [member.model, *(d["model"] for d in member.deployments if d.get("model"))]
+
+
+@lru_cache(maxsize=256)
+def _litellm_price(model: str) -> Price | None:
+    import litellm
+
+    import colab_graphs._env  # noqa: F401  (the bundled price map, not a download)
+
+    try:
+        info = litellm.get_model_info(model)
+    except Exception:  # noqa: BLE001 - LiteLLM raises for a model it has not mapped
+        return None
+    prompt, completion = info.get("input_cost_per_token"), info.get("output_cost_per_token")
+    if prompt is None and completion is None:
+        return None
+    return Price(float(prompt or 0.0), float(completion or 0.0))
+
+
+def member_price(member: Member) -> Price | None:
+    """The member's price per token, or None when it is unknown.
+
+    A member with several deployments is priced at its dearest one (a cap must hold whichever answers).
+    """
+    own = member.settings.get("input_cost_per_token"), member.settings.get("output_cost_per_token")
+    if any(v is not None for v in own):
+        return Price(float(own[0] or 0.0), float(own[1] or 0.0))
+    prices = []
+    for model in _models(member):
+        if model.startswith(LOCAL_PREFIX):
+            prices.append(Price(0.0, 0.0))
+            continue
+        price = _litellm_price(model)
+        if price is None:
+            return None
+        prices.append(price)
+    return max(prices, key=lambda p: (p.completion, p.prompt))
+
+
+def price_source(member: Member) -> str:
+    """Where the member's price comes from: "pool", "local", "litellm" or "unknown"."""
+    if any(member.settings.get(k) is not None for k in ("input_cost_per_token", "output_cost_per_token")):
+        return "pool"
+    if all(m.startswith(LOCAL_PREFIX) for m in _models(member)):
+        return "local"
+    return "litellm" if member_price(member) is not None else "unknown"
+
+
+def completion_allowance(member: Member, settings: dict[str, Any] | None = None) -> tuple[int, bool]:
+    """(completion tokens a call may use, whether a max_tokens says so) for the call's settings."""
+    merged = {**member.settings, **(settings or {})}
+    for key in ("max_tokens", "max_completion_tokens", "max_new_tokens"):
+        if merged.get(key) is not None:
+            return int(merged[key]), True
+    return DEFAULT_COMPLETION_TOKENS, False
+
+
+@lru_cache(maxsize=32)
+def _local_tokenizer(model: str) -> Any:
+    """The tokenizer of a `local/` model whose folder is already on disk (never fetched here), else None."""
+    from pathlib import Path
+
+    from colab_graphs.models import zoo
+
+    ref = model.removeprefix(LOCAL_PREFIX)
+    folder = None
+    try:
+        entry = zoo.get_entry(ref)
+        folder = entry.folder() if entry.is_cached() else None
+    except KeyError:
+        path = Path(ref).expanduser()
+        folder = path if (path / "config.json").is_file() else None
+    if folder is None:
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def count_prompt_tokens(member: Member, messages: list[dict[str, Any]]) -> tuple[int, str]:
+    """(prompt tokens of `messages` for the member, how they were counted: "tokenizer", "litellm", "chars/4")."""
+    model = member.model
+    if model.startswith(LOCAL_PREFIX):
+        tokenizer = _local_tokenizer(model)
+        if tokenizer is not None:
+            from colab_graphs.models.local_engine import LocalEngine
+
+            plain = [(m["role"], str(m.get("content", ""))) for m in messages]
+            return len(LocalEngine._render(tokenizer, plain)), "tokenizer"
+        return _by_chars(messages), "chars/4"
+    try:
+        import litellm
+
+        return int(litellm.token_counter(model=model, messages=messages)), "litellm"
+    except Exception:  # noqa: BLE001 - a tokenizer LiteLLM cannot load offline: fall back to a ratio
+        return _by_chars(messages), "chars/4"
+
+
+def _by_chars(messages: list[dict[str, Any]]) -> int:
+    return max(1, sum(len(str(m.get("content", ""))) for m in messages) // 4)
+
+
+def estimate_cost(
+    member: Member, messages: list[dict[str, Any]], settings: dict[str, Any] | None = None
+) -> float | None:
+    """An upper estimate of one call's price (prompt tokens plus the completion allowance); None if unknown."""
+    price = member_price(member)
+    if price is None:
+        return None
+    if price.prompt == 0.0 and price.completion == 0.0:
+        return 0.0
+    prompt, _ = count_prompt_tokens(member, messages)
+    completion, _ = completion_allowance(member, settings)
+    return price.of(prompt, completion)
