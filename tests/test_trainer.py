@@ -97,6 +97,29 @@ def test_a_step_whose_rollouts_all_failed_is_an_error() -> None:
         check_rollouts([failed, failed])
 
 
+def test_failed_rollouts_and_truncated_turns_are_not_training_segments() -> None:
+    """A failed rollout's tokens would dilute the loss's token normaliser; a cut-off turn is masked only when
+    `mask_truncated_completions` asks (as TRL masks it)."""
+    from colab_graphs.data.example import Example
+    from colab_graphs.trace import Trace
+    from colab_graphs.trainers.grpo import training_segments
+    from colab_graphs.trainers.rollout import PolicyTurn, Rollout
+
+    def turn(truncated: bool) -> PolicyTurn:
+        return PolicyTurn(0, "s", 0, [1, 2], [3, 4], None, "x", truncated=truncated)
+
+    example = Example(id="1", input="What is 1 + 0?", answer="1")
+    ok, cut, failed = turn(False), turn(True), turn(False)
+    rollouts = [
+        Rollout(example, Trace(example_id="1", protocol="p"), 1.0, [ok, cut]),
+        Rollout(example, Trace(example_id="1", protocol="p", failed=True), None, [failed]),
+    ]
+    credit = [[0.5, 0.5], [0.0]]
+    assert training_segments(rollouts, credit) == [(ok, 0.5), (cut, 0.5)]
+    assert training_segments(rollouts, credit, mask_truncated=True) == [(ok, 0.5)]
+    assert training_segments(rollouts, None, 1.0, mask_truncated=True) == [(ok, 1.0)]  # sft keeps alike
+
+
 # --- a live system with the tiny policy seated ---------------------------------------------------------------
 
 
@@ -125,10 +148,7 @@ def live(tmp_path_factory: pytest.TempPathFactory):
         }
     )
     with system.scripted_server(config) as server:
-        pool = system.build_pool(config, server)
-        spec = system.build_spec(config, pool)
-        model, tokenizer = system.load_policy(config.policy_model, "cpu")
-        system.seat_policy(config, model, tokenizer)
+        pool, spec, model, tokenizer = system.seated_system(config, server, "cpu")
         client = ModelClient(CallCache(tmp_path_factory.mktemp("cache")))
         router = PolicyRouter(client, ["policy"], system.policy_overrides(config))
         loop = LoopThread.shared()
@@ -411,6 +431,22 @@ def test_training_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 2]
     assert (tmp_path / "run" / "checkpoints" / "checkpoint-2").is_dir()
+
+
+@pytest.mark.slow
+def test_a_resumed_run_logs_each_step_once(tmp_path: Path) -> None:
+    """Resuming from an earlier checkpoint trains its later steps again: their old lines go, in both logs."""
+    from colab_graphs.trainers.pipeline import train
+
+    settings = _checkpointed_run(tmp_path, max_steps=2)
+    train(config_from_dict(settings))
+    first = tmp_path / "run" / "checkpoints" / "checkpoint-1"
+    train(config_from_dict({**settings, "resume_from_checkpoint": str(first)}))
+    run = tmp_path / "run"
+    metrics = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    rollouts = Counter(json.loads(x)["step"] for x in (run / "rollouts.jsonl").read_text().splitlines())
+    assert metrics == [1, 2]
+    assert rollouts == {1: 2, 2: 2}  # one group of num_generations rollouts logged per step
 
 
 @pytest.mark.slow

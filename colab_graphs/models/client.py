@@ -46,6 +46,7 @@ class CallResult:
     prompt_token_ids: list[int] | None = None
     completion_token_ids: list[int] | None = None
     logprobs: list[float] | None = None
+    finish_reason: str | None = None
 
 
 @dataclass
@@ -174,6 +175,14 @@ def _response_cost(litellm: Any, response: Any, models: list[str]) -> float | No
     return cost
 
 
+def _finish_reason(response: Any) -> str | None:
+    try:
+        reason = response.choices[0].finish_reason
+    except (AttributeError, IndexError, TypeError):
+        return None
+    return str(reason) if reason is not None else None
+
+
 def _response_logprobs(response: Any) -> list[float] | None:
     try:
         content = response.choices[0].logprobs.content  # OpenAI format
@@ -289,6 +298,7 @@ class ModelClient:
         record.prompt_token_ids = result.prompt_token_ids
         record.completion_token_ids = result.completion_token_ids
         record.logprobs = result.logprobs
+        record.finish_reason = result.finish_reason
         if trace is not None:
             trace.calls.append(record)
         return result, record
@@ -360,6 +370,7 @@ class ModelClient:
             prompt_token_ids=hit.get("prompt_token_ids"),
             completion_token_ids=hit.get("completion_token_ids"),
             logprobs=hit.get("logprobs"),
+            finish_reason=hit.get("finish_reason"),
         )
 
     def _router(self, member: Member) -> Any:
@@ -445,6 +456,7 @@ class ModelClient:
             prompt_token_ids=(details or {}).get("prompt_token_ids"),
             completion_token_ids=(details or {}).get("completion_token_ids"),
             logprobs=(details or {}).get("logprobs") or _response_logprobs(response),
+            finish_reason=_finish_reason(response),
         )
         self.stats.prompt_tokens += usage.prompt_tokens
         self.stats.completion_tokens += usage.completion_tokens
@@ -460,6 +472,7 @@ class ModelClient:
                 "prompt_token_ids": result.prompt_token_ids,
                 "completion_token_ids": result.completion_token_ids,
                 "logprobs": result.logprobs,
+                "finish_reason": result.finish_reason,
             }
             try:
                 self.cache.put(key, request["model"], request, stored)
