@@ -241,6 +241,37 @@ def test_generation_hook_trains_only_on_policy_tokens(trainer, live) -> None:
 
 
 @pytest.mark.slow
+def test_the_gpu_checks_update_is_the_trainers_loss_and_gradient(trainer, live) -> None:
+    """bench/gpu_check.py trains without TRL with its own `dapo_loss`: the same loss and gradient as
+    `CRLTrainer` on the same segment batch."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "bench" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    inputs = [{"prompt": e.input, "example_id": e.id} for e in live["examples"][:2] for _ in range(G)]
+    batch = trainer._generate_and_score_completions(inputs)
+    model = trainer.model
+
+    def loss_and_grad(compute) -> tuple[float, list]:  # noqa: ANN001
+        model.zero_grad(set_to_none=True)
+        loss = compute()
+        loss.backward()
+        grads = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+        model.zero_grad(set_to_none=True)
+        return float(loss.detach()), grads
+
+    trainer.pass_rows = batch["completion_ids"].size(0)  # one pass: the loss is the whole batch's
+    trainer.current_gradient_accumulation_steps = 1  # as the training loop sets it
+    theirs = loss_and_grad(lambda: trainer.compute_loss(model, batch))
+    mine = loss_and_grad(lambda: gpu_check.dapo_loss(model, batch, trainer.args.temperature))
+    assert mine[0] == pytest.approx(theirs[0], rel=1e-4, abs=1e-7)
+    assert len(mine[1]) == len(theirs[1]) and any(g.abs().max() > 0 for g in theirs[1])
+    for a, b in zip(mine[1], theirs[1], strict=True):
+        assert float((a - b).abs().max()) <= 1e-4 * max(float(b.abs().max()), 1e-8)
+
+
+@pytest.mark.slow
 def test_generation_hook_gives_each_turn_its_rollouts_group_advantage(trainer, live) -> None:
     inputs = [{"prompt": e.input, "example_id": e.id} for e in live["examples"][2:4] for _ in range(G)]
     batch = trainer._generate_and_score_completions(inputs)
