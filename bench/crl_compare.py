@@ -32,7 +32,7 @@ same weights) and after each run:
 Intervals are 95% bootstrap intervals over held-out questions (2,000 resamples; each question's value
 averaged over the seeds), and for the difference of two arms the paired bootstrap of that difference.
 
-    python bench/crl_compare.py --steps 16 --eval-size 150 --seeds 0 1 2 --out runs/crl_compare
+    python bench/crl_compare.py --steps 12 --eval-size 150 --seeds 0 1 2 --out runs/crl_compare
 
 Writes OUT/compare.json (resumable: a rerun adds the runs it lacks), OUT/crl_compare.png, OUT/table.md.
 """
@@ -316,7 +316,7 @@ def plot(report: dict, summary: dict, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policy", default="smollm2-135m", help="zoo name, HF folder or hub id")
-    parser.add_argument("--steps", type=int, default=16, help="policy updates per arm")
+    parser.add_argument("--steps", type=int, default=12, help="policy updates per arm")
     parser.add_argument("--eval-size", type=int, default=150)
     parser.add_argument("--limit", type=int, default=600, help="built-in arithmetic items (train + held out)")
     parser.add_argument("--tokens", type=int, default=12, help="most tokens per policy turn")
