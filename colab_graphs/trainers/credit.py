@@ -31,6 +31,10 @@ the G rollouts and all their re-runs pooled (`scale="batch"`: pooled over the ba
 Falling back to the batch std (or 1) only when the group std is ~0, as first proposed, leaves the blow-up for
 a group std that is small but not ~0 (continuous rewards), and mixes two scales in one batch; pooling uses
 every outcome the replays paid for and needs no threshold.
+
+Several processes: groups are whole per process, so group statistics are local; `scale_rewards: batch` is
+the std of the *global* batch, as TRL takes it, so each process hands `assign_credit` every process's
+outcomes (`batch_outcomes`, gathered by the trainer) as `pooled`.
 """
 
 from __future__ import annotations
