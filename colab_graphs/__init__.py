@@ -5,10 +5,12 @@ functions that use them, so importing this package stays quick.
 
     >>> import colab_graphs as cg
     >>> report = cg.run_audit("majority_vote", "pool.yaml", "gsm8k", limit=50, method="exact")  # doctest: +SKIP
+    >>> report = cg.run_audit(my_langgraph_app, "pool.yaml", "gsm8k", limit=50)  # doctest: +SKIP
 """
 
 from colab_graphs.aggregators import get_aggregator, get_router
 from colab_graphs.api import (
+    Progress,
     RunResult,
     arun,
     arun_audit,
@@ -16,10 +18,12 @@ from colab_graphs.api import (
     as_examples,
     as_pool,
     atrain,
+    member_chat_model,
     run,
     run_audit,
     run_study,
     train,
+    use_pool,
 )
 from colab_graphs.builder import GraphBuilder
 from colab_graphs.coalition import restrict
@@ -28,6 +32,7 @@ from colab_graphs.data.example import DatasetError, Example
 from colab_graphs.data.loaders import load_examples
 from colab_graphs.data.scoring import get_scorer, get_task, register_scorer, register_task, task_for
 from colab_graphs.data.tasks import Score, TaskType, TaskView
+from colab_graphs.models.binding import MemberAbsent
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import CallError, ModelClient
 from colab_graphs.pool import Member, Pool, PoolError
@@ -52,9 +57,11 @@ __all__ = [
     "GraphSpec",
     "LogitSeat",
     "Member",
+    "MemberAbsent",
     "ModelClient",
     "Pool",
     "PoolError",
+    "Progress",
     "RunContext",
     "RunResult",
     "Score",
@@ -80,6 +87,7 @@ __all__ = [
     "get_task",
     "list_protocols",
     "load_examples",
+    "member_chat_model",
     "protocol",
     "register_scorer",
     "register_task",
@@ -91,4 +99,5 @@ __all__ = [
     "run_study",
     "task_for",
     "train",
+    "use_pool",
 ]

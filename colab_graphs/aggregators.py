@@ -25,11 +25,13 @@ __all__ = ["aggregator", "get_aggregator", "get_router", "router"]
 
 
 def get_aggregator(name: str) -> AggregatorFn:
-    return registry_lookup("aggregator", name).obj
+    fn: AggregatorFn = registry_lookup("aggregator", name).obj
+    return fn
 
 
 def get_router(name: str) -> RouterFn:
-    return registry_lookup("router", name).obj
+    fn: RouterFn = registry_lookup("router", name).obj
+    return fn
 
 
 def _items(inputs: dict[str, Any]) -> list[str]:

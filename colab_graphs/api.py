@@ -1,42 +1,56 @@
 """The Python API: run, audit, study and train, each in an async form and a sync one.
 
-The sync forms (`run`, `run_audit`, `run_study`, `train`) work anywhere, a notebook's running event loop
-included: the work runs on the package's one background event loop (LiteLLM keeps per-loop state; one loop
-serves every call) and the caller waits for it. The async forms (`arun`, `arun_audit`, `arun_study`, `atrain`)
-run on the caller's loop.
+The sync forms (`run`, `run_audit`, `run_study`, `train`) take exactly the async forms' arguments and work
+anywhere, a notebook's running event loop included: the work runs on the package's one background event loop
+(LiteLLM keeps per-loop state; one loop serves every call) and the caller waits for it. The async forms
+(`arun`, `arun_audit`, `arun_study`, `atrain`) run on the caller's loop. While one writes its `out` folder, the
+folder is locked (`colab_graphs.files.OutLock`): a second writer, in this process or another, gets `FolderBusy`.
 
 A pool is a `Pool`, a pool file, or a mapping of member name -> LiteLLM settings; data is a source name or
 file (see `load_examples`) or a list of examples (`Example`s or mappings); a protocol is a registered name, a
-`GraphSpec`, or a graph reference ``path/to/file.py:NAME``.
+`GraphSpec`, or a graph reference ``path/to/file.py:NAME``. An audit also takes a LangGraph app (an object,
+or ``app="path/to/file.py:NAME"``) whose model calls use `member_chat_model` (see `colab_graphs.audit.app`).
+
+Progress: `on_progress` is called with a `Progress` as work finishes (from the thread that runs the work);
+`progress=True` shows a rich progress bar (in a terminal or a notebook), the default when the output is one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import os
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import sys
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from colab_graphs.compile import background_loop
+from colab_graphs.data.checks import check_examples
 from colab_graphs.data.example import Example
 from colab_graphs.data.loaders import load_examples
+from colab_graphs.files import holding
+from colab_graphs.models.binding import AbsentRule
 from colab_graphs.models.cache import CallCache
-from colab_graphs.models.client import ModelClient
+from colab_graphs.models.client import ModelClient, background_loop
 from colab_graphs.pool import Pool
 from colab_graphs.runner import ExampleOutcome
 from colab_graphs.spec import GraphSpec
+from colab_graphs.tables import html_table, to_dataset, to_pandas
 
 if TYPE_CHECKING:
     from colab_graphs.audit.report import AuditReport
+    from colab_graphs.models.member_chat import MemberChatModel
     from colab_graphs.study.report import StudyReport
     from colab_graphs.trainers.config import TrainConfig
 
 T = TypeVar("T")
+P = ParamSpec("P")
 PoolLike = Pool | str | os.PathLike[str] | Mapping[str, Mapping[str, Any]]
 DataLike = str | os.PathLike[str] | Sequence[Example | Mapping[str, Any]]
+RESULT_COLUMNS = ("id", "answer", "score", "failed", "error", "output")
 
 
 @dataclass
@@ -50,14 +64,141 @@ class RunResult:
     def score(self) -> float | None:
         return self.summary["score"]
 
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per example: id, answer, score, failed, error, output (`results.jsonl`'s lines)."""
+        return [o.result_line() for o in self.outcomes]
+
+    def to_pandas(self) -> Any:
+        """The examples as a `pandas.DataFrame` (one row each; needs the `notebook` extra)."""
+        return to_pandas(self.rows(), RESULT_COLUMNS)
+
+    def to_dataset(self) -> Any:
+        """The examples as a Hugging Face `datasets.Dataset` (needs the `notebook` extra)."""
+        return to_dataset(self.rows(), RESULT_COLUMNS)
+
+    def _repr_html_(self) -> str:
+        s = self.summary
+        score = "n/a" if s["score"] is None else f"{s['score']:.3f}"
+        notes = [
+            f"score {score} over {s.get('scored', s['n'])} example(s); failed {s['failed']}; calls made "
+            f"{s['calls']['made']}, cached {s['calls']['cached']}"
+        ]
+        return html_table(f"Run of {s['protocol']}", self.rows(), RESULT_COLUMNS, notes)
+
+
+@dataclass
+class Progress:
+    """How far a run, audit or study has got: `done` of `total` units ("example", "play" or "setting play"),
+    and the calls of the finished units, made and served without a call of their own (from the cache, or
+    from another coalition's identical call); None for a study, whose plays may run elsewhere."""
+
+    description: str
+    unit: str
+    done: int = 0
+    total: int | None = None
+    calls_made: int | None = 0
+    calls_cached: int | None = 0
+
+
+@dataclass
+class _Reporter:
+    """Feeds `on_progress` and, when asked, a rich progress bar (rich renders it in a notebook too). Calls are
+    counted from the finished work's own call records, as the report counts them (a call another coalition
+    already made counts as cached)."""
+
+    progress: Progress
+    callback: Callable[[Progress], None] | None
+    show: bool | None
+    _bar: Any = field(default=None, init=False)
+    _task: Any = field(default=None, init=False)
+
+    def __enter__(self) -> _Reporter:
+        from rich.console import Console
+
+        console = Console(stderr=True)
+        if self.show or (self.show is None and (console.is_terminal or console.is_jupyter)):
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[status]}"),
+                console=console,
+            )
+            self._task = self._bar.add_task(self.progress.description, total=None, status="")
+            self._bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def plan(self, total: int, done: int = 0) -> None:
+        self.progress.total, self.progress.done = total, done
+        self._emit()
+
+    def advance(self, n: int = 1, calls: Sequence[Any] | None = None) -> None:
+        p = self.progress
+        p.done += n
+        if calls is not None:
+            cached = sum(c.cached for c in calls)
+            p.calls_made, p.calls_cached = (
+                (p.calls_made or 0) + len(calls) - cached,
+                (p.calls_cached or 0) + cached,
+            )
+        self._emit()
+
+    def _emit(self) -> None:
+        p = self.progress
+        if self._bar is not None:
+            status = "" if p.calls_made is None else f"calls {p.calls_made} made, {p.calls_cached} cached"
+            self._bar.update(self._task, total=p.total, completed=p.done, status=status)
+        if self.callback is not None:
+            self.callback(Progress(**p.__dict__))
+
+
+def synced(async_form: Callable[P, Awaitable[T]]) -> Callable[P, T]:
+    """The sync form of an API function: the same signature (for type checkers and `help()` alike), run on the
+    background loop and waited for."""
+
+    @functools.wraps(async_form)
+    def sync_form(*args: P.args, **kwargs: P.kwargs) -> T:
+        return sync(lambda: async_form(*args, **kwargs))
+
+    sync_form.__name__ = sync_form.__qualname__ = async_form.__name__.removeprefix("a")
+    sync_form.__doc__ = f"`{async_form.__name__}`, waited for (works inside a running event loop).\n\n" + (
+        async_form.__doc__ or ""
+    )
+    return sync_form
+
 
 def sync(make: Callable[[], Awaitable[T]]) -> T:
-    """Run the coroutine `make()` builds on the background loop and wait for it (works inside a running loop)."""
+    """Run the coroutine `make()` builds on the background loop and wait for it (works inside a running loop).
+
+    LiteLLM's logging worker (a task it starts on the loop of its first call) is stopped when the work ends:
+    left pending on a loop that outlives the caller's work, it is destroyed at exit ("Task was destroyed but
+    it is pending!"), and a later `asyncio.run` elsewhere would move it off this loop, leaving the old one
+    pending. It starts again with the next call.
+    """
 
     async def main() -> T:
-        return await make()
+        try:
+            return await make()
+        finally:
+            await _stop_litellm_logging()
 
     return asyncio.run_coroutine_threadsafe(main(), background_loop()).result()
+
+
+async def _stop_litellm_logging() -> None:
+    worker_module = sys.modules.get("litellm.litellm_core_utils.logging_worker")
+    worker = getattr(worker_module, "GLOBAL_LOGGING_WORKER", None)
+    task = getattr(worker, "_worker_task", None)
+    if worker is None or task is None or task.done() or task.get_loop() is not asyncio.get_running_loop():
+        return
+    await worker.stop(timeout=5.0)
 
 
 def as_pool(pool: PoolLike | None) -> Pool:
@@ -73,16 +214,28 @@ def as_pool(pool: PoolLike | None) -> Pool:
     return Pool.from_yaml(pool)
 
 
-def as_examples(data: DataLike | None, limit: int | None = None, seed: int | None = None) -> list[Example]:
-    """Examples from a source name or file, or a list of examples or mappings (None: the embedded default)."""
+def as_examples(
+    data: DataLike | None, limit: int | None = None, seed: int | None = None, scorer: Any = None
+) -> list[Example]:
+    """Examples from a source name or file, or a list of examples or mappings (None: the embedded default),
+    checked for what `scorer` (a name; None: each example's default) needs before any call is made.
+    `limit` keeps the first `limit` (>= 1; None: all)."""
+    named = scorer if isinstance(scorer, str) else None
     if data is None:
         from colab_graphs.defaults import DEFAULT_DATA, DEFAULT_LIMIT
 
-        return load_examples(DEFAULT_DATA, limit=limit or DEFAULT_LIMIT, shuffle_seed=seed)
+        return load_examples(DEFAULT_DATA, limit=limit or DEFAULT_LIMIT, shuffle_seed=seed, scorer=named)
     if isinstance(data, str | os.PathLike):
-        return load_examples(data, limit=limit, shuffle_seed=seed)
+        return load_examples(data, limit=limit, shuffle_seed=seed, scorer=named)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        from colab_graphs.data.example import DatasetError
+
+        raise DatasetError(f"limit must be an integer >= 1 (None: every example), got {limit!r}")
     examples = [e if isinstance(e, Example) else Example.model_validate(e) for e in data]
-    return examples[:limit] if limit is not None else examples
+    examples = examples[:limit] if limit is not None else examples
+    if scorer is None or named is not None:
+        check_examples(examples, named, "examples given in Python")
+    return examples
 
 
 def as_spec(
@@ -102,8 +255,14 @@ def as_spec(
 def as_client(
     client: ModelClient | None, cache_dir: str | os.PathLike[str] | None, max_concurrency: int
 ) -> ModelClient:
-    """The given client, else one with the on-disk call cache (`cache_dir`, default the user cache)."""
-    return client or ModelClient(CallCache(cache_dir), max_concurrency=max_concurrency)
+    """The given client, else one with the on-disk call cache (`cache_dir`, default the user cache) that checks
+    each HTTP endpoint answers before its first call (`ModelClient(preflight=True)`)."""
+    return client or ModelClient(CallCache(cache_dir), max_concurrency=max_concurrency, preflight=True)
+
+
+def _is_app(obj: Any) -> bool:
+    """A LangGraph app (compiled graph or builder) rather than a protocol name, spec or graph reference."""
+    return obj is not None and not isinstance(obj, str | os.PathLike | GraphSpec)
 
 
 async def arun(
@@ -119,6 +278,8 @@ async def arun(
     client: ModelClient | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     max_concurrency: int = 16,
+    on_progress: Callable[[Progress], None] | None = None,
+    progress: bool | None = None,
 ) -> RunResult:
     """Run a protocol over a dataset (what `colab-graphs run` does); writes the run outputs under `out`."""
     from colab_graphs.protocols.fitting import fit_coalition
@@ -126,34 +287,32 @@ async def arun(
 
     the_pool = as_pool(pool)
     spec = as_spec(protocol, the_pool, params)
+    examples = as_examples(data, limit, seed, scorer)  # checked before any call, a fit's included
     the_client = as_client(client, cache_dir, max_concurrency)
-    fitted = await fit_coalition(spec, the_pool, client=the_client, scorer=scorer)
-    outcomes, summary = await run_dataset(
-        fitted.spec if fitted is not None else spec,
-        the_pool,
-        as_examples(data, limit, seed),
-        client=the_client,
-        scorer=scorer,
-        out=out,
-    )
+    with (
+        holding(out, "colab_graphs.run"),
+        _Reporter(Progress(f"run {spec.name}", "example"), on_progress, progress) as report,
+    ):
+        report.plan(len(examples))
+        fitted = await fit_coalition(spec, the_pool, client=the_client, scorer=scorer)
+        outcomes, summary = await run_dataset(
+            fitted.spec if fitted is not None else spec,
+            the_pool,
+            examples,
+            client=the_client,
+            scorer=scorer,
+            out=out,
+            on_progress=lambda outcome: report.advance(calls=outcome.trace.calls),
+        )
     return RunResult(outcomes, summary)
 
 
-def run(
-    protocol: str | GraphSpec | None = None,
-    pool: PoolLike | None = None,
-    data: DataLike | None = None,
-    **options: Any,
-) -> RunResult:
-    """`arun`, waited for (works inside a running event loop)."""
-    return sync(lambda: arun(protocol, pool, data, **options))
-
-
 async def arun_audit(
-    protocol: str | GraphSpec | None = None,
+    protocol: str | GraphSpec | Any | None = None,
     pool: PoolLike | None = None,
     data: DataLike | None = None,
     *,
+    app: str | Any | None = None,
     method: str = "loo",
     budget: int | None = None,
     params: Mapping[str, Any] | None = None,
@@ -167,40 +326,56 @@ async def arun_audit(
     client: ModelClient | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     max_concurrency: int = 16,
+    on_progress: Callable[[Progress], None] | None = None,
+    progress: bool | None = None,
 ) -> AuditReport:
-    """Audit each member's contribution to a protocol (what `colab-graphs audit` does).
+    """Audit each member's contribution to a protocol or a LangGraph app (what `colab-graphs audit` does).
 
-    `method`: "loo" (n + 1 coalitions), "exact" (all 2^n) or "sampled" (`budget` permutations). Writes
-    report.json, report.md and plots under `out` when given.
+    `protocol`: a protocol (name, `GraphSpec`, graph reference) or a LangGraph app object; `app`: an app
+    reference ``path/to/file.py:NAME`` / ``module:NAME`` instead. `method`: "loo" (n + 1 coalitions), "exact"
+    (all 2^n) or "sampled" (`budget` permutations). Writes report.json, report.md and plots under `out` when
+    given.
     """
     from colab_graphs.audit.run import play_audit
 
     the_pool = as_pool(pool)
-    return await play_audit(
-        as_spec(protocol, the_pool, params),
-        the_pool,
-        as_examples(data, limit, seed or None),
-        client=as_client(client, cache_dir, max_concurrency),
-        method=method,  # type: ignore[arg-type]
-        budget=budget,
-        seed=seed,
-        scorer=scorer,
-        out=out,
-        dataset=data if isinstance(data, str) else None,
-        force=force,
-        individual=individual,
-        plots=plots,
-    )
+    the_client = as_client(client, cache_dir, max_concurrency)
+    examples = as_examples(data, limit, seed or None, scorer)
+    dataset = data if isinstance(data, str) else None
+    game = None
+    if app is not None or _is_app(protocol):
+        from colab_graphs.audit.app import AppGame, resolve_app
 
-
-def run_audit(
-    protocol: str | GraphSpec | None = None,
-    pool: PoolLike | None = None,
-    data: DataLike | None = None,
-    **options: Any,
-) -> AuditReport:
-    """`arun_audit`, waited for (works inside a running event loop)."""
-    return sync(lambda: arun_audit(protocol, pool, data, **options))
+        if app is not None and protocol is not None:
+            raise ValueError("give a protocol or an app, not both")
+        the_app, spec = resolve_app(app if app is not None else protocol, the_pool.names)
+        game = AppGame(
+            the_app, spec, the_pool, examples, client=the_client, scorer=scorer, store=out, dataset=dataset
+        )
+    else:
+        spec = as_spec(protocol, the_pool, params)
+    with (
+        holding(out, "colab_graphs.run_audit"),
+        _Reporter(Progress(f"audit {spec.name}", "play"), on_progress, progress) as report,
+    ):
+        return await play_audit(
+            spec,  # type: ignore[arg-type]
+            the_pool,
+            examples,
+            client=the_client,
+            method=method,  # type: ignore[arg-type]
+            budget=budget,
+            seed=seed,
+            scorer=scorer,
+            out=out,
+            dataset=dataset,
+            force=force,
+            individual=individual,
+            plots=plots,
+            on_plan=report.plan,
+            on_progress=lambda play: report.advance(calls=play.calls),
+            game=game,
+        )
 
 
 async def arun_study(
@@ -212,26 +387,80 @@ async def arun_study(
     cache_dir: str | os.PathLike[str] | None = None,
     max_concurrency: int = 16,
     overwrite: bool = False,
+    on_progress: Callable[[Progress], None] | None = None,
+    progress: bool | None = None,
 ) -> StudyReport:
     """Run a study (pools x protocols x datasets; what `colab-graphs study` does); `ray`: a cluster address."""
     from colab_graphs.study.config import StudyConfig, load_study_config
     from colab_graphs.study.run import play_study
 
     the_config = config if isinstance(config, StudyConfig) else load_study_config(config)
-    return await play_study(
-        the_config,
-        out,
-        client=as_client(client, cache_dir, max_concurrency),
-        ray_address=ray,
-        overwrite=overwrite,
+    the_client = as_client(client, cache_dir, max_concurrency)
+    # The study reports finished plays by number only (they may run on Ray workers): no call counts.
+    counting = Progress("study", "setting play", calls_made=None, calls_cached=None)
+    with holding(out, "colab_graphs.run_study"), _Reporter(counting, on_progress, progress) as report:
+        return await play_study(
+            the_config,
+            out,
+            client=the_client,
+            ray_address=ray,
+            overwrite=overwrite,
+            on_plan=report.plan,
+            on_progress=report.advance,
+        )
+
+
+def member_chat_model(
+    name: str,
+    *,
+    on_absent: AbsentRule = "raise",
+    substitute: str | None = None,
+    pool: Pool | None = None,
+    client: ModelClient | None = None,
+    **options: Any,
+) -> MemberChatModel:
+    """Pool member `name` as a LangChain chat model, to use anywhere in a LangGraph app.
+
+    Its calls go through the call path as that member's (cached, single-flight, traced, counted). Under an
+    app audit (`colab_graphs.run_audit(app, pool, data)`, `colab-graphs audit --app FILE.py:NAME`) the
+    audit's pool, client and coalition apply; a member outside the coalition follows `on_absent` ("raise"
+    `MemberAbsent`, answer "empty", or "substitute" another member). Outside an audit, `pool` (and `client`,
+    default the process-wide one) say where calls go.
+
+    Example:
+        >>> import colab_graphs as cg
+        >>> coder = cg.member_chat_model("coder")                  # doctest: +SKIP
+        >>> coder.bind_tools([run_python]).invoke("Print 2 + 2")   # doctest: +SKIP
+    """
+    # LangChain's chat model base loads here, not when the package is imported.
+    from colab_graphs.models.member_chat import MemberChatModel
+
+    return MemberChatModel(
+        member_name=name, on_absent=on_absent, substitute=substitute, pool=pool, client=client, **options
     )
 
 
-def run_study(
-    config: str | os.PathLike[str] | Any, out: str | os.PathLike[str], **options: Any
-) -> StudyReport:
-    """`arun_study`, waited for (works inside a running event loop)."""
-    return sync(lambda: arun_study(config, out, **options))
+@contextlib.contextmanager
+def use_pool(pool: PoolLike, client: ModelClient | None = None) -> Iterator[Pool]:
+    """Where `member_chat_model` calls go in this block (and the tasks and threads it starts): `pool`'s
+    members, through `client` (default: the process-wide client with the on-disk cache). For running an app
+    yourself; an audit binds its own pool, client and coalition around each run.
+
+    Example:
+        >>> with cg.use_pool("pool.yaml"):                                   # doctest: +SKIP
+        ...     print(asyncio.run(app.ainvoke({"input": "What is 2 + 3?"}))["answer"])
+    """
+    from colab_graphs.models.binding import MemberBinding, bind_members
+    from colab_graphs.models.client import default_client
+
+    the_pool = as_pool(pool)
+    with bind_members(MemberBinding(the_pool, client or default_client())):
+        yield the_pool
+
+
+run = synced(arun)
+run_audit = synced(arun_audit)
+run_study = synced(arun_study)
 
 
 def train(

@@ -15,7 +15,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from colab_graphs.spec import END, START, Aggregate, AggregatorRef, Edge, GraphSpec, LogitSeat, Route, Seat
+from colab_graphs.spec import (
+    END,
+    START,
+    Aggregate,
+    AggregatorRef,
+    Edge,
+    GraphSpec,
+    LogitMode,
+    LogitSeat,
+    OnAbsent,
+    OnTargetAbsent,
+    Route,
+    Seat,
+)
 
 
 class GraphBuilder:
@@ -43,7 +56,7 @@ class GraphBuilder:
         system: str | None = None,
         sample: int = 0,
         settings: dict[str, Any] | None = None,
-        on_absent: str = "drop",
+        on_absent: OnAbsent = "drop",
         substitutes: list[str] | None = None,
         fallback: tuple[str, dict[str, Any]] | str | None = None,
         role: str | None = None,
@@ -79,7 +92,7 @@ class GraphBuilder:
         name: str,
         *,
         members: Sequence[str],
-        mode: str,
+        mode: LogitMode,
         prompt: str,
         writes: str | None = None,
         reads: dict[str, str] | None = None,
@@ -87,7 +100,7 @@ class GraphBuilder:
         settings: dict[str, Any] | None = None,
         **params: Any,
     ) -> GraphBuilder:
-        """Add a logit-level seat decoded jointly by local `members` (`mode`: fusion | contrastive)."""
+        """Add a logit-level seat decoded jointly by local `members` (`mode`: fusion | contrastive | nudging | co_llm)."""
         self._nodes.append(
             LogitSeat(
                 name=name,
@@ -145,7 +158,7 @@ class GraphBuilder:
         default: str | None = None,
         max_visits: int | None = None,
         exit: str | None = None,
-        on_target_absent: str = "skip",
+        on_target_absent: OnTargetAbsent = "skip",
         on_source_absent: str | None = None,
         **params: Any,
     ) -> GraphBuilder:

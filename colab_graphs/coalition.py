@@ -118,9 +118,10 @@ def restrict(spec: GraphSpec, members: Iterable[str]) -> GraphSpec | None:
             route = routes_by_source.get(target)
             if route is None or route.on_source_absent is None:
                 continue  # the removed node's own outputs are rewired from its predecessors below
-            target = forward(target)
-            if target is None:
+            forwarded = forward(target)
+            if forwarded is None:
                 continue
+            target = forwarded
         kept = [s for s in e.sources if s not in removed]
         if not kept:
             kept = []
@@ -141,9 +142,10 @@ def restrict(spec: GraphSpec, members: Iterable[str]) -> GraphSpec | None:
             if target in removed:
                 if r.on_target_absent == "remove":
                     continue
-                target = forward(target)
-                if target is None:
+                forwarded = forward(target)
+                if forwarded is None:
                     continue
+                target = forwarded
             path_map[key] = target
         if not path_map:
             raise CoalitionError(
@@ -151,9 +153,8 @@ def restrict(spec: GraphSpec, members: Iterable[str]) -> GraphSpec | None:
             )
         default = r.default
         if default in removed:
-            default = forward(default) if r.on_target_absent == "skip" else None
-            if default is None:
-                default = next(iter(path_map.values()))
+            skipped_to = forward(default) if r.on_target_absent == "skip" else None
+            default = skipped_to if skipped_to is not None else next(iter(path_map.values()))
         exit_ = forward(r.exit) if r.exit else None
         routes.append(r.model_copy(update={"path_map": path_map, "default": default, "exit": exit_}))
 

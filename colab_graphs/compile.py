@@ -10,14 +10,22 @@ import asyncio
 import inspect
 import json
 import math
-import threading
 from dataclasses import dataclass
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, Any
+
+from typing_extensions import TypedDict  # pydantic builds JSON schemas from it on 3.11 (get_input_jsonschema)
 
 from colab_graphs.data.example import Example
 from colab_graphs.data.tasks import DEFAULT_INSTRUCTION, TaskType, TaskView
 from colab_graphs.logit_pool import check_pool_supports, check_seat_supports
-from colab_graphs.models.client import ModelClient, being_cancelled
+from colab_graphs.models.client import (
+    ModelClient,
+    background_loop,
+    being_cancelled,
+    default_client,
+    fail_flight,
+)
+from colab_graphs.models.lc import ChatRun
 from colab_graphs.pool import Pool
 from colab_graphs.registry import registry_lookup
 from colab_graphs.spec import END, START, Aggregate, Edge, GraphSpec, LogitSeat, Seat, is_pattern
@@ -78,19 +86,6 @@ def task_view(state: GraphState, runtime: Any, fallback: RunContext | None) -> T
         return TaskView(task_for(example), example)
     except (KeyError, ValueError):
         return TaskView(TaskType(), example)
-
-
-_default_client: ModelClient | None = None
-
-
-def default_client() -> ModelClient:
-    """A process-wide client with the default on-disk cache, for graphs run outside our runner."""
-    global _default_client
-    if _default_client is None:
-        from colab_graphs.models.cache import CallCache
-
-        _default_client = ModelClient(CallCache())
-    return _default_client
 
 
 class TemplateError(KeyError):
@@ -160,35 +155,23 @@ def _messages(system: str | None, prompt: str) -> list[dict[str, str]]:
     return msgs
 
 
-_loop: asyncio.AbstractEventLoop | None = None
-_loop_lock = threading.Lock()
-
-
-def background_loop() -> asyncio.AbstractEventLoop:
-    """One event loop in a daemon thread, where model nodes run when a graph is invoked synchronously."""
-    global _loop
-    with _loop_lock:
-        if _loop is None:
-            _loop = asyncio.new_event_loop()
-            threading.Thread(target=_loop.run_forever, name="colab-graphs-loop", daemon=True).start()
-    return _loop
-
-
 def _node(afn, fn=None):
     """A node that runs `afn` under `ainvoke` and `fn` under `invoke`.
 
     Without `fn`, `invoke` runs `afn` on a background loop (model seats). Built as LangGraph builds nodes from
     plain functions (no tracing callbacks, no thread hop for pure-Python nodes under `ainvoke`), with its
-    `Runtime` (and so our `RunContext`) passed to the parameter named `runtime`. LangGraph's builder takes one
+    `Runtime` (and so our `RunContext`) passed to the parameter named `runtime` and, for model nodes, the
+    node's `RunnableConfig` to `config` (its callbacks see each seat's call as a chat model's). LangGraph's builder takes one
     function per node; a node with both a sync and an async form needs its `RunnableCallable`, the one private
     LangGraph name this package uses (tests/test_compile.py pins it).
     """
     from langgraph._internal._runnable import RunnableCallable
 
     if fn is None:
-
-        def fn(state: GraphState, runtime: Any = None) -> dict[str, Any]:
-            return asyncio.run_coroutine_threadsafe(afn(state, runtime), background_loop()).result()
+        # `config` unannotated: LangGraph hands the node's RunnableConfig to a parameter of that name when it is
+        # unannotated or annotated RunnableConfig (importing that type here would cost every import of us).
+        def fn(state: GraphState, runtime: Any = None, config=None) -> dict[str, Any]:
+            return asyncio.run_coroutine_threadsafe(afn(state, runtime, config), background_loop()).result()
 
     return RunnableCallable(fn, afn, name=getattr(afn, "__name__", None), trace=False)
 
@@ -245,7 +228,7 @@ def _seat_fn(seat: Seat, order: dict[str, int], fallback: RunContext | None, out
         hit = rt.memo.get(request) if rt.memo is not None else None
         return replayed(rt, hit) if isinstance(hit, list) else None
 
-    async def run(state: GraphState, runtime: Any = None) -> dict[str, Any]:
+    async def run(state: GraphState, runtime: Any = None, config: Any = None) -> dict[str, Any]:
         rt, system, prompt, request = prepare(state, runtime)
         memo = rt.memo
         while memo is not None and (hit := memo.get(request)) is not None:
@@ -261,10 +244,12 @@ def _seat_fn(seat: Seat, order: dict[str, int], fallback: RunContext | None, out
         flight = asyncio.get_running_loop().create_future() if memo is not None else None
         if memo is not None:
             memo[request] = flight
+        member, messages = rt.pool[seat.member], _messages(system, prompt)
+        events = await ChatRun.start(config, seat.name, member, messages, seat.settings)
         try:
             result, record = await rt.client.complete_recorded(
-                rt.pool[seat.member],
-                _messages(system, prompt),
+                member,
+                messages,
                 sample=seat.sample,
                 overrides=seat.settings or None,
                 node=seat.name,
@@ -272,14 +257,14 @@ def _seat_fn(seat: Seat, order: dict[str, int], fallback: RunContext | None, out
                 trace=rt.trace,
             )
         except BaseException as exc:
+            if events is not None:
+                await events.error(exc)
             if flight is not None:
                 del memo[request]
-                if isinstance(exc, asyncio.CancelledError):
-                    flight.cancel()
-                else:
-                    flight.set_exception(exc)
-                    flight.exception()  # retrieved: waiters re-raise it themselves
+                fail_flight(flight, exc)
             raise
+        if events is not None:
+            await events.end(result)
         if flight is not None:
             memo[request] = entry = [result, record, {}]
             flight.set_result(entry)
@@ -290,7 +275,7 @@ def _seat_fn(seat: Seat, order: dict[str, int], fallback: RunContext | None, out
 
 
 def _logit_fn(node: LogitSeat, order: dict[str, int], fallback: RunContext | None, output_key: str):
-    async def run(state: GraphState, runtime: Any = None) -> dict[str, Any]:
+    async def run(state: GraphState, runtime: Any = None, config: Any = None) -> dict[str, Any]:
         rt = _context(runtime, fallback)
         reads = resolve_reads(node.reads, state, order)
         prompt = render(node.prompt, node.name, state, reads)
@@ -308,14 +293,18 @@ def _logit_fn(node: LogitSeat, order: dict[str, int], fallback: RunContext | Non
                     **node.params,
                 }
             }
-        result = await rt.client.complete(
-            members[0],
-            _messages(system, prompt),
-            overrides=overrides,
-            node=node.name,
-            seat=node.name,
-            trace=rt.trace,
-        )
+        messages = _messages(system, prompt)
+        events = await ChatRun.start(config, node.name, members[0], messages, node.settings)
+        try:
+            result = await rt.client.complete(
+                members[0], messages, overrides=overrides, node=node.name, seat=node.name, trace=rt.trace
+            )
+        except BaseException as exc:
+            if events is not None:
+                await events.error(exc)
+            raise
+        if events is not None:
+            await events.end(result)
         return _update(node.name, {node.writes: result.text}, output_key)
 
     return run
@@ -336,7 +325,7 @@ def _aggregate_fns(node: Aggregate, order: dict[str, int], output_key: str, fall
         params = {**node.params, "task": task_view(state, runtime, fallback)} if takes_task else node.params
         return _update(node.name, {node.writes: fn(reads, **params)}, output_key)
 
-    async def arun(state: GraphState, runtime: Any = None) -> dict[str, Any]:
+    async def arun(state: GraphState, runtime: Any = None, config: Any = None) -> dict[str, Any]:
         return run(state, runtime)
 
     arun.ready = run
@@ -399,7 +388,7 @@ def _fused_fn(levels: list[list[str]], fns: dict[str, Any]):
     """One node that runs the protocol's levels in order, each level's nodes concurrently."""
     readies = {name: getattr(fn, "ready", None) for name, fn in fns.items()}
 
-    async def run(state: GraphState, runtime: Any = None) -> dict[str, Any]:
+    async def run(state: GraphState, runtime: Any = None, config: Any = None) -> dict[str, Any]:
         # The state as the graph's reducers would build it (merged values, counted visits), grown in place:
         # a level's updates apply only after all its nodes have read the state.
         values, visits = dict(state.get("values") or {}), dict(state.get("visits") or {})
@@ -411,9 +400,9 @@ def _fused_fn(levels: list[list[str]], fns: dict[str, Any]):
             updates: list[Any] = [ready(view, runtime) if (ready := readies[n]) else None for n in names]
             pending = [i for i, u in enumerate(updates) if u is None]
             if len(pending) == 1:
-                updates[pending[0]] = await fns[names[pending[0]]](view, runtime)
+                updates[pending[0]] = await fns[names[pending[0]]](view, runtime, config)
             elif pending:
-                done = await _all_or_cancel([fns[names[i]](view, runtime) for i in pending])
+                done = await _all_or_cancel([fns[names[i]](view, runtime, config) for i in pending])
                 for i, update in zip(pending, done, strict=True):
                     updates[i] = update
             for update in updates:

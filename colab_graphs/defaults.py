@@ -8,11 +8,16 @@ collaboration in strong models. Point `--pool` at your own models for real findi
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from colab_graphs.pool import Pool
+
 DEFAULT_DATA = "builtin:arithmetic"
 DEFAULT_LIMIT = 12
 DEFAULT_PROTOCOL = "majority_vote"
 
-DEFAULT_POOL: dict[str, dict] = {
+DEFAULT_POOL: dict[str, dict[str, Any]] = {
     "careful": {
         "model": "local/smollm2-135m",
         "temperature": 0.0,
@@ -37,7 +42,7 @@ DEFAULT_POOL: dict[str, dict] = {
 }
 
 
-def default_pool():
+def default_pool() -> Pool:
     from colab_graphs.pool import Pool
 
     return Pool.from_dict(DEFAULT_POOL, source="embedded default pool")

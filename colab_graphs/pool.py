@@ -36,7 +36,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+from colab_graphs.redaction import SECRET_FIELDS, SECRETS, public_settings, public_value, settings_secrets
 
 # Keyword arguments `litellm.acompletion` accepts that make sense in a pool file. Hard-coded rather than read
 # from litellm's signature because `import litellm` costs seconds and loading a pool must stay instant.
@@ -64,6 +66,7 @@ LITELLM_KWARGS = frozenset(
         "response_format",
         "timeout",
         "extra_headers",
+        "headers",
         "extra_body",
         "reasoning_effort",
         "top_k",
@@ -77,7 +80,7 @@ LITELLM_KWARGS = frozenset(
         "deployment_id",
     }
 )
-MEMBER_KEYS = frozenset({"description", "system_prompt", "deployments", "router"})
+MEMBER_KEYS = frozenset({"description", "system_prompt", "deployments", "router", "cache_namespace"})
 # Settings that say where and how to connect, not what to generate: never part of a cache key, never traced.
 CONNECTION_KEYS = frozenset(
     {
@@ -88,6 +91,7 @@ CONNECTION_KEYS = frozenset(
         "organization",
         "timeout",
         "extra_headers",
+        "headers",
         "num_retries",
         "aws_region_name",
         "vertex_project",
@@ -98,7 +102,7 @@ CONNECTION_KEYS = frozenset(
         "user",
     }
 )
-SECRET_KEYS = frozenset({"api_key", "extra_headers"})
+SECRET_KEYS = SECRET_FIELDS
 # What a deployment may set besides connection settings: the Router's per-deployment limits and weights.
 DEPLOYMENT_ROUTING_KEYS = frozenset({"rpm", "tpm", "weight", "order", "max_parallel_requests"})
 DEPLOYMENT_KEYS = CONNECTION_KEYS | {"model"} | DEPLOYMENT_ROUTING_KEYS
@@ -140,10 +144,30 @@ class Member(BaseModel):
     system_prompt: str | None = None
     deployments: list[dict[str, Any]] = Field(default_factory=list)
     router: dict[str, Any] = Field(default_factory=dict)
+    cache_namespace: str | None = None
+    # Values read from the environment -> their reference ("${VAR}"): what reports write instead. Private, so
+    # that no dump of the member carries them.
+    _env_refs: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    def model_post_init(self, context: Any) -> None:
+        self._register_secrets()
+
+    def _register_secrets(self) -> None:
+        """Tell this process's redactor every secret the member holds (see `colab_graphs.redaction`)."""
+        for value in self.secrets():
+            SECRETS.add(value)
+        for value, ref in self._env_refs.items():
+            SECRETS.add(value, ref)
+
+    def with_env_refs(self, env_refs: Mapping[str, str]) -> Member:
+        """The member, remembering which of its values came from the environment (value -> ``${VAR}``)."""
+        self._env_refs = dict(env_refs)
+        self._register_secrets()
+        return self
 
     @property
     def model(self) -> str:
-        return self.settings["model"]
+        return str(self.settings["model"])
 
     @property
     def endpoint(self) -> str:
@@ -165,17 +189,26 @@ class Member(BaseModel):
         return {k: v for k, v in self.settings.items() if k not in CONNECTION_KEYS}
 
     def public_settings(self) -> dict[str, Any]:
-        """Settings safe to write to traces and reports: secrets removed."""
-        return {k: v for k, v in self.settings.items() if k not in SECRET_KEYS}
+        """Settings safe to write to traces and reports: keys and headers removed, URL userinfo and query
+        values redacted, values read from the environment written as their ``${VAR}``."""
+        return public_settings(self.settings, self._env_refs)
 
     def public_deployments(self) -> list[dict[str, Any]]:
-        """The deployments as they may appear in reports: secrets removed."""
-        return [{k: v for k, v in d.items() if k not in SECRET_KEYS} for d in self.deployments]
+        """The deployments as they may appear in reports (secrets removed, as `public_settings`)."""
+        return [public_settings(d, self._env_refs) for d in self.deployments]
+
+    def public_text(self, value: Any) -> Any:
+        """A value of the member's (a description, a persona) with environment values written as references."""
+        return public_value(value, self._env_refs)
 
     def secrets(self) -> list[str]:
-        """Every API key the member's calls may carry (its own and its deployments'), for redaction."""
-        keys = [self.settings.get("api_key"), *(d.get("api_key") for d in self.deployments)]
-        return [str(k) for k in keys if k]
+        """Every secret the member's calls may carry (keys, header values, URL userinfo and query values of its
+        own settings and its deployments', values read from the environment), for redaction."""
+        found = settings_secrets(self.settings)
+        for deployment in self.deployments:
+            found += settings_secrets(deployment)
+        found += list(self._env_refs)
+        return list(dict.fromkeys(found))
 
     def router_model_list(self) -> list[dict[str, Any]]:
         """`litellm.Router(model_list=...)`: one entry per deployment under the member's name.
@@ -195,20 +228,26 @@ def _endpoint_of(settings: Mapping[str, Any]) -> str:
     return model.split("/", 1)[0] if "/" in model else model
 
 
-def _expand_env(value: Any, where: str) -> Any:
+def _expand_env(value: Any, where: str, refs: dict[str, str]) -> Any:
+    """`value` with each ``${VAR}`` read from the environment; `refs` collects value -> reference (a secret)."""
     if isinstance(value, str):
 
         def sub(match: re.Match[str]) -> str:
             var = match.group(1)
             if var not in os.environ:
                 raise PoolError(f"{where}: environment variable ${{{var}}} is not set")
+            if os.environ[var]:
+                refs[os.environ[var]] = match.group(0)
             return os.environ[var]
 
-        return _ENV_REF.sub(sub, value)
+        expanded = _ENV_REF.sub(sub, value)
+        if expanded != value and _ENV_REF.fullmatch(value) is None:
+            refs[expanded] = value  # "http://h/v1?key=${KEY}" is written as that template
+        return expanded
     if isinstance(value, dict):
-        return {k: _expand_env(v, where) for k, v in value.items()}
+        return {k: _expand_env(v, where, refs) for k, v in value.items()}
     if isinstance(value, list):
-        return [_expand_env(v, where) for v in value]
+        return [_expand_env(v, where, refs) for v in value]
     return value
 
 
@@ -230,15 +269,43 @@ def make_member(name: str, settings: Mapping[str, Any], where: str = "pool") -> 
         )
     if not settings.get("model"):
         raise PoolError(f"{where}: member {name!r} has no 'model' (a LiteLLM model string is required)")
-    settings = _expand_env(dict(settings), f"{where}: member {name!r}")
-    extra = {k: settings.pop(k) for k in MEMBER_KEYS if k in settings}
+    refs: dict[str, str] = {}
+    expanded: dict[str, Any] = _expand_env(dict(settings), f"{where}: member {name!r}", refs)
+    extra = {k: expanded.pop(k) for k in MEMBER_KEYS if k in expanded}
     if "deployments" in extra:
         extra["deployments"] = _check_deployments(extra["deployments"], f"{where}: member {name!r}")
     if "router" in extra:
         extra["router"] = _check_router(
             extra["router"], bool(extra.get("deployments")), f"{where}: member {name!r}"
         )
-    return Member(name=name, settings=settings, **extra)
+    checked = checked_settings(expanded, extra, f"{where}: member {name!r}")
+    return Member(name=name, settings=checked, **extra).with_env_refs(refs)
+
+
+def checked_settings(settings: dict[str, Any], extra: dict[str, Any], where: str) -> dict[str, Any]:
+    """The member's settings, type-checked with its deployments, router and own keys (see `pool_settings`).
+
+    Strings that spell a number or a flag are converted in place (`extra` too); every field of a wrong type is
+    listed in one error.
+    """
+    from colab_graphs.pool_settings import setting_problems
+
+    settings, problems = setting_problems(settings)
+    own: dict[str, Any] = {
+        k: extra[k] for k in ("description", "system_prompt", "cache_namespace") if k in extra
+    }
+    checked_own, more = setting_problems(own)
+    extra.update(checked_own)
+    problems += more
+    for i, deployment in enumerate(extra.get("deployments") or [], 1):
+        extra["deployments"][i - 1], more = setting_problems(deployment)
+        problems += [f"deployments[{i}].{p}" for p in more]
+    if extra.get("router"):
+        extra["router"], more = setting_problems(extra["router"], "router")
+        problems += [f"router.{p}" for p in more]
+    if problems:
+        raise PoolError(f"{where}: " + "; ".join(problems))
+    return settings
 
 
 def _check_deployments(deployments: Any, where: str) -> list[dict[str, Any]]:
@@ -336,11 +403,12 @@ class Pool:
     def from_yaml(cls, path: str | os.PathLike[str]) -> Pool:
         import yaml
 
+        from colab_graphs.files import read_text
+
         path = Path(path)
+        text = read_text(path, PoolError, "pool file")
         try:
-            data = yaml.load(path.read_text(), Loader=unique_key_loader())
-        except FileNotFoundError:
-            raise PoolError(f"pool file {path} does not exist") from None
+            data = yaml.load(text, Loader=unique_key_loader())
         except yaml.YAMLError as exc:
             raise PoolError(f"{path}: not valid YAML: {exc}") from None
         if not isinstance(data, dict) or not isinstance(data.get("models"), dict):
@@ -382,12 +450,14 @@ class Pool:
         for m in self.members:
             entry = m.public_settings()
             if m.description:
-                entry["description"] = m.description
+                entry["description"] = m.public_text(m.description)
             if m.system_prompt:
-                entry["system_prompt"] = m.system_prompt
+                entry["system_prompt"] = m.public_text(m.system_prompt)
             if m.deployments:
                 entry["deployments"] = m.public_deployments()
             if m.router:
-                entry["router"] = dict(m.router)
+                entry["router"] = m.public_text(dict(m.router))
+            if m.cache_namespace:
+                entry["cache_namespace"] = m.public_text(m.cache_namespace)
             out[m.name] = entry
         return out

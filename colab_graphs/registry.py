@@ -20,6 +20,7 @@ user package adds a protocol or a scorer the same way:
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import re
 import threading
@@ -87,8 +88,11 @@ def registry_lookup(kind: Kind, name: str) -> RegistryInfo:
     try:
         return _entries[(kind, name)]
     except KeyError:
-        known = ", ".join(registry_names(kind)) or "(none: is colab-graphs installed? pip install -e .)"
-        raise KeyError(f"unknown {kind} {name!r}; known: {known}") from None
+        names = registry_names(kind)
+        known = ", ".join(names) or "(none: is colab-graphs installed? pip install -e .)"
+        close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+        hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+        raise KeyError(f"unknown {kind} {name!r}{hint}; known: {known}") from None
 
 
 def registry_find(kind: Kind) -> list[RegistryInfo]:

@@ -24,11 +24,14 @@ from colab_graphs.compile import RunContext, TemplateError, compile_graph
 from colab_graphs.data.example import Example
 from colab_graphs.data.scoring import ScorerFn, task_for, view_for
 from colab_graphs.data.tasks import TaskType, TaskView
-from colab_graphs.log import Header, LogWriter, Play, read_records
+from colab_graphs.files import atomic_file, atomic_write_text
+from colab_graphs.log import ExampleRecord, Header, LogWriter, Play, read_records
+from colab_graphs.log.diff import refusal
 from colab_graphs.models.client import CallError, ModelClient
 from colab_graphs.pool import Pool
+from colab_graphs.redaction import hide_secrets
 from colab_graphs.spec import GraphSpec
-from colab_graphs.trace import CallTally, Trace, read_traces, write_traces
+from colab_graphs.trace import CallTally, Trace, read_traces, trace_line, write_traces
 
 
 class RunError(RuntimeError):
@@ -84,7 +87,7 @@ async def run_example(
     scorer: str | ScorerFn | TaskType | None = None,
     *,
     view: TaskView | None = None,
-    memo: dict | None = None,
+    memo: dict[Any, Any] | None = None,
 ) -> ExampleOutcome:
     """Run one example through a compiled graph and score it. A failed model call marks it failed.
 
@@ -147,37 +150,36 @@ def summarize(spec: GraphSpec, outcomes: Sequence[ExampleOutcome], wall_s: float
         "calls": {"made": counts["made"], "cached": counts["cached"], "failed": counts["failed"]},
         "tokens": {"prompt": tally.prompt_tokens, "completion": tally.completion_tokens},
         "cost_usd": tally.cost_usd,
+        "cost_saved_usd": tally.saved_usd,
         "wall_s": round(wall_s, 3),
     }
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def _previous_fingerprint(out: Path) -> str | None:
-    """The fingerprint of the run already in `out` (its log's header; `run.json` before the log), if any."""
+def _check_same_run(out: Path, header: Header, examples: Sequence[Example]) -> bool:
+    """Whether `out` holds an earlier run (its log; `run.json` before the log); raises `RunError`, saying
+    what differs, when that run is not this one."""
     log = out / "log.jsonl"
     if log.exists():
         records, _ = read_records(log, strict=False)
-        return records[0][1].fingerprint if records and isinstance(records[0][1], Header) else ""
+        stored = records[0][1] if records and isinstance(records[0][1], Header) else None
+        if stored is None or stored.fingerprint != header.fingerprint:
+            stored_examples = [r for _, r in records if isinstance(r, ExampleRecord)]
+            raise RunError(refusal(out, "run", stored, header, stored_examples, examples))
+        return True
     manifest = out / "run.json"
     if manifest.exists():
-        return json.loads(manifest.read_text()).get("fingerprint")
-    return None
+        if json.loads(manifest.read_text()).get("fingerprint") != header.fingerprint:
+            raise RunError(
+                f"{out} holds a different run (protocol, pool, data or scorer changed); choose another --out "
+                "or pass --overwrite"
+            )
+        return True
+    return False
 
 
-def _load_finished(out: Path, fingerprint: str) -> dict[str, ExampleOutcome]:
-    previous = _previous_fingerprint(out)
-    if previous is None:
+def _load_finished(out: Path, header: Header, examples: Sequence[Example]) -> dict[str, ExampleOutcome]:
+    if not _check_same_run(out, header, examples):
         return {}
-    if previous != fingerprint:
-        raise RunError(
-            f"{out} holds a different run (protocol, pool, data or scorer changed); choose another --out "
-            "or pass --overwrite"
-        )
     finished: dict[str, ExampleOutcome] = {}
     traces_path = out / "traces.jsonl"
     if traces_path.exists():
@@ -221,8 +223,6 @@ async def run_dataset(
         if overwrite:
             for name in ("results.jsonl", "traces.jsonl", "summary.json", "run.json", "log.jsonl"):
                 (out_dir / name).unlink(missing_ok=True)
-        finished = _load_finished(out_dir, fingerprint)
-        (out_dir / "run.json").unlink(missing_ok=True)  # a run from before the log: its log takes over
         header = Header(
             kind="run",
             protocol=spec.name,
@@ -233,13 +233,15 @@ async def run_dataset(
             scorer=scorer,
             fingerprint=fingerprint,
         )
+        finished = _load_finished(out_dir, header, examples)
+        (out_dir / "run.json").unlink(missing_ok=True)  # a run from before the log: its log takes over
         log = LogWriter(out_dir)
         log.start(header, examples, log.plays_text([o.play(members) for o in finished.values()]))
         # Keep only lines of finished examples, so a resumed file has each example once.
         write_traces(out_dir / "traces.jsonl", [o.trace for o in finished.values()], append=False)
         with open(out_dir / "results.jsonl", "w", encoding="utf-8") as fh:
             for o in finished.values():
-                fh.write(json.dumps(o.result_line()) + "\n")
+                fh.write(hide_secrets(json.dumps(o.result_line())) + "\n")
     for o in finished.values():
         if on_progress:
             on_progress(o)
@@ -253,7 +255,7 @@ async def run_dataset(
         if out_dir is not None:
             async with write_lock:
                 with open(out_dir / "results.jsonl", "a", encoding="utf-8") as fh:
-                    fh.write(json.dumps(outcome.result_line()) + "\n")
+                    fh.write(hide_secrets(json.dumps(outcome.result_line())) + "\n")
                 write_traces(out_dir / "traces.jsonl", [outcome.trace])
                 if log is not None:
                     log.append(log.plays_text([outcome.play(members)]))
@@ -270,12 +272,10 @@ async def run_dataset(
     outcomes = [by_id[e.id] for e in examples]
     summary = summarize(spec, outcomes, time.perf_counter() - started)
     if out_dir is not None:
-        _atomic_write(
-            out_dir / "results.jsonl", "".join(json.dumps(o.result_line()) + "\n" for o in outcomes)
-        )
-        with open(out_dir / "traces.jsonl.tmp", "w", encoding="utf-8") as fh:
+        results = "".join(json.dumps(o.result_line()) + "\n" for o in outcomes)
+        atomic_write_text(out_dir / "results.jsonl", hide_secrets(results))
+        with atomic_file(out_dir / "traces.jsonl") as traces:
             for o in outcomes:
-                fh.write(o.trace.model_dump_json() + "\n")
-        os.replace(out_dir / "traces.jsonl.tmp", out_dir / "traces.jsonl")
-        _atomic_write(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+                traces.write(trace_line(o.trace))
+        atomic_write_text(out_dir / "summary.json", hide_secrets(json.dumps(summary, indent=2) + "\n"))
     return outcomes, summary

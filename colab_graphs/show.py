@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from colab_graphs.spec import END, START, Aggregate, GraphSpec, LogitSeat, Seat
 
+if TYPE_CHECKING:
+    from rich.tree import Tree
 
-def _label(node) -> str:
+
+def _label(node: Seat | LogitSeat | Aggregate) -> str:
     if isinstance(node, Seat):
         return f"{node.name}\\n[{node.member}]"
     if isinstance(node, LogitSeat):
@@ -34,7 +39,7 @@ def render_mermaid(spec: GraphSpec) -> str:
     return "\n".join(lines)
 
 
-def render_tree(spec: GraphSpec):
+def render_tree(spec: GraphSpec) -> Tree:
     """A rich Tree: each node with its member, reads and writes, then successors."""
     from rich.markup import escape
     from rich.tree import Tree

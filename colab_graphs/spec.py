@@ -19,6 +19,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 START = "__start__"
 END = "__end__"
+
+# The coalition rules and decoding modes a node may name, as types so the builder's arguments are checked too.
+OnAbsent = Literal["drop", "substitute", "fallback"]
+LogitMode = Literal["fusion", "contrastive", "nudging", "co_llm"]
+OnTargetAbsent = Literal["skip", "remove"]
+
 BUILTIN_KEYS = frozenset({"input"})
 
 
@@ -56,7 +62,7 @@ class Seat(BaseModel):
     writes: str
     sample: int = 0
     settings: dict[str, Any] = Field(default_factory=dict)
-    on_absent: Literal["drop", "substitute", "fallback"] = "drop"
+    on_absent: OnAbsent = "drop"
     substitutes: list[str] | None = None
     fallback: AggregatorRef | None = None
     role: str | None = None
@@ -69,7 +75,7 @@ class LogitSeat(BaseModel):
     kind: Literal["logit"] = "logit"
     name: str
     members: list[str]
-    mode: Literal["fusion", "contrastive", "nudging", "co_llm"]
+    mode: LogitMode
     prompt: str
     system: str | None = None
     reads: dict[str, str] = Field(default_factory=dict)
@@ -114,7 +120,7 @@ class Route(BaseModel):
     exit: str | None = None
     # Coalition rules (see colab_graphs.coalition): when a path's target node is removed, "skip" follows that
     # node onward (a cascade skips a stage) and "remove" deletes the path (a router loses a candidate).
-    on_target_absent: Literal["skip", "remove"] = "skip"
+    on_target_absent: OnTargetAbsent = "skip"
     # When `source` itself is removed, edges into it continue along this path key (None: they are dropped).
     on_source_absent: str | None = None
 
@@ -269,9 +275,9 @@ def find_problems(spec: GraphSpec, pool_names: list[str] | None = None) -> list[
             )
     if not nx.has_path(g, START, END):
         problems.append("END is unreachable from START")
-    for n in names:
-        if not nx.has_path(g, START, n):
-            problems.append(f"node {n!r} is unreachable from START")
-        elif not nx.has_path(g, n, END):
-            problems.append(f"END is unreachable from node {n!r}")
+    for name in names:
+        if not nx.has_path(g, START, name):
+            problems.append(f"node {name!r} is unreachable from START")
+        elif not nx.has_path(g, name, END):
+            problems.append(f"END is unreachable from node {name!r}")
     return problems

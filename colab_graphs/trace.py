@@ -1,36 +1,21 @@
 """Traces: every model call an example's run made, and what the system answered.
 
 A trace is what the audit reads to count calls and cost, and what the C-RL trainer replays to give credit to
-the policy's own turns (the exact token ids it wrote are kept on its calls). API keys never reach a trace: the
-call path records generation settings only.
+the policy's own turns (the exact token ids it wrote are kept on its calls). Secrets never reach a trace: the
+call path records generation settings only, and every line written passes through `colab_graphs.redaction`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-_SECRET_PATTERNS = [
-    re.compile(r"sk-[A-Za-z0-9_\-]{8,}"),
-    re.compile(r"AKIA[0-9A-Z]{16}"),
-    re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._\-]{8,}"),
-]
-
-
-def redact(text: str, secrets: Iterable[str] = ()) -> str:
-    """Remove known secret values and key-shaped strings from free text (error messages, mostly)."""
-    for secret in secrets:
-        if secret and len(secret) >= 4:
-            text = text.replace(secret, "[REDACTED]")
-    for pattern in _SECRET_PATTERNS:
-        text = pattern.sub(lambda m: (m.group(1) if m.groups() else "") + "[REDACTED]", text)
-    return text
+from colab_graphs.redaction import hide_secrets
 
 
 class Usage(BaseModel):
@@ -54,6 +39,8 @@ class Call(BaseModel):
     sample: int = 0
     key: str
     completion: str | None = None
+    # The reply's tool calls in OpenAI format (`id`, `type`, `function.name`, `function.arguments`), if any.
+    tool_calls: list[dict[str, Any]] | None = None
     usage: Usage = Field(default_factory=Usage)
     latency_s: float = 0.0
     cost_usd: float | None = None
@@ -69,12 +56,19 @@ class Call(BaseModel):
     finish_reason: str | None = None
 
 
+def _add_cost(total: float | None, cost: float | None) -> float | None:
+    """A sum of prices that is unknown (None) as soon as one price is."""
+    return None if total is None or cost is None else total + cost
+
+
 class CallTally:
     """Counts calls as made, served from cache, or failed: the one accounting runs, audits and studies share.
 
     A call is *made* when it went upstream (not served from the cache, a single flight or a replay); a cached
     call whose key is in `made_since_start` (the cache's write times say this job made it before a kill and
-    resume, and no recorded call made it) counts as made once. Tokens and cost are those of the calls made.
+    resume, and no recorded call made it) counts as made once. Tokens and `cost_usd` are those of the calls
+    made (0.0 when none was: nothing was spent); `saved_usd` is what the cached calls cost when they were made
+    (what serving them saved). Either is None when a price it sums is unknown.
 
     Example:
         >>> tally = CallTally()
@@ -90,6 +84,7 @@ class CallTally:
         self.made = self.cached = self.failed = 0
         self.prompt_tokens = self.completion_tokens = 0
         self.cost_usd: float | None = 0.0
+        self.saved_usd: float | None = 0.0
         self.keys: set[str] = set()
         self._resumed: set[str] = set()
 
@@ -102,15 +97,14 @@ class CallTally:
         resumed = call.cached and call.key in self.made_since_start and call.key not in self._resumed
         if call.cached and not resumed:
             self.cached += 1
+            self.saved_usd = _add_cost(self.saved_usd, call.cost_usd)
             return "cached"
         if resumed:
             self._resumed.add(call.key)
         self.made += 1
         self.prompt_tokens += call.usage.prompt_tokens
         self.completion_tokens += call.usage.completion_tokens
-        self.cost_usd = (
-            None if call.cost_usd is None or self.cost_usd is None else self.cost_usd + call.cost_usd
-        )
+        self.cost_usd = _add_cost(self.cost_usd, call.cost_usd)
         return "made"
 
     def counts(self) -> dict[str, int]:
@@ -140,19 +134,23 @@ class Trace(BaseModel):
     @property
     def cost_usd(self) -> float | None:
         costs = [c.cost_usd for c in self.calls if not c.cached]
-        if any(c is None for c in costs):
-            return None
-        return sum(costs)  # type: ignore[arg-type]
+        known = [c for c in costs if c is not None]
+        return sum(known) if len(known) == len(costs) else None
 
     @property
     def tokens(self) -> int:
         return sum(c.usage.total_tokens for c in self.calls if not c.cached)
 
 
+def trace_line(trace: Trace) -> str:
+    """One trace as its JSONL line, secrets redacted (an error body that echoed a key, say)."""
+    return hide_secrets(trace.model_dump_json(exclude_none=False)) + "\n"
+
+
 def write_traces(path: str | os.PathLike[str], traces: Iterable[Trace], append: bool = True) -> None:
     with open(path, "a" if append else "w", encoding="utf-8") as fh:
         for trace in traces:
-            fh.write(trace.model_dump_json(exclude_none=False) + "\n")
+            fh.write(trace_line(trace))
 
 
 def read_traces(path: str | os.PathLike[str]) -> Iterator[Trace]:

@@ -1,16 +1,32 @@
-"""Answer extraction per task type: commitments only, and idempotent (an extracted answer extracts to itself).
+"""Answer extraction per task type: commitments only, one commitment only, and idempotent (an extracted answer
+extracts to itself).
 
 A protocol's final node extracts the answer and the scorer reads that answer again, so extraction must give
-back what it gave: `\\boxed{\\frac{1}{2}}` -> `\\frac{1}{2}` -> `\\frac{1}{2}` (not "2").
+back what it gave: `\\boxed{\\frac{1}{2}}` -> `\\frac{1}{2}` -> `\\frac{1}{2}` (not "2"), `3e-36` -> `3e-36`
+(not "-36"). Replies written to fool an extractor (hedges, contradictions, look-alike characters, megabytes of
+text) are specified here too: an RL policy searches for whatever the scorer accepts.
 """
 
 from __future__ import annotations
+
+from decimal import Decimal
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from colab_graphs.data.answers import extract_choice, extract_code, extract_math, extract_number
+from colab_graphs.data.answers import (
+    LETTERS,
+    extract_choice,
+    extract_code,
+    extract_math,
+    extract_number,
+    extract_text,
+    main_function,
+    math_equal,
+    normalize_text,
+    numbers_equal,
+)
 from colab_graphs.data.example import Example
 from colab_graphs.data.scoring import get_task
 from colab_graphs.data.tasks import TaskView
@@ -56,6 +72,21 @@ def test_multiple_choice_counts_only_explicit_commitments(reply, letter):
         ("So $\\boxed{\\frac{1}{2}}$.", "1/2"),
         ("Total: \\boxed{1,234}", "1,234"),
         ("No numbers here.", None),
+        ("The answer is -0.5.", "-0.5"),
+        ("Final Answer: -20", "-20"),
+        ("Answer: - 20 apples", "20"),  # a dash and a space after the statement separate, they do not sign
+        ("The answer is \u22120.5", "-0.5"),
+        ("The answer is \uff14\uff12.", "42"),
+        ("The answer is 3e-36.", "3e-36"),
+        ("The answer is 3E+5 joules", "3E+5"),
+        ("The answer is 3.0e-36 kg m/s", "3.0e-36"),
+        ("So p = 3 \\times 10^{-36} kg m/s.", "3e-36"),
+        ("The answer is $3\\cdot10^{-36}$.", "3e-36"),
+        ("The answer is 3 \u00d7 10\u207b\u00b3\u2076.", "3e-36"),
+        ("The answer is 3*10**-36", "3e-36"),
+        ("The answer is -20. Check: 8 + 12 = 20.", "-20"),
+        ("The answer is x = 5.", "5"),
+        ("COVID-19 cases rose by 7 in total", "7"),
     ],
 )
 def test_numeric_extraction(reply, number):
@@ -82,6 +113,204 @@ def test_code_extraction_prefers_the_block_defining_the_entry_point_and_refuses_
     assert extract_code("I would loop over the list and sum it.", "add") is None
     assert extract_code("```text\nnot python\n```", "add") is None
     assert extract_code("    return a + b\n", "add", "def add(a, b):\n") == "    return a + b\n"
+
+
+SOLUTION = "def add(a, b):\n    return a + b\n"
+
+
+def test_code_extraction_without_an_entry_point_skips_an_example_usage_block():
+    reply = f"Here you go:\n```python\n{SOLUTION}```\nExample usage:\n```python\nprint(add(2, 3))\n```\n"
+    assert extract_code(reply) == SOLUTION
+
+
+def test_code_extraction_joins_the_imports_block_the_solution_needs():
+    reply = (
+        "First the import:\n```python\nimport math\n```\nThen the function:\n"
+        "```python\ndef hyp(a, b):\n    return math.sqrt(a * a + b * b)\n```\n"
+        "Example usage:\n```python\nprint(hyp(3, 4))\n```"
+    )
+    once = extract_code(reply, "hyp")
+    assert once == "import math\n\ndef hyp(a, b):\n    return math.sqrt(a * a + b * b)\n"
+    assert extract_code(once, "hyp") == once
+
+
+def test_code_extraction_joins_a_helper_block_but_never_an_earlier_draft():
+    reply = (
+        "A first try:\n```python\ndef count_primes(xs):\n    return 0\n```\nA helper:\n"
+        "```python\ndef is_prime(n):\n    return n > 1 and all(n % d for d in range(2, n))\n```\nThe fix:\n"
+        "```python\ndef count_primes(xs):\n    return sum(map(is_prime, xs))\n```"
+    )
+    once = extract_code(reply, "count_primes")
+    assert once.startswith("def is_prime(n):") and once.endswith("return sum(map(is_prime, xs))\n")
+    assert "return 0" not in once
+    assert extract_code(once, "count_primes") == once
+
+
+def test_main_function_is_not_the_helper_defined_before_it():
+    code = "def is_prime(n):\n    return n > 1\n\ndef count(xs):\n    return sum(map(is_prime, xs))\n\nprint(count([2]))\n"
+    assert main_function(code) == "count"
+    assert main_function("def solve(x):\n    return x\n") == "solve"
+    assert main_function("x = 1\n") is None
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "The answer is 3 or 4 or 5.",
+        "The answer is 3, 4, or 5.",
+        "Final Answer: 3, 4, 5",
+        "The answer is either 12 or 13 apples.",
+        "The answer is 3\u20135.",
+        "$\\boxed{3}\\boxed{4}$",
+        "\\boxed{3} or \\boxed{4}",
+        "\\boxed{3, 4}",
+        "#### 3 or 4",
+        "Counting again, it is 3 or 4.",
+    ],
+)
+def test_a_number_hedged_among_others_is_no_commitment(reply):
+    assert extract_number(reply) is None
+
+
+def test_a_box_contradicted_by_a_later_answer_statement_is_no_commitment():
+    assert extract_number("So $\\boxed{5}$. The answer is 6.") is None
+    assert extract_number("So $\\boxed{5}$. The answer is 5 apples.") == "5"
+    assert extract_number("The answer is 6. Wait, recounting: $\\boxed{5}$.") == "5"  # a later box revises
+    assert extract_number("Step one gives \\boxed{12}. Adding 3 we get \\boxed{15}.") == "15"
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "equal"),
+    [
+        ("3e-36", "4e-36", False),
+        ("0.000000708", "3.54e-07", False),
+        ("3.54e-07", "3.54E-7", True),
+        ("3e-36", "3 \\times 10^{-36}", True),
+        ("2002.0781", "2002.0791", True),  # within 1e-6 of the larger magnitude
+        ("2002.0781", "2002.1781", False),
+        ("16777223", "16777216", False),  # integers compare exactly
+        ("1234.00", "1234", True),
+        ("-0.5", "0.5", False),
+        ("0.0", "0", True),
+        ("1e-17", "0.0", False),  # no absolute tolerance unless a task states one
+    ],
+)
+def test_numbers_compare_relatively_and_integers_exactly(a, b, equal):
+    assert numbers_equal(a, b) is equal
+
+
+def test_an_absolute_tolerance_only_widens_closeness_near_zero():
+    assert numbers_equal("1e-17", "0.0", abs_tol=1e-12)
+    assert not numbers_equal("3e-36", "4e-36", abs_tol=0.0)
+    example = Example(id="t", input="?", answer="0.0", abs_tol=1e-12)
+    assert get_task("numeric").same("1e-17", "0.0", example)
+
+
+def test_words_compare_as_text_in_order_and_never_through_math_verify():
+    assert not math_equal("apple banana cherry", "banana apple cherry")  # math-verify multiplies the letters
+    assert math_equal("apple banana cherry", "Apple, banana, cherry.")
+    words = Example(
+        id="w", input="Sort: cherry apple banana", answer="apple banana cherry", task_type="exact_match"
+    )
+    view = TaskView(get_task("exact"), words)
+    assert (
+        view.extract("Sorting alphabetically.\n\nThe answer is apple banana cherry.") == "apple banana cherry"
+    )
+    assert not view.same("banana apple cherry", "apple banana cherry")
+
+
+def test_symbol_answers_keep_their_symbols():
+    assert normalize_text(") ) }") == "))}" and normalize_text("> ) }") == ">)}"
+    assert normalize_text(") ) }") != normalize_text("] ) }")
+    assert normalize_text("\\} \\}") == normalize_text("} }")  # a box escapes its braces
+    assert extract_text("Closing the open brackets in order.\n\nThe answer is ) ) }.") == ") ) }"
+    assert extract_text("So the rest is $\\boxed{) ) \\}}$") == ") ) \\}"
+
+
+def test_a_refusal_is_not_a_text_answer():
+    assert extract_text("I'm sorry, but I cannot answer that question.") is None
+    assert extract_text("The answer is: I don't know.") is None
+    assert extract_text("The answer is no. It is not plausible.") == "no"
+    assert extract_text("The answer is J. R. R. Tolkien.") == "J. R. R. Tolkien"
+
+
+@pytest.mark.parametrize(
+    "reply", ["\\boxed{3 \\vee 4}", "The answer is $x = 3$ or $x = 4$.", "\\boxed{3}\\boxed{4}"]
+)
+def test_math_alternatives_are_no_commitment(reply):
+    assert extract_math(reply) is None
+
+
+@pytest.mark.parametrize(
+    ("reply", "letter"),
+    [
+        ("The answer is A, B, C or D", None),
+        ("A, B, C or D", None),
+        ("The answer is (A) or (B).", None),
+        ("Answer: B/C", None),
+        ("\\boxed{A}\\boxed{B}", None),
+        ("$\\boxed{A}$, $\\boxed{B}$", None),
+        ("\\boxed{C}. The answer is (B).", None),
+        ("\\boxed{C}. The answer is (C).", "C"),
+        ("The answer is C. Option A is wrong because density does not change.", "C"),
+        ("The answer is C, not D.", "C"),
+        ("The answer is C, a classic result.", "C"),
+        ("The answer is (\uff23).", "C"),
+        ("I cannot say whether planetary days will become shorter.", None),
+    ],
+)
+def test_multiple_choice_takes_one_commitment_only(reply, letter):
+    assert extract_choice(reply, CHOICES) == letter
+
+
+def test_multiple_choice_reads_up_to_26_options():
+    choices = [f"value {i} of the list" for i in range(26)]
+    assert extract_choice("The answer is (K).", choices[:11]) == "K"
+    assert extract_choice("**R) value 17 of the list**", choices[:18]) == "R"
+    assert extract_choice("The answer is (Z).", choices) == "Z"
+    assert extract_choice("The answer is (L).", choices[:11]) is None  # not an option of this question
+    assert extract_choice("The answer is I think B", choices[:11]) is None  # "I think" is not option I
+
+
+def test_a_letter_named_option_is_letter_of_its_position():
+    task = get_task("multiple_choice")
+    example = Example(id="m", input="?", answer="D", choices=["w", "x", "y", "z"])
+    question = task.question(example)
+    assert "\nD. z" in question and "Choose one option (A-D)" in task.instruction(example)
+
+
+# --- long replies: one pass per rule -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pattern", "tail", "extract", "expected"),
+    [
+        ("answer:" + " " * 50, "\nThe answer is 7.", extract_number, "7"),
+        ("\\boxed{" * 2, "\nThe answer is 7.", extract_number, "7"),
+        ("1" * 50 + " ", "\nThe answer is 7.", extract_number, "7"),
+        ("\\(", "\nThe answer is $x^2$.", extract_math, "x^2"),
+        ("\n" * 20, "The answer is (C).", lambda r: extract_choice(r, CHOICES), "C"),
+        ("The answer is (A). ", "Final answer: C", lambda r: extract_choice(r, CHOICES), "C"),
+        (
+            "whale ",
+            "The answer is Blue whale.",
+            lambda r: extract_choice(r, ["Mercury", "Blue whale", "whale"]),
+            "B",
+        ),
+        ("abc. ", "The answer is no.", extract_text, "no"),
+    ],
+)
+def test_a_megabyte_reply_is_read_in_linear_time(pattern, tail, extract, expected):
+    """Padding built to make a backtracking pattern or a per-match rescan quadratic (minutes on a megabyte); the
+    answer after it still counts. Each takes well under a second here (`bench/extraction.py` measures them)."""
+    assert extract(pattern * (1_000_000 // len(pattern)) + tail) == expected
+
+
+def test_boxes_nested_deeper_than_a_model_writes_are_no_answer_read_in_linear_time_and_memory():
+    """Copying each level's content would take ~1.6 GB at 20,000 levels; three levels are opened, deeper is
+    no answer."""
+    assert extract_number("\\boxed{\\boxed{7}}") == "7"
+    assert extract_number("\\boxed{" * 20_000 + "7" + "}" * 20_000) is None
 
 
 # --- idempotence, on replies shaped like real models' ----------------------------------------------------------------
@@ -126,6 +355,112 @@ def test_code_extraction_is_idempotent(prose, body):
     once = get_task("code").extract(f"{prose}\n```python\n{code}```\n{prose}", CODE)
     assert once == code
     assert get_task("code").extract(once, CODE) == once
+
+
+_SUPERSCRIPT = str.maketrans(
+    "0123456789-+", "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079\u207b\u207a"
+)
+
+
+@st.composite
+def written_numbers(draw) -> tuple[str, Decimal]:
+    """A number as a reply writes it (signs incl. U+2212, exponents in six notations, full-width digits) and its
+    value."""
+    mantissa = f"{draw(st.integers(1, 999))}{draw(st.sampled_from(['', '.5', '.25', '.125']))}"
+    negative = draw(st.booleans())
+    sign = draw(st.sampled_from(["-", "\u2212"])) if negative else ""
+    exponent = draw(st.integers(-40, 40))
+    form = draw(
+        st.sampled_from(["plain", "wide", "e", "E", "times", "cdot", "unicode", "python", "superscript"])
+    )
+    value = Decimal(f"{'-' if negative else ''}{mantissa}")
+    if form in ("plain", "wide"):
+        text = f"{sign}{mantissa}"
+        return (
+            text.translate(
+                str.maketrans(
+                    "0123456789.", "\uff10\uff11\uff12\uff13\uff14\uff15\uff16\uff17\uff18\uff19\uff0e"
+                )
+            )
+            if form == "wide"
+            else text
+        ), value
+    value *= Decimal(10) ** exponent
+    text = {
+        "e": f"{sign}{mantissa}e{exponent}",
+        "E": f"{sign}{mantissa}E{exponent:+d}",
+        "times": f"{sign}{mantissa} \\times 10^{{{exponent}}}",
+        "cdot": f"{sign}{mantissa}\\cdot10^{{{exponent}}}",
+        "unicode": f"{sign}{mantissa} \u00d7 10^{exponent}",
+        "python": f"{sign}{mantissa}*10**{exponent}",
+        "superscript": f"{sign}{mantissa} \u00d7 10{str(exponent).translate(_SUPERSCRIPT)}",
+    }[form]
+    return text, value
+
+
+_NUMBER_FORMS = [
+    "The answer is {}.",
+    "Final Answer: {}",
+    "$\\boxed{{{}}}$",
+    "#### {}",
+    "The answer is {}. Check: 2 + 2 = 4 and 10 - 3 = 7.",
+    "Adding it all up, the total comes to {}",
+]
+_WORDS = ["apple", "banana", "cherry", "or", "valid", "invalid", "yes", "no", "Dennis", "O'Keefe", "maybe"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(_prose, written_numbers(), st.sampled_from(_NUMBER_FORMS))
+def test_every_number_shape_extracts_its_value_and_extracts_the_same_twice(prose, number, form):
+    text, value = number
+    once = extract_number(f"{prose}\n{form.format(text)}")
+    assert once is not None and numbers_equal(once, str(value)), (text, once)
+    assert extract_number(once) == once
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    _prose,
+    st.one_of(
+        st.lists(st.sampled_from(_WORDS), min_size=1, max_size=8, unique=True).map(" ".join),
+        st.lists(st.sampled_from([")", "]", "}", ">", "(", "[", "{", "<"]), min_size=1, max_size=8).map(
+            " ".join
+        ),
+    ),
+    st.sampled_from(["The answer is {}.", "Final Answer: {}", "$\\boxed{{{}}}$", "{}"]),
+)
+def test_every_text_shape_extracts_itself_and_extracts_the_same_twice(prose, answer, form):
+    written = answer.replace("{", "\\{").replace("}", "\\}") if "boxed" in form else answer
+    example = Example(id="t", input="?", answer=answer)
+    task = get_task("exact")
+    once = task.extract(f"{prose}\n{form.format(written)}", example)
+    assert once is not None and task.same(once, answer, example), (answer, once)
+    assert task.extract(once, example) == once
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    _prose,
+    st.integers(2, 26).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n - 1))),
+    st.sampled_from(
+        [
+            "The answer is ({}).",
+            "Answer: {}",
+            "$\\boxed{{{}}}$",
+            "**{}) {}**",
+            "The correct option is {}.",
+            "{}",
+        ]
+    ),
+)
+def test_every_choice_shape_up_to_26_options_extracts_its_letter_and_the_same_twice(prose, options, form):
+    n, i = options
+    choices = [f"value {k} of the list" for k in range(n)]
+    example = Example(id="m", input="?", answer=LETTERS[i], choices=choices)
+    task = get_task("multiple_choice")
+    once = task.extract(f"{prose}\n{form.format(LETTERS[i], choices[i])}", example)
+    assert once == LETTERS[i]
+    assert task.extract(once, example) == once
 
 
 # --- "same answer": what votes compare ----------------------------------------------------------------------------

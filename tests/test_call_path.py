@@ -111,18 +111,50 @@ def test_processes_opening_one_new_cache_at_once_all_get_it(tmp_path) -> None:
     assert failures == []
 
 
-def test_cache_key_ignores_where_and_how_a_model_is_reached(scripted_server, arun, tmp_cache) -> None:
+def test_cache_key_ignores_how_an_endpoint_is_reached(scripted_server, arun, tmp_cache) -> None:
+    server = scripted_server({"a": echo()})
+    client = fast_client(tmp_cache)
+    base = server.base_url
+    plain = Pool.from_dict({"a": {"model": "openai/a", "api_base": base, "api_key": "sk-key-one-1"}})
+    # Another key, a timeout, a trailing slash, an upper-case scheme and host: the same server answers.
+    reached_otherwise = Pool.from_dict(
+        {"a": {"model": "openai/a", "api_base": base.replace("http://", "HTTP://") + "/", "timeout": 9,
+               "api_key": "sk-key-two-2"}}
+    )  # fmt: skip
+    first = arun(client.complete(plain["a"], ask()))
+    again = arun(client.complete(reached_otherwise["a"], ask()))
+    assert again.cached and again.text == first.text
+    assert sum(server.request_counts().values()) == 1
+
+
+def test_cache_key_tells_two_servers_of_one_model_name_apart(scripted_server, arun, tmp_cache) -> None:
     one, two = scripted_server({"a": "from one"}), scripted_server({"a": "from two"})
     client = fast_client(tmp_cache)
-    via_one = Pool.from_dict(
-        {"a": {"model": "openai/a", "api_base": one.base_url, "api_key": "sk-key-one-1"}}
-    )
-    via_two = Pool.from_dict(
-        {"a": {"model": "openai/a", "api_base": two.base_url, "api_key": "sk-key-two-2", "timeout": 9}}
-    )
+    via_one = Pool.from_dict({"a": {"model": "openai/a", "api_base": one.base_url, "api_key": "k"}})
+    via_two = Pool.from_dict({"a": {"model": "openai/a", "api_base": two.base_url, "api_key": "k"}})
     assert arun(client.complete(via_one["a"], ask())).text == "from one"
-    assert arun(client.complete(via_two["a"], ask())).text == "from one"
-    assert two.requests == []
+    assert arun(client.complete(via_two["a"], ask())).text == "from two"
+    assert arun(client.complete(via_one["a"], ask())).cached
+
+
+def test_a_shared_cache_namespace_shares_entries_across_servers(scripted_server, arun, tmp_cache) -> None:
+    """A user who moved a model to another server says so; bumping the namespace separates again."""
+    one, two = scripted_server({"a": "from one"}), scripted_server({"a": "from two"})
+    client = fast_client(tmp_cache)
+
+    def member(server, namespace):
+        settings = {
+            "model": "openai/a",
+            "api_base": server.base_url,
+            "api_key": "k",
+            "cache_namespace": namespace,
+        }
+        return Pool.from_dict({"a": settings})["a"]
+
+    assert arun(client.complete(member(one, "ada-v1"), ask())).text == "from one"
+    assert arun(client.complete(member(two, "ada-v1"), ask())).text == "from one"
+    assert arun(client.complete(member(two, "ada-v2"), ask())).text == "from two"
+    assert two.request_counts() and sum(two.request_counts().values()) == 1
 
 
 @pytest.mark.parametrize(

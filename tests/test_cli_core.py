@@ -125,7 +125,7 @@ def test_run_majority_vote_with_samples_and_limit(workspace) -> None:
     assert result.exit_code == 0, result.output
     results, traces, summary = read_outputs(workspace["tmp"] / "mv")
     assert summary["n"] == 3 and summary["score"] == 1.0  # a and c outvote b
-    assert summary["calls"]["made"] == 18 and len(workspace["server"].requests) == 18
+    assert summary["calls"]["made"] == 18 and sum(workspace["server"].request_counts().values()) == 18
     assert {c["sample"] for t in traces for c in t["calls"]} == {0, 1}
 
 
@@ -215,4 +215,5 @@ def test_retries_option_bounds_attempts_on_a_failing_server(workspace, scripted_
     write_pool(workspace["pool"], server, ["a"])
     result = invoke(*run_args(workspace, "solo", "retries", "--limit", "1", "--retries", "1"))
     assert result.exit_code == 3
-    assert len(server.requests) == 2  # the first attempt and one retry, then the example is failed
+    # The first attempt and one retry, then the example is failed (the pre-flight GET /models is no attempt).
+    assert sum(server.request_counts().values()) == 2

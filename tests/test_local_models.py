@@ -335,6 +335,21 @@ def test_failed_request_raises_to_its_caller(tiny):
         tiny.generate(GenerationRequest([], max_tokens=3))
 
 
+def test_sampling_settings_of_the_wrong_type_or_range_are_refused_naming_each(tiny):
+    with pytest.raises(ValueError) as caught:
+        build_request(tiny, QUESTION, {"temperature": "hot", "max_tokens": "lots", "top_p": 0, "seed": 2**64})
+    message = str(caught.value)
+    assert all(field in message for field in ("temperature", "max_tokens", "top_p", "seed"))
+
+
+def test_a_temperature_too_small_to_divide_by_decodes_greedily(tiny):
+    greedy = tiny.generate(build_request(tiny, QUESTION, {"temperature": 0, "max_tokens": 6}))
+    assert (
+        tiny.generate(build_request(tiny, QUESTION, {"temperature": 1e-30, "max_tokens": 6})).text
+        == greedy.text
+    )
+
+
 def test_set_local_model_serves_and_swaps_weights(litellm, tiny, arun):
     import torch
 

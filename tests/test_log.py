@@ -208,15 +208,6 @@ def legacy_audit(folder: Path, report_from: Path) -> None:
     shutil.copy(report_from / "report.json", folder / "report.json")
 
 
-def test_an_audit_from_before_the_log_is_read_as_version_0(exact_audit, tmp_path):
-    legacy_audit(tmp_path / "old", exact_audit[0])
-    log = read_log(tmp_path / "old")
-    assert log.kind == "audit" and log.log_version == 0 and log.complete
-    assert len(log.calls) == 1 and len(log.plays) == 2
-    turn = log.turns(log.play("[q1]", ["a"], game="solo"))[0]
-    assert turn.cached and turn.member == "a" and turn.completion is None and turn.prompt_tokens == 12
-
-
 def test_resuming_an_audit_from_before_the_log_is_refused_naming_the_version(
     server, exact_audit, tmp_path, arun
 ):
@@ -238,21 +229,6 @@ def test_a_run_logs_one_play_per_example_and_keeps_its_contract_files(server, tm
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert {"protocol", "score", "n", "failed", "calls", "tokens", "cost_usd", "wall_s"} <= set(summary)
     assert (tmp_path / "run" / "traces.jsonl").exists() and not (tmp_path / "run" / "run.json").exists()
-
-
-def test_a_run_from_before_the_log_is_read_from_its_traces(server, tmp_path, arun):
-    spec = build_protocol("majority_vote", PLAYERS)
-    client = ModelClient(CallCache(tmp_path / "cache"))
-    out = tmp_path / "run"
-    arun(run_dataset(spec, pool_of(server, PLAYERS), vote_examples(), client=client, out=out))
-    (out / LOG_FILE).unlink()
-    (out / "run.json").write_text(json.dumps({"fingerprint": "f", "protocol": "majority_vote"}))
-    log = read_log(out)
-    assert log.kind == "run" and log.log_version == 0 and len(log.plays) == 5
-    assert {t.completion for t in log.turns(log.play("[q2]", PLAYERS))} == {
-        "The answer is 9.",
-        "The answer is 2.",
-    }
 
 
 def test_a_study_logs_its_settings_and_each_audit_its_plays(tmp_path):

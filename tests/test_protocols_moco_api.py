@@ -238,10 +238,10 @@ def test_an_exact_audit_fits_each_coalition_once_and_a_second_audit_reuses_every
 
 
 def cli(*args):
-    from colab_graphs.cli import extra
+    from colab_graphs.cli.app import _register_optional_commands
 
     if not any(c.name == "audit" for c in app.registered_commands):
-        extra.register(app)
+        _register_optional_commands()  # every command, as the console entry point registers them
     return CliRunner().invoke(app, [str(a) for a in args])
 
 

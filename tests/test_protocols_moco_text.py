@@ -242,11 +242,11 @@ def test_a_swarm_audit_fits_each_coalition_once_and_a_second_audit_refits_nothin
 def test_a_swarm_audit_runs_from_the_cli_and_reports_its_fitting(swarm, data, tmp_path):
     from conftest import write_pool_file
 
-    from colab_graphs.cli import extra
+    from colab_graphs.cli.app import _register_optional_commands
 
     server, _ = swarm
     if not any(c.name == "audit" for c in app.registered_commands):
-        extra.register(app)
+        _register_optional_commands()  # every command, as the console entry point registers them
     command = [
         "audit",
         "--protocol",

@@ -317,10 +317,10 @@ def data(tmp_path_factory) -> dict[str, Path]:
 
 
 def cli(*args: str | Path):
-    from colab_graphs.cli import extra
+    from colab_graphs.cli.app import _register_optional_commands
 
     if not any(c.name == "audit" for c in app.registered_commands):
-        extra.register(app)  # what `main()` does before parsing: adds audit (and the other optional commands)
+        _register_optional_commands()  # every command, as the console entry point registers them
     return CliRunner().invoke(app, [str(a) for a in args])
 
 

@@ -204,7 +204,18 @@ def test_a_replica_killed_mid_audit_changes_no_value(arun, tmp_path):
         assert served(one) + served(two) >= DISTINCT_REQUESTS
 
 
-def test_the_cache_key_is_the_members_request_not_the_deployment(arun, tmp_path):
+def test_the_cache_key_is_the_members_request_over_its_deployments_whichever_answers(arun, tmp_path):
+    with ScriptedServer(members()) as one, ScriptedServer(members()) as two:
+        audit(arun, replicated_pool([one.base_url, two.base_url]), tmp_path / "cache")
+        one.reset()
+        two.reset()
+        # The same replicas listed the other way round, weighted otherwise: the entries are theirs.
+        report = audit(arun, replicated_pool([two.base_url, one.base_url], [9, 1]), tmp_path / "cache")
+        assert {tuple(c.members): c.value for c in report.coalitions} == pytest.approx(HAND_VALUES)
+        assert served(one) == served(two) == 0
+
+
+def test_a_member_over_other_deployments_does_not_reuse_a_plain_members_entries(arun, tmp_path):
     with ScriptedServer(members()) as one, ScriptedServer(members()) as two:
         plain = Pool.from_dict(
             {m: {"model": f"openai/{m}", "api_key": "sk-test", "temperature": 0, "api_base": one.base_url}
@@ -213,8 +224,8 @@ def test_the_cache_key_is_the_members_request_not_the_deployment(arun, tmp_path)
         audit(arun, plain, tmp_path / "cache")
         one.reset()
         report = audit(arun, replicated_pool([two.base_url, one.base_url]), tmp_path / "cache")
-        assert {tuple(c.members): c.value for c in report.coalitions} == pytest.approx(HAND_VALUES)
-        assert served(one) == served(two) == 0
+        assert_hand_values(report)
+        assert served(one) + served(two) == DISTINCT_REQUESTS
 
 
 def test_a_deployments_key_reaches_no_cache_trace_or_report(arun, tmp_path):

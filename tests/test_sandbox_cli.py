@@ -68,7 +68,7 @@ def test_cli_code_scorer_scores_the_correct_answer_one_and_every_attack_zero(
     scripted_server, tmp_path, listener, monkeypatch
 ):
     port, accepted = listener
-    outside = Path("/tmp") / f"cg-pwned-{uuid.uuid4().hex}"
+    outside = tmp_path / f"cg-pwned-{uuid.uuid4().hex}"
     codes = attacks(port, outside)
 
     def coder(messages, params):

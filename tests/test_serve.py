@@ -160,7 +160,7 @@ def test_concurrent_http_clients_share_batches(server, greedy):
     assert server.engine.batches_run - before < 4
 
 
-def test_token_ids_survive_the_http_round_trip(server):
+def test_token_ids_come_back_over_http_when_the_request_asks(server):
     import litellm
 
     from colab_graphs.models.local import local_call_details
@@ -174,6 +174,7 @@ def test_token_ids_survive_the_http_round_trip(server):
         messages=QUESTION,
         temperature=0,
         max_tokens=6,
+        extra_body={"colab_graphs": {"token_ids": True}},
     )
     details = local_call_details(response)
     assert details["prompt_token_ids"] == in_process.prompt_ids

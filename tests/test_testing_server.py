@@ -7,6 +7,7 @@ import http.client
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -23,8 +24,10 @@ import pytest
 import colab_graphs._env  # noqa: F401  (offline settings, before litellm is imported)
 from colab_graphs.testing import (
     Member,
+    Reply,
     RequestKey,
     ScriptedServer,
+    ToolCall,
     answer_key,
     arithmetic_solver,
     echo,
@@ -160,6 +163,13 @@ def test_max_tokens_truncates_with_finish_reason_length():
     assert (choice["message"]["content"], choice["finish_reason"]) == ("one two", "length")
 
 
+def test_a_stop_sequence_ends_the_reply_before_it():
+    with ScriptedServer({"alpha": "Hello! How can I help you today?"}) as server:
+        body = json.loads(chat(server, stop=["you", "xyz"])[2])
+    assert body["choices"][0]["message"]["content"] == "Hello! How can I help "
+    assert body["usage"]["completion_tokens"] == 5
+
+
 @pytest.mark.integration
 def test_streaming_through_litellm_reassembles_the_reply(litellm, loop):
     async def stream(server: ScriptedServer) -> tuple[str, Any]:
@@ -193,6 +203,66 @@ def test_streaming_through_the_openai_sdk_reassembles_the_reply():
             text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
         client.close()
     assert text == "one two three"
+
+
+def weather_caller(messages: list[dict[str, Any]], params: dict[str, Any]) -> str | Reply:
+    """Calls `get_weather` for the city asked about when offered the tool; answers from the tool's result."""
+    if messages[-1]["role"] == "tool":
+        return f"It is {messages[-1]['content']}."
+    if not any(t["function"]["name"] == "get_weather" for t in params.get("tools", [])):
+        return "I cannot look that up."
+    return Reply("Let me check.", (ToolCall("get_weather", {"city": "Paris"}),))
+
+
+@pytest.mark.integration
+def test_a_tool_call_reply_is_an_openai_tool_call_through_litellm(litellm, loop):
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    with ScriptedServer({"alpha": weather_caller}) as server:
+        response = acomplete(litellm, loop, server, "alpha", tools=tools)
+        without_tools = acomplete(litellm, loop, server, "alpha")
+    choice = response.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == "Let me check."
+    (call,) = choice.message.tool_calls
+    assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Paris"})
+    assert call.id.startswith("call_")
+    assert without_tools.choices[0].message.content == "I cannot look that up."
+
+
+@pytest.mark.integration
+def test_a_streamed_tool_call_reassembles_through_the_openai_sdk():
+    import openai
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    with ScriptedServer({"alpha": weather_caller}) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="sk-test", max_retries=0)
+        calls: dict[int, dict[str, str]] = {}
+        finish = None
+        with client.chat.completions.create(
+            model="alpha", messages=USER_HI, tools=tools, stream=True
+        ) as stream:
+            for chunk in stream:
+                for delta in chunk.choices[0].delta.tool_calls or []:
+                    call = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+                    call["id"] += delta.id or ""
+                    call["name"] += (delta.function.name or "") if delta.function else ""
+                    call["arguments"] += (delta.function.arguments or "") if delta.function else ""
+                finish = chunk.choices[0].finish_reason or finish
+        client.close()
+    assert finish == "tool_calls"
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [
+        ("get_weather", {"city": "Paris"})
+    ]
+    assert calls[0]["id"].startswith("call_")
+
+
+def test_a_tool_call_id_is_the_same_for_the_same_request():
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    with ScriptedServer({"alpha": weather_caller}) as server:
+        ids = [json.loads(chat(server, tools=tools)[2])["choices"][0]["message"]["tool_calls"][0]["id"]]
+        server.reset()
+        ids.append(json.loads(chat(server, tools=tools)[2])["choices"][0]["message"]["tool_calls"][0]["id"])
+    assert ids[0] == ids[1]
 
 
 @pytest.mark.integration
@@ -477,6 +547,30 @@ def test_stop_joins_threads_and_closes_server_sockets_even_with_idle_keep_alive_
     assert set(threading.enumerate()) - threads_before == set()
     assert len(os.listdir("/proc/self/fd")) == fds_before + 1  # only the client's own socket is left
     client.close()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("head", "body", "status", "says"),
+    [
+        (b"Content-Length: abc", b"", 400, "Content-Length must be"),
+        (b"Content-Length: 5", b"{bad}", 400, "not JSON"),
+        (b"Transfer-Encoding: chunked", b"", 411, "chunked"),
+        (b"X-Pad: " + b"x" * 70000, b"", 431, "headers exceed"),
+    ],
+)
+def test_malformed_requests_get_openai_errors_from_the_shared_core(head, body, status, says):
+    request = b"POST /v1/chat/completions HTTP/1.1\r\nConnection: close\r\n" + head + b"\r\n\r\n" + body
+    with (
+        ScriptedServer({"alpha": "ok"}) as server,
+        socket.create_connection(("127.0.0.1", server.port)) as sock,
+    ):
+        sock.sendall(request)
+        response = b"".join(iter(lambda: sock.recv(65536), b""))
+    status_line, _, payload = response.partition(b"\r\n\r\n")
+    assert int(status_line.split()[1]) == status
+    error = json.loads(payload)["error"]
+    assert says in error["message"] and set(error) == {"message", "type", "param", "code"}
 
 
 # Ready-made scripts (pure functions: no server needed)

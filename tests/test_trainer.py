@@ -357,10 +357,9 @@ def test_replay_gives_the_turn_that_matters_the_larger_advantage(live) -> None:
 def test_cli_train_tiny_writes_metrics_and_a_loadable_policy(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from colab_graphs.cli import extra
-    from colab_graphs.cli.app import app
+    from colab_graphs.cli.app import _register_optional_commands, app
 
-    extra.register(app)  # what `main()` does before parsing: adds train (and the other optional commands)
+    _register_optional_commands()  # every command, as the console entry point registers them
     out = tmp_path / "run"
     result = CliRunner().invoke(
         app,
@@ -562,3 +561,48 @@ def test_lora_training_exports_a_merged_policy_that_differs_from_the_start(tmp_p
     start = start_model.state_dict()
     changed = [n for n, p in trained.state_dict().items() if n in start and not torch.equal(p, start[n])]
     assert changed, "LoRA training left every weight of the exported policy unchanged"
+
+
+# --- rewards -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_rollout_whose_answer_hacks_the_code_scorer_is_rewarded_zero(
+    live, scripted_server, tmp_path
+) -> None:
+    """A rollout's reward is the task's score of the system's final answer: for code, the judge's verdict. The
+    tiny in-process policy drafts a plan, a scripted coder answers with the code (a tiny random policy cannot
+    write a hack itself); the hacks that fooled the old same-process harness earn 0, the correct answer 1."""
+    import json
+
+    from colab_graphs.data.loaders import load_examples
+    from colab_graphs.pool import Pool
+    from tests.test_reward_hacks import MOCO, RIGHT, VERDICT_HACKS, variant
+
+    if not MOCO.exists():
+        pytest.skip("the MoCo data files are not here")
+    chosen = ("exec_patched", "always_equal", "gc_strings_then_exit")
+    codes = {name: VERDICT_HACKS[name][0] for name in chosen} | {"correct": RIGHT}
+    record = next(r for r in json.loads(MOCO.read_text())["test"] if r["id"] == "HumanEval/53")
+    data = tmp_path / "humaneval.json"
+    data.write_text(json.dumps({"task_type": "coding", "test": [variant(record, name) for name in codes]}))
+
+    def coder(messages, params):
+        name = messages[-1]["content"].split("Variant: ", 1)[1].split(".", 1)[0]
+        return f"Following the plan:\n```python\n{codes[name]}```\nIt passes the examples."
+
+    server = scripted_server({"coder": coder})
+    pool = Pool.from_dict(
+        {
+            "policy": dict(live["pool"]["policy"].settings),
+            "coder": {"model": "openai/coder", "api_base": server.base_url, "api_key": "sk-x"},
+        }
+    )
+    b = GraphBuilder("plan_then_code", members=["policy", "coder"])
+    b.seat("plan", member="policy", prompt="{input}", writes="plan")
+    b.seat("code", member="coder", prompt="{input}\nPlan: {plan}", reads={"plan": "plan"}, writes="answer")
+    spec = b.edge(START, "plan").edge("plan", "code").edge("code", END).output("answer").build()
+    runner = RolloutRunner(spec, pool, live["router"], "code")
+    rollouts = live["loop"].run(runner.arun(load_examples(data)))
+    assert {r.example.id: r.reward for r in rollouts} == {name: float(name == "correct") for name in codes}
+    assert all(len(r.turns) == 1 for r in rollouts)  # each rollout holds the policy's turn it would train

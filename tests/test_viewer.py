@@ -90,8 +90,7 @@ def training_folder(folder: Path) -> Path:
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory) -> Path:
     """One folder holding what the CLI writes: an audit, a run, a study, a training run; an audit caught while
-    it is being played (its log cut after 20 plays, no report yet); an audit from before the log (version 0)."""
-    from tests.test_log import legacy_audit
+    it is being played (its log cut after 20 plays, no report yet)."""
     from tests.test_study import member_scripts, write_study
 
     root = tmp_path_factory.mktemp("view")
@@ -119,7 +118,6 @@ def outputs(tmp_path_factory) -> Path:
         config = write_study(work / "study", server, datasets=("d1",))
         cli("study", "--config", config, "--out", root / "study", "--cache-dir", work / "cache", "--no-plots")
     training_folder(root / "train")
-    legacy_audit(root / "legacy", root / "audit")
     running = root / "running"
     running.mkdir()
     lines = (root / "audit" / LOG_FILE).read_text().splitlines(keepends=True)
@@ -192,6 +190,67 @@ def test_cli_view_serves_the_folder_until_stopped(outputs):
         process.wait(10)
 
 
+@pytest.fixture
+def small_viewer(tmp_path):
+    """A viewer over a folder holding one plot and a link to a file outside it, named like a plot."""
+    (tmp_path / "shapley.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    (tmp_path / "leak.png").symlink_to("/etc/passwd")
+    server = ViewerServer(tmp_path).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def get(viewer: ViewerServer, route: str, host: str | None = None) -> tuple[int, bytes]:
+    import http.client
+
+    connection = http.client.HTTPConnection(*viewer.server_address[:2], timeout=10)
+    headers = {"Host": host} if host is not None else {}
+    connection.request("GET", "/" + route, headers=headers)  # a Host given replaces the default one
+    response = connection.getresponse()
+    body = response.read()
+    connection.close()
+    return response.status, body
+
+
+def test_a_request_naming_another_host_is_refused(small_viewer):
+    """DNS rebinding: a page on evil.example whose name now points at 127.0.0.1 sends Host: evil.example."""
+    port = small_viewer.server_address[1]
+    assert get(small_viewer, "api/log", "evil.example")[0] == 403
+    assert get(small_viewer, "api/log", f"evil.example:{port}")[0] == 403
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", "localhost"):
+        assert get(small_viewer, "", host)[0] == 200, host
+
+
+def test_allowed_hosts_extend_what_the_viewer_answers(tmp_path):
+    server = ViewerServer(tmp_path, allow_hosts=["viewer.lab"]).start()
+    try:
+        port = server.server_address[1]
+        assert get(server, "", f"viewer.lab:{port}")[0] == 200
+        assert get(server, "", f"evil.example:{port}")[0] == 403
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_link_that_leads_out_of_the_folder_is_not_served(small_viewer):
+    status, body = get(small_viewer, "file?name=leak.png")
+    assert status == 404 and b"root:" not in body
+    assert get(small_viewer, "file?name=shapley.png")[0] == 200
+
+
+def test_a_log_that_links_out_of_the_folder_is_refused(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / LOG_FILE).symlink_to("/etc/passwd")
+    server = ViewerServer(tmp_path).start()
+    try:
+        status, body = get(server, "api/log?path=run")
+        assert status == 403 and b"root:" not in body
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 # --- in the browser --------------------------------------------------------------------------------------------
 
 
@@ -248,8 +307,6 @@ PAGES = [
     "?path=study/solo/P1/d1",
     "?path=train",
     "?path=running",
-    "?path=legacy",
-    "?path=legacy&example=[q1]&coalition=a",
     "?path=",
 ]
 

@@ -32,6 +32,7 @@ from colab_graphs.data.tasks import TaskView
 from colab_graphs.log import (
     LOG_VERSION,
     CallRecord,
+    ExampleRecord,
     Header,
     LogVersionError,
     LogWriter,
@@ -40,6 +41,7 @@ from colab_graphs.log import (
     PlayRecord,
     read_records,
 )
+from colab_graphs.log.diff import refusal
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.protocols.fitting import Fitted, fit_coalition
@@ -137,9 +139,9 @@ class CoalitionGame:
         records, _ = read_records(self.log.path, strict=False)
         header = records[0][1] if records and isinstance(records[0][1], Header) else None
         if header is None or header.fingerprint != self.fingerprint():
+            stored_examples = [r for _, r in records if isinstance(r, ExampleRecord)]
             raise ValueError(
-                f"{self.store} holds an audit of a different protocol, pool, dataset or scorer; use another "
-                "--out or --overwrite"
+                refusal(self.store, "audit", header, self._header(), stored_examples, self.examples)
             )
         self.started_at = header.started_at or self.started_at
         calls = {r.n: r for _, r in records if isinstance(r, CallRecord)}
@@ -336,6 +338,7 @@ class CoalitionGame:
         naive = sum(pc["calls"] for pc in per_coalition.values())
         return {
             "calls": {**tally.counts(), "naive": naive},
+            "cost_saved_usd": tally.saved_usd,
             "per_member": per_member,
             "per_coalition": per_coalition,
         }

@@ -26,6 +26,7 @@ from colab_graphs.audit.estimators import (
     rank_correlation,
     ranks,
 )
+from colab_graphs.redaction import hide_secrets
 
 SCHEMA_VERSION = 1
 REPORT_JSON = "report.json"
@@ -137,7 +138,12 @@ class AuditReport(BaseModel):
     rank_correlation: dict[str, Correlation] = Field(default_factory=dict)
     calls: Calls = Field(default_factory=Calls)
     tokens: TokenCount = Field(default_factory=TokenCount)
-    cost_usd: float | None = None
+    cost_usd: float | None = Field(
+        None, description="What the calls made cost (0.0 when none was made); None when a price is unknown"
+    )
+    cost_saved_usd: float | None = Field(
+        0.0, description="What the calls served without a call of their own cost when made; None when unknown"
+    )
     usage: dict[str, MemberUsage] = Field(default_factory=dict)
     per_coalition: list[CoalitionUsage] = Field(default_factory=list)
     wall_s: float = 0.0
@@ -171,6 +177,72 @@ class AuditReport(BaseModel):
         """v(S) for a coalition, if it was evaluated."""
         wanted = set(members)
         return next((c.value for c in self.coalitions if set(c.members) == wanted), None)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per member (pool order): individual, LOO and Shapley values with their interval bounds,
+        ranks, and the calls, tokens and cost of the member's calls made."""
+        rows = []
+        for m in self.players:
+            row: dict[str, Any] = {"member": m}
+            for measure, values in (
+                ("individual", self.individual),
+                ("loo", self.loo),
+                ("shapley", self.shapley),
+            ):
+                low, high = self.ci.get(m, {}).get(measure, (None, None))
+                row |= {measure: (values or {}).get(m), f"{measure}_low": low, f"{measure}_high": high}
+                row[f"rank_{measure}"] = self.ranks.get(measure, {}).get(m)
+            usage = self.usage.get(m, MemberUsage())
+            row |= {"calls": usage.calls, "tokens": usage.tokens.total, "cost_usd": usage.cost_usd}
+            rows.append(row)
+        return rows
+
+    def to_pandas(self) -> Any:
+        """The members as a `pandas.DataFrame` (`rows()`; needs the `notebook` extra)."""
+        from colab_graphs.tables import to_pandas
+
+        return to_pandas(self.rows(), MEMBER_COLUMNS)
+
+    def to_dataset(self) -> Any:
+        """The members as a Hugging Face `datasets.Dataset` (`rows()`; needs the `notebook` extra)."""
+        from colab_graphs.tables import to_dataset
+
+        return to_dataset(self.rows(), MEMBER_COLUMNS)
+
+    def _repr_html_(self) -> str:
+        from colab_graphs.tables import html_table
+
+        columns = ["member", "individual", "loo", "loo_low", "loo_high"]
+        if self.shapley is not None:
+            columns += ["shapley", "shapley_low", "shapley_high"]
+        grand = self.value_of(self.players)
+        c = self.calls
+        notes = [
+            f"v(all) = {'n/a' if grand is None else f'{grand:.3f}'} over {self.n_examples} example(s); "
+            f"method {self.method}; calls made {c.made} (distinct {c.unique}, cached {c.cached}, failed {c.failed})"
+        ]
+        return html_table(f"Contribution audit: {self.protocol}", self.rows(), columns, notes)
+
+
+# The columns of `AuditReport.rows()`, in order: one row per member.
+MEMBER_COLUMNS = (
+    "member",
+    "individual",
+    "individual_low",
+    "individual_high",
+    "rank_individual",
+    "loo",
+    "loo_low",
+    "loo_high",
+    "rank_loo",
+    "shapley",
+    "shapley_low",
+    "shapley_high",
+    "rank_shapley",
+    "calls",
+    "tokens",
+    "cost_usd",
+)
 
 
 def contribution_fields(
@@ -241,6 +313,19 @@ def contribution_fields(
         },
         "rank_correlation": correlations,
     }
+
+
+def usd(value: float | None) -> str:
+    return "unknown" if value is None else f"${value:.4f}"
+
+
+def cost_sentence(spent: float | None, made: int, saved: float | None, cached: int) -> str:
+    """The one way cost is told (report.md, the terminal): what the calls made cost, then what the calls
+    served from the cache (or shared) would have cost. "unknown" where a price is unknown."""
+    text = f"Cost: {usd(spent)} for {made} call(s) made."
+    if cached:
+        text += f" Served {cached} call(s) without a model call, which cost {usd(saved)} when made."
+    return text
 
 
 def _cell(text: object) -> str:
@@ -347,12 +432,12 @@ def render_markdown(report: AuditReport, images: Mapping[str, str] | None = None
         "rrrrr",
         [[str(r.calls.made), str(r.calls.unique), str(r.calls.cached), str(r.calls.failed), naive]],
     )
-    cost = "unknown" if r.cost_usd is None else f"${r.cost_usd:.4f}"
     lines += [
         "",
-        f"Tokens: {r.tokens.total:,} ({r.tokens.prompt:,} prompt, {r.tokens.completion:,} completion). "
-        f"Cost: {cost}. Wall time: {r.wall_s:.1f} s.",
+        f"Tokens: {r.tokens.total:,} ({r.tokens.prompt:,} prompt, {r.tokens.completion:,} completion). ",
     ]
+    lines[-1] += f"{cost_sentence(r.cost_usd, r.calls.made, r.cost_saved_usd, r.calls.cached)} "
+    lines[-1] += f"Wall time: {r.wall_s:.1f} s."
     if r.usage:
         lines.append("")
         lines += _table(
@@ -393,7 +478,7 @@ def render_markdown(report: AuditReport, images: Mapping[str, str] | None = None
 def _write_atomic(path: Path, text: str) -> None:
     # A report is either the old one or the new one, never half written, even if the audit is killed.
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
+    tmp.write_text(hide_secrets(text), encoding="utf-8")
     os.replace(tmp, path)
 
 

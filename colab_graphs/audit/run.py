@@ -46,6 +46,7 @@ async def play_audit(
     plots: bool | None = None,
     on_plan: Callable[[int], None] | None = None,
     on_progress: Callable[[Play], None] | None = None,
+    game: CoalitionGame | None = None,
 ) -> AuditReport:
     """Audit each member's contribution to `spec` on `examples`; write the report under `out` when given.
 
@@ -54,11 +55,15 @@ async def play_audit(
         individual: also run each member alone (`solo`) for its individual strength.
         plots: draw PNGs (default: when matplotlib is installed).
         on_plan: called with the number of (coalition, example) runs planned, for a progress bar.
+        game: the game to play instead of the protocol's own (an app's: `colab_graphs.audit.app.AppGame`,
+            whose `spec` is then the one given here).
     """
     started = time.perf_counter()
     players = list(spec.members)
     plan = plan_coalitions(players, method, budget=budget, seed=seed, force=force)
-    game = CoalitionGame(spec, pool, examples, client=client, scorer=scorer, store=out, dataset=dataset)
+    game = game or CoalitionGame(
+        spec, pool, examples, client=client, scorer=scorer, store=out, dataset=dataset
+    )
     solo_members = players if individual else []
     if on_plan:
         on_plan((len(plan.coalitions) + len(solo_members)) * len(examples))
@@ -107,6 +112,7 @@ async def play_audit(
             completion=sum(u.tokens.completion for u in usage.values()),
         ),
         cost_usd=None if any(c is None for c in costs) else sum(costs),  # type: ignore[arg-type]
+        cost_saved_usd=acct["cost_saved_usd"],
         usage=usage,
         per_coalition=per_coalition,
         wall_s=round(time.perf_counter() - started, 3),

@@ -13,7 +13,15 @@ from typing import Annotated
 import typer
 
 import colab_graphs._env  # noqa: F401  (offline settings first)
-from colab_graphs.cli.common import fail, load_data, load_pool, make_client, parse_params, resolve_protocol
+from colab_graphs.cli.common import (
+    fail,
+    holding_out,
+    load_data,
+    load_pool,
+    make_client,
+    parse_params,
+    resolve_protocol,
+)
 from colab_graphs.cli.options import (
     CacheDirOpt,
     ConcOpt,
@@ -21,6 +29,7 @@ from colab_graphs.cli.options import (
     GraphOpt,
     LimitOpt,
     NoCacheOpt,
+    NoPreflightOpt,
     OutOpt,
     ParamOpt,
     PoolOpt,
@@ -38,7 +47,27 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-cache_app = typer.Typer(help="Inspect or clear the call cache.", no_args_is_help=True)
+cache_app = typer.Typer(help="Inspect, list or drop entries of the call cache.", no_args_is_help=True)
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        from colab_graphs import __version__
+
+        typer.echo(f"colab-graphs {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Measure and train language models for what they add to a team of models."""
+
+
 app.add_typer(cache_app, name="cache")
 
 
@@ -58,17 +87,20 @@ def run(
     seed: SeedOpt = None,
     retries: RetriesOpt = 6,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Discard an earlier run in --out.")] = False,
+    no_preflight: NoPreflightOpt = False,
 ) -> None:
     """Run a protocol over a dataset; write results.jsonl, traces.jsonl and summary.json."""
     from rich.console import Console
+    from rich.markup import escape
 
+    from colab_graphs.redaction import redact
     from colab_graphs.runner import RunError, run_dataset
     from colab_graphs.spec import SpecError
 
     the_pool = load_pool(pool)
-    examples = load_data(data, limit, seed)
+    examples = load_data(data, limit, seed, scorer=scorer)
     spec = resolve_protocol(protocol, graph, the_pool.names, parse_params(param), the_pool)
-    client = make_client(cache_dir, no_cache, max_concurrency, retries=retries)
+    client = make_client(cache_dir, no_cache, max_concurrency, retries=retries, preflight=not no_preflight)
     out = out or Path("runs") / spec.name
     progress, task = progress_bar(len(examples), f"{spec.name}")
     scores: list[float] = []
@@ -100,20 +132,32 @@ def run(
         )
 
     try:
-        with progress:
-            _, summary = asyncio.run(fit_and_run())
+        with holding_out(out), progress:
+            outcomes, summary = asyncio.run(fit_and_run())
     except (RunError, SpecError, ValueError) as err:
         fail(str(err))
         raise
+    from colab_graphs.audit.report import cost_sentence
+
     console = Console()
     score = summary["score"]
+    calls = summary["calls"]
     console.print(
         f"[bold]{spec.name}[/]: score {score if score is None else f'{score:.3f}'} over {summary['scored']} "
-        f"example(s); failed {summary['failed']}; calls made {summary['calls']['made']}, cached "
-        f"{summary['calls']['cached']}; {summary['wall_s']:.1f}s -> {out}"
+        f"example(s); failed {summary['failed']}; calls made {calls['made']}, cached "
+        f"{calls['cached']}; {summary['wall_s']:.1f}s -> {out}"
+    )
+    console.print(
+        cost_sentence(summary["cost_usd"], calls["made"], summary["cost_saved_usd"], calls["cached"]),
+        highlight=False,
     )
     if summary["failed"]:
-        console.print(f"[yellow]{summary['failed']} example(s) failed (see {out}/results.jsonl)[/]")
+        first = next(o.error for o in outcomes if o.failed)
+        console.print(
+            f"[yellow]{summary['failed']} example(s) failed (see {out}/results.jsonl); the first:[/] "
+            f"{escape(redact(str(first)))}",
+            highlight=False,
+        )
         raise typer.Exit(3)
 
 
@@ -168,12 +212,63 @@ def show(
         typer.echo(render_mermaid(spec))
 
 
+def _open_cache(cache_dir: Path | None):
+    from colab_graphs.models.cache import CacheError, CallCache
+
+    try:
+        return CallCache(cache_dir)
+    except CacheError as err:
+        fail(str(err))
+        raise
+
+
 @cache_app.command("stats")
 def cache_stats(cache_dir: CacheDirOpt = None) -> None:
-    """Entries, size and per-model counts of the call cache."""
-    from colab_graphs.models.cache import CallCache
+    """Entries, size and per-model and per-member counts of the call cache."""
+    typer.echo(json.dumps(_open_cache(cache_dir).stats(), indent=2))
 
-    typer.echo(json.dumps(CallCache(cache_dir).stats(), indent=2))
+
+@cache_app.command("list")
+def cache_list(
+    cache_dir: CacheDirOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list.")] = False,
+) -> None:
+    """Entries per member, model and identity (the endpoint, deployments, weights or namespace that answered)."""
+    import time
+
+    rows = _open_cache(cache_dir).entries()
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="call cache entries")
+    for column in ("member", "model", "identity", "entries", "last written"):
+        table.add_column(column, justify="right" if column == "entries" else "left")
+    for r in rows:
+        last = (
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(r["last_written"])) if r["last_written"] else "-"
+        )
+        table.add_row(r["member"] or "-", r["model"] or "-", r["identity"] or "-", str(r["entries"]), last)
+    Console().print(table)
+
+
+@cache_app.command("drop")
+def cache_drop(
+    member: Annotated[str, typer.Option("--member", help="Drop the entries this member wrote.")],
+    identity: Annotated[
+        str | None, typer.Option("--identity", help="Only those of this identity (see `cache list`).")
+    ] = None,
+    cache_dir: CacheDirOpt = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
+) -> None:
+    """Delete one member's cached calls (all of them, or those of one identity), so they are made again."""
+    cache = _open_cache(cache_dir)
+    what = f"{member!r}" + (f" ({identity})" if identity else "")
+    if not yes and not typer.confirm(f"delete the entries of {what} in {cache.path}?"):
+        raise typer.Exit(1)
+    typer.echo(f"deleted {cache.drop(member=member, identity=identity)} entries of {what} from {cache.path}")
 
 
 @cache_app.command("clear")
@@ -183,9 +278,7 @@ def cache_clear(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
 ) -> None:
     """Delete cached calls (all, or one model's)."""
-    from colab_graphs.models.cache import CallCache
-
-    cache = CallCache(cache_dir)
+    cache = _open_cache(cache_dir)
     if not yes and not typer.confirm(f"delete {'all' if model is None else model} entries in {cache.path}?"):
         raise typer.Exit(1)
     typer.echo(f"deleted {cache.clear(model)} entries from {cache.path}")
@@ -193,6 +286,9 @@ def cache_clear(
 
 def _register_optional_commands() -> None:
     # Commands whose modules pull in heavier code register themselves here; each import is cheap (lazy inside).
+    # Registering twice would list every command twice: a second call does nothing.
+    if any(c.name == "study" for c in app.registered_commands):
+        return
     from colab_graphs.cli import extra, study_cmd, view_cmd
 
     extra.register(app)

@@ -9,7 +9,16 @@ from typing import Annotated
 
 import typer
 
-from colab_graphs.cli.common import fail, load_data, load_pool, make_client, parse_params, resolve_protocol
+from colab_graphs.cli.app_audit import app_game_for
+from colab_graphs.cli.common import (
+    fail,
+    holding_out,
+    load_data,
+    load_pool,
+    make_client,
+    parse_params,
+    resolve_protocol,
+)
 from colab_graphs.cli.options import (
     CacheDirOpt,
     ConcOpt,
@@ -17,6 +26,7 @@ from colab_graphs.cli.options import (
     GraphOpt,
     LimitOpt,
     NoCacheOpt,
+    NoPreflightOpt,
     OutOpt,
     ParamOpt,
     PoolOpt,
@@ -31,6 +41,14 @@ from colab_graphs.cli.options import (
 def audit(
     protocol: ProtocolOpt = None,
     graph: GraphOpt = None,
+    app: Annotated[
+        str | None,
+        typer.Option(
+            "--app",
+            help="Your LangGraph app: path/to/file.py:NAME or module:NAME, its models "
+            "colab_graphs.member_chat_model(MEMBER); it reads 'input' and writes 'answer'.",
+        ),
+    ] = None,
     pool: PoolOpt = None,
     data: DataOpt = None,
     method: Annotated[str, typer.Option("--method", help="loo | exact | sampled")] = "loo",
@@ -50,6 +68,7 @@ def audit(
     ] = False,
     no_individual: Annotated[bool, typer.Option("--no-individual", help="Skip the solo runs.")] = False,
     no_plots: Annotated[bool, typer.Option("--no-plots", help="Do not draw PNG plots.")] = False,
+    no_preflight: NoPreflightOpt = False,
 ) -> None:
     """Audit how much each member adds to a protocol: writes report.json, report.md and PNG plots."""
     from colab_graphs.audit.run import AuditError, play_audit
@@ -60,43 +79,59 @@ def audit(
     if method == "sampled" and not budget:
         fail("--method sampled needs --budget (number of permutations)")
     the_pool = load_pool(pool)
-    examples = load_data(data, limit, seed)
-    spec = resolve_protocol(protocol, graph, the_pool.names, parse_params(param), the_pool)
-    client = make_client(cache_dir, no_cache, max_concurrency, retries=retries)
-    out = out or Path("audits") / spec.name
-    if overwrite and out.exists():
-        shutil.rmtree(out)
+    examples = load_data(data, limit, seed, scorer=scorer)
+    client = make_client(cache_dir, no_cache, max_concurrency, retries=retries, preflight=not no_preflight)
+    if app is not None:  # the user's own LangGraph app (colab_graphs.audit.app)
+        spec, make_game, out = app_game_for(
+            app, protocol or graph, the_pool, examples, client, scorer, out, data
+        )
+    else:
+        spec, make_game = (
+            resolve_protocol(protocol, graph, the_pool.names, parse_params(param), the_pool),
+            None,
+        )
+        out = out or Path("audits") / spec.name
     progress, task = progress_bar(1, f"audit {spec.name} ({method})")
 
     def on_plan(total: int) -> None:
         progress.update(task, total=total)
 
+    calls = {
+        "made": 0,
+        "cached": 0,
+    }  # as the report counts them: another coalition's identical call is cached
+
     def on_progress(play) -> None:
-        progress.update(
-            task, advance=1, status=f"calls {client.stats.made} made, {client.stats.cached} cached"
-        )
+        cached = sum(c.cached for c in play.calls)
+        calls["made"] += len(play.calls) - cached
+        calls["cached"] += cached
+        progress.update(task, advance=1, status=f"calls {calls['made']} made, {calls['cached']} cached")
 
     try:
-        with progress:
-            report = asyncio.run(
-                play_audit(
-                    spec,
-                    the_pool,
-                    examples,
-                    client=client,
-                    method=method,
-                    budget=budget,
-                    seed=seed or 0,
-                    scorer=scorer,
-                    out=out,
-                    dataset=data or "builtin:arithmetic",
-                    force=force,
-                    individual=not no_individual,
-                    plots=False if no_plots else None,
-                    on_plan=on_plan,
-                    on_progress=on_progress,
+        with holding_out(out):
+            if overwrite:
+                _empty(out)
+            with progress:
+                report = asyncio.run(
+                    play_audit(
+                        spec,
+                        the_pool,
+                        examples,
+                        client=client,
+                        method=method,
+                        budget=budget,
+                        seed=seed or 0,
+                        scorer=scorer,
+                        out=out,
+                        dataset=data or "builtin:arithmetic",
+                        force=force,
+                        individual=not no_individual,
+                        plots=False if no_plots else None,
+                        on_plan=on_plan,
+                        on_progress=on_progress,
+                        game=make_game() if make_game is not None else None,
+                    )
                 )
-            )
     except AuditError as err:  # every example failed: a failed audit, not a usage error
         fail(str(err), code=3)
         raise
@@ -108,9 +143,26 @@ def audit(
         raise typer.Exit(3)
 
 
+def _empty(out: Path) -> None:
+    """Discard an earlier audit in `out`, keeping the folder and its lock (held by this command)."""
+    from colab_graphs.files import LOCK_FILE
+
+    if not out.is_dir():
+        return
+    for entry in out.iterdir():
+        if entry.name == LOCK_FILE:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
 def _print_report(report, out: Path) -> None:
     from rich.console import Console
     from rich.table import Table
+
+    from colab_graphs.audit.report import cost_sentence
 
     def fmt(v: float | None, signed: bool = False) -> str:
         return "-" if v is None else (f"{v:+.3f}" if signed else f"{v:.3f}")
@@ -119,19 +171,19 @@ def _print_report(report, out: Path) -> None:
     table.add_column("member")
     table.add_column("individual", justify="right")
     table.add_column("LOO", justify="right")
-    table.add_column("LOO 95% CI", justify="right")
+    table.add_column(f"LOO {report.confidence:.0%} CI", justify="right")
     if report.shapley is not None:
         table.add_column(f"Shapley ({report.shapley_method})", justify="right")
+        table.add_column(f"Shapley {report.confidence:.0%} CI", justify="right")
+
+    def interval(member: str, measure: str) -> str:
+        lo, hi = report.ci.get(member, {}).get(measure, (None, None))
+        return f"[{fmt(lo, True)}, {fmt(hi, True)}]"
+
     for m in report.players:
-        lo, hi = report.ci.get(m, {}).get("loo", (None, None))
-        row = [
-            m,
-            fmt(report.individual.get(m)),
-            fmt(report.loo[m], True),
-            f"[{fmt(lo, True)}, {fmt(hi, True)}]",
-        ]
+        row = [m, fmt(report.individual.get(m)), fmt(report.loo[m], True), interval(m, "loo")]
         if report.shapley is not None:
-            row.append(fmt(report.shapley[m], True))
+            row += [fmt(report.shapley[m], True), interval(m, "shapley")]
         table.add_row(*row)
     console = Console()
     console.print(table)
@@ -141,6 +193,7 @@ def _print_report(report, out: Path) -> None:
         f"v(all) = {fmt(grand)}; calls made {c.made} (distinct requests {c.unique}, cached {c.cached}, failed "
         f"{c.failed}; naive evaluation: {c.naive}); {report.wall_s:.1f}s"
     )
+    console.print(cost_sentence(report.cost_usd, c.made, report.cost_saved_usd, c.cached), highlight=False)
     fitting = getattr(report, "fitting", None)  # protocols whose coalitions are fitted first
     if fitting:
         fits, merges = fitting["fits"], fitting["merges"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +19,27 @@ class UsageError(typer.BadParameter):
 
 
 def fail(message: str, code: int = 2) -> None:
+    """Print `message` (secrets redacted: an error may quote a provider that echoed a key) and exit."""
     from rich.console import Console
+    from rich.markup import escape
 
-    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False)
+    from colab_graphs.redaction import redact
+
+    Console(stderr=True).print(f"[bold red]error:[/] {escape(redact(message))}", highlight=False)
     raise typer.Exit(code)
+
+
+@contextlib.contextmanager
+def holding_out(out: Path) -> Iterator[None]:
+    """Hold the output folder `out` while the command writes it; a second writer is refused (exit 5)."""
+    from colab_graphs.files import FolderBusy, OutLock
+
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(OutLock(out, " ".join(["colab-graphs", *sys.argv[1:]])))
+        except FolderBusy as err:
+            fail(str(err), code=FolderBusy.exit_code)
+        yield
 
 
 def parse_params(pairs: list[str] | None) -> dict[str, str]:
@@ -44,7 +64,13 @@ def load_pool(path: Path | None) -> Pool:
         raise
 
 
-def load_data(source: str | None, limit: int | None, seed: int | None = None, split: str | None = None):
+def load_data(
+    source: str | None,
+    limit: int | None,
+    seed: int | None = None,
+    split: str | None = None,
+    scorer: str | None = None,
+):
     from colab_graphs.data.loaders import load_examples
 
     if source is None:
@@ -52,7 +78,7 @@ def load_data(source: str | None, limit: int | None, seed: int | None = None, sp
 
         source, limit = DEFAULT_DATA, limit or DEFAULT_LIMIT
     try:
-        examples = load_examples(source, limit=limit, shuffle_seed=seed, split=split)
+        examples = load_examples(source, limit=limit, shuffle_seed=seed, split=split, scorer=scorer)
     except (ValueError, FileNotFoundError, ImportError, KeyError) as err:
         fail(str(err))
         raise
@@ -80,12 +106,19 @@ def resolve_protocol(
         raise
 
 
-def make_client(cache_dir: Path | None, no_cache: bool, max_concurrency: int, **kwargs: Any):
-    from colab_graphs.models.cache import CallCache
+def make_client(
+    cache_dir: Path | None, no_cache: bool, max_concurrency: int, *, preflight: bool = True, **kwargs: Any
+):
+    """The command's call path: the call cache (unless `no_cache`), and the pre-flight check of endpoints."""
+    from colab_graphs.models.cache import CacheError, CallCache
     from colab_graphs.models.client import ModelClient
 
-    cache = None if no_cache else CallCache(cache_dir)
-    client = ModelClient(cache, max_concurrency=max_concurrency, **kwargs)
+    try:
+        cache = None if no_cache else CallCache(cache_dir)
+    except CacheError as err:
+        fail(str(err))
+        raise
+    client = ModelClient(cache, max_concurrency=max_concurrency, preflight=preflight, **kwargs)
     freeze_startup_heap()
     return client
 

@@ -46,15 +46,44 @@ def serve(
     host: Annotated[str, typer.Option("--host", help="Interface to bind.")] = "127.0.0.1",
     served_name: Annotated[str | None, typer.Option("--served-name", help="Model name clients send.")] = None,
     backend: Annotated[str, typer.Option("--backend", help="auto | transformers | vllm")] = "auto",
+    max_tokens_limit: Annotated[
+        int,
+        typer.Option("--max-tokens-limit", help="Most tokens one reply may ask for (beside the context)."),
+    ] = 4096,
+    max_connections: Annotated[
+        int, typer.Option("--max-connections", help="Open connections; the next gets a 503.")
+    ] = 512,
+    read_timeout: Annotated[
+        float, typer.Option("--read-timeout", help="Seconds for a request to arrive whole.")
+    ] = 30.0,
+    idle_timeout: Annotated[
+        float, typer.Option("--idle-timeout", help="Seconds a kept-alive connection may sit idle.")
+    ] = 60.0,
+    access_log: Annotated[
+        bool, typer.Option("--access-log/--no-access-log", help="One line per request on stderr.")
+    ] = True,
 ) -> None:
-    """Serve a model over the OpenAI API (chat completions, streaming, models list).
+    """Serve a model over the OpenAI API (chat and text completions, tools, JSON output, streaming, models list).
 
     Reach it from LiteLLM with model="openai/NAME" (or "hosted_vllm/NAME") and api_base="http://HOST:PORT/v1".
     """
+    from colab_graphs.models.http import ServerLimits
     from colab_graphs.models.server import serve as run_server
 
     try:
-        run_server(model, host=host, port=port, served_name=served_name, backend=backend)
+        limits = ServerLimits(
+            read_timeout_s=read_timeout, idle_timeout_s=idle_timeout, max_connections=max_connections
+        )
+        run_server(
+            model,
+            host=host,
+            port=port,
+            served_name=served_name,
+            backend=backend,
+            max_tokens_limit=max_tokens_limit,
+            limits=limits,
+            access_log=access_log,
+        )
     except (KeyError, ValueError, OSError) as err:
         fail(str(err))
 

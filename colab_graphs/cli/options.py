@@ -26,12 +26,21 @@ CacheDirOpt = Annotated[
     typer.Option("--cache-dir", envvar="COLAB_GRAPHS_CACHE_DIR", help="Call cache directory."),
 ]
 NoCacheOpt = Annotated[bool, typer.Option("--no-cache", help="Do not read or write the call cache.")]
-LimitOpt = Annotated[int | None, typer.Option("--limit", help="Use only the first K examples.")]
+LimitOpt = Annotated[
+    int | None, typer.Option("--limit", min=1, help="Use only the first K examples (K >= 1).")
+]
 ParamOpt = Annotated[list[str] | None, typer.Option("-P", "--param", help="Protocol parameter key=value.")]
 RetriesOpt = Annotated[
     int,
     typer.Option(
         "--retries", help="Retries per call on 429/5xx/timeouts/malformed replies (backoff doubles)."
+    ),
+]
+NoPreflightOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-preflight",
+        help="Do not check that each HTTP endpoint answers (GET /models) before its first call.",
     ),
 ]
 SeedOpt = Annotated[

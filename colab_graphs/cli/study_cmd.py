@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from colab_graphs.cli.common import fail, make_client
-from colab_graphs.cli.options import CacheDirOpt, NoCacheOpt, OutOpt, RetriesOpt, progress_bar
+from colab_graphs.cli.common import fail, holding_out, make_client
+from colab_graphs.cli.options import CacheDirOpt, NoCacheOpt, NoPreflightOpt, OutOpt, RetriesOpt, progress_bar
 
 
 def study(
@@ -44,6 +44,7 @@ def study(
     no_plots: Annotated[
         bool, typer.Option("--no-plots", help="Do not draw the heatmap and scatter grid.")
     ] = False,
+    no_preflight: NoPreflightOpt = False,
 ) -> None:
     """Audit every protocol over every pool on every dataset; correlate individual and compositional strength.
 
@@ -57,7 +58,13 @@ def study(
         fail(str(err))
         raise
     out = out or Path("studies") / config.stem
-    client = make_client(cache_dir, no_cache, max_concurrency or the_config.max_concurrency, retries=retries)
+    client = make_client(
+        cache_dir,
+        no_cache,
+        max_concurrency or the_config.max_concurrency,
+        retries=retries,
+        preflight=not no_preflight,
+    )
     progress, task = progress_bar(1, f"study {config.stem}")
 
     def on_plan(planned: int, recorded: int) -> None:
@@ -69,7 +76,7 @@ def study(
         progress.update(task, advance=n, status=status)
 
     try:
-        with progress:
+        with holding_out(out), progress:
             report = asyncio.run(
                 play_study(
                     the_config,

@@ -18,6 +18,14 @@ def view(
     host: Annotated[
         str, typer.Option("--host", help="Address to listen on (the default keeps it to this machine).")
     ] = "127.0.0.1",
+    allow_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-host",
+            help="Also answer requests whose Host header is NAME (repeatable; '*' answers any: only on a "
+            "network you trust).",
+        ),
+    ] = None,
 ) -> None:
     """Serve a local, offline web viewer of PATH; reload the page to follow a run that is still writing."""
     from colab_graphs.viewer import ViewerServer
@@ -25,7 +33,7 @@ def view(
     if not path.is_dir():
         fail(f"{path}: no such folder")
     try:
-        server = ViewerServer(path, host=host, port=port)
+        server = ViewerServer(path, host=host, port=port, allow_hosts=allow_host or ())
     except OSError as err:
         fail(f"cannot serve on {host}:{port}: {err.strerror or err}")
         raise

@@ -1,36 +1,113 @@
 """How a model's reply becomes an answer, per kind of answer: numbers, math, option letters, code, short text.
 
-These are the primitives the task types (`colab_graphs.data.tasks`) are made of. Two rules hold for every
-extractor here, and the tests check both on replies shaped like real models' (prose around a fenced block,
-"The correct option is (C) ...", `\\boxed{}`):
+These are the primitives the task types (`colab_graphs.data.tasks`) are made of. The rules below hold for every
+extractor here; `tests/test_answers.py` checks each on replies shaped like real models' (prose around a fenced
+block, "The correct option is (C) ...", `\\boxed{}`) and on replies written to fool them, since under RL a
+policy searches for whatever a scorer accepts:
 
 - **Only a commitment counts.** An extractor returns None when the reply commits to no answer of its kind: a
-  multiple-choice reply that names no option is not "A", a reply without code is not code.
-- **Idempotent.** Extracting from an extracted answer gives it back (`\\frac{1}{2}` stays `\\frac{1}{2}`, code
-  stays code), because a protocol's final node extracts and the scorer then reads that answer again.
+  multiple-choice reply that names no option is not "A", a refusal is not an answer, a reply without code is
+  not code.
+- **Only one commitment counts.** A final commitment that lists alternatives ("The answer is 3 or 4",
+  "A, B or C", `\\boxed{A}\\boxed{B}`, `3 \\vee 4`) commits to none of them: None, with no fallback to another
+  number or letter in the reply, so hedging scores as not answering. For numbers and option letters, an answer
+  statement after the box that names a different answer contradicts it: None as well.
+- **What the reply wrote is kept.** A minus after "The answer is" is a sign; `3e-36`, `3 \\times 10^{-36}`,
+  `3 × 10⁻³⁶` and `3*10**-36` are one number; an answer made of symbols (`) ) }`) is compared as those symbols;
+  words keep their order.
+- **Read as a reader sees it.** Full-width digits and letters (NFKC), the minus sign U+2212 and superscript
+  exponents read as their ASCII forms, so a policy cannot hide or fake an answer in look-alike characters.
+- **The committing sentence only.** An answer statement's answer ends with its sentence: "The answer is -20.
+  Check: 8 + 12 = 20." commits to -20, not to a number of the check.
+- **Idempotent.** Extracting from an extracted answer gives it back (`\\frac{1}{2}` stays `\\frac{1}{2}`,
+  `3e-36` stays `3e-36`, code stays code), because a protocol's final node extracts and the scorer then reads
+  that answer again.
+- **Linear time.** Replies are read with one pass per rule (no nested scans, no backtracking patterns), so a
+  megabyte-long reply costs milliseconds, not a stalled scorer.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 import functools
+import itertools
 import re
 import threading
-from decimal import Decimal, InvalidOperation
+import unicodedata
+from collections.abc import Iterator
+from decimal import Decimal
 
-LETTERS = "ABCDEFGHIJ"
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 # --- shared pieces ----------------------------------------------------------------------------------------------
 
 _BOXED = re.compile(r"\\(?:boxed|fbox|box)\s*\{")
-_CONFIDENCE_LINE = re.compile(r"^\s*\**\s*confidence\s*\**\s*[:=].*$", re.IGNORECASE | re.MULTILINE)
-# "The answer is", "Final answer:", "the correct option is", "Answer =" ... (the clause is what follows it).
+_BRACE = re.compile(r"\\[{}\\]|[{}]")  # an escaped brace (or backslash) is one token, not a brace
+_CONFIDENCE_LINE = re.compile(
+    r"^[ \t]*\**[ \t]*confidence[ \t]*\**[ \t]*[:=].*$", re.IGNORECASE | re.MULTILINE
+)
+# "The answer is", "Final answer:", "the correct option is", "Answer =" ... (the clause is what follows it). A
+# dash after the statement is a separator only when a space follows it: "Answer: -20" keeps its sign.
 _MARK = re.compile(
-    r"(?:final\s+answer|correct\s+(?:answer|option|choice)|\banswer)\s*(?:is|:|=)\s*[:\-]?\s*",
+    r"(?:final\s+answer|correct\s+(?:answer|option|choice)|\banswer)\s*+(?:is|:|=)\s*+(?::|-(?=\s))?\s*+",
     re.IGNORECASE,
 )
 _NEGATION = re.compile(r"(?:\bnot|\bcannot|\bcan't|\bcan’t|\bunable\s+to|\bno)\s*$", re.IGNORECASE)
 _STRIP = " \t.*`\"'“”"
+_MAX_STATEMENTS = 20
+_MAX_CLAUSE = 1000
+# A period that ends a sentence: not one after an initial ("J. R. R. Tolkien") or a common abbreviation.
+_SENTENCE_END = re.compile(r"[.!?](?=\s+\S)")
+_ABBREVIATION = re.compile(r"(?:\b[A-Z]|\b(?:Mr|Mrs|Ms|Dr|Prof|St|Jr|Sr|vs|etc|approx|Mt|e\.g|i\.e))$")
+_REFUSAL = re.compile(
+    r"\bI\s*(?:cannot|can\s*not|can[’']t|am\s+unable|[’']m\s+unable|am\s+not\s+able|do\s+not\s+know|"
+    r"don[’']t\s+know|am\s+not\s+sure|[’']m\s+not\s+sure)\b",
+    re.IGNORECASE,
+)
+_SUPERSCRIPT_RUN = re.compile("[⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺]+")
+_SUPERSCRIPT_DIGITS = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺", "0123456789-+")
+
+
+def plain_text(text: str) -> str:
+    """`text` as a reader sees it, with ASCII where Unicode has a look-alike: NFKC (full-width `４２` is `42`),
+    the minus sign U+2212 as `-`, and superscript exponents as `^{...}` (`10⁻³⁶` is `10^{-36}`)."""
+    text = _SUPERSCRIPT_RUN.sub(lambda m: "^{" + m.group(0).translate(_SUPERSCRIPT_DIGITS) + "}", text or "")
+    return unicodedata.normalize("NFKC", text).replace("\u2212", "-")
+
+
+def _boxes(text: str) -> list[tuple[int, int, str]]:
+    """Every outermost `\\boxed{...}` as (start, end, content), braces balanced, `\\{` and `\\}` escaped; one
+    pass over the text however many boxes are left open."""
+    openers = {m.end() - 1: m.start() for m in _BOXED.finditer(text)}
+    if not openers:
+        return []
+    closed, stack = [], []  # offsets only: slicing every nested box's content would copy it once per level
+    for m in _BRACE.finditer(text, min(openers)):
+        if m.group(0) == "{":
+            stack.append(m.start())
+        elif m.group(0) == "}" and stack:
+            opened = stack.pop()
+            if opened in openers:
+                closed.append((openers[opened], opened, m.start()))
+    closed.sort()
+    outer: list[tuple[int, int, str]] = []
+    for start, opened, close in closed:
+        if not outer or start >= outer[-1][1]:
+            outer.append((start, close + 1, text[opened + 1 : close].strip()))
+    return outer
+
+
+def _unbox(content: str) -> str:
+    """A box's content, with a box that is all of it opened (`\\boxed{\\boxed{5}}` is 5), to three levels: each
+    level is a pass over the content, and deeper nesting is no answer a model writes (it stays boxed, which
+    reads as no number)."""
+    for _ in range(3):
+        inner = _boxes(content)
+        if not (len(inner) == 1 and inner[0][0] == 0 and inner[0][1] == len(content)):
+            break
+        content = inner[0][2]
+    return content
 
 
 def last_boxed(text: str) -> str | None:
@@ -40,18 +117,35 @@ def last_boxed(text: str) -> str | None:
         >>> last_boxed("so $\\\\boxed{\\\\frac{1}{2}}$.")
         '\\\\frac{1}{2}'
     """
-    found = None
-    for m in _BOXED.finditer(text or ""):
-        depth = 0
-        for j in range(m.end() - 1, len(text)):
-            if text[j] == "{":
-                depth += 1
-            elif text[j] == "}":
-                depth -= 1
-                if depth == 0:
-                    found = text[m.end() : j].strip()
-                    break
-    return found
+    boxes = _boxes(text or "")
+    return _unbox(boxes[-1][2]) if boxes else None
+
+
+# What may stand between two boxes that list alternatives: "\boxed{3} or \boxed{4}", "$\boxed{A}$, $\boxed{B}$".
+_BETWEEN_ALTERNATIVES = re.compile(
+    r"(?:[\s$,;/&.()\[\]]|\\(?:quad|qquad|text\s*\{[^{}]*\})|\b(?:or|and|either|maybe|possibly|perhaps)\b)*",
+    re.IGNORECASE,
+)
+
+
+def final_box(text: str) -> tuple[int, str | None] | None:
+    """The reply's last box as (end offset, content); content None when boxes listing alternatives end the
+    reply (`\\boxed{A}\\boxed{B}`, `\\boxed{3} or \\boxed{4}`); None when there is no box.
+
+    Boxes separated by prose are steps of a solution: the last one is the answer.
+    """
+    boxes = _boxes(text)
+    if not boxes:
+        return None
+    end, content = boxes[-1][1], _unbox(boxes[-1][2])
+    start = boxes[-1][0]
+    for s, e, other in reversed(boxes[:-1]):
+        if not _BETWEEN_ALTERNATIVES.fullmatch(text[e:start]):
+            break
+        if " ".join(_unbox(other).split()) != " ".join(content.split()):
+            return end, None
+        start = s
+    return end, content
 
 
 def without_confidence(text: str) -> str:
@@ -59,19 +153,33 @@ def without_confidence(text: str) -> str:
     return _CONFIDENCE_LINE.sub("", text or "")
 
 
+def _first_sentence(clause: str) -> str:
+    for m in _SENTENCE_END.finditer(clause):
+        if not _ABBREVIATION.search(clause[: m.start()]):
+            return clause[: m.start()]
+    return clause
+
+
+def _statements(text: str) -> Iterator[tuple[int, str]]:
+    """(offset, clause) of the answer statements, the last one first, lazily: see `answer_clauses`."""
+    marks = list(_MARK.finditer(text or ""))
+    for m in reversed(marks[-_MAX_STATEMENTS:]):
+        if _NEGATION.search(text[max(0, m.start() - 16) : m.start()]):
+            continue
+        window = text[m.end() : m.end() + _MAX_CLAUSE].split("\n", 1)[0]
+        rest = _first_sentence(window).strip(_STRIP)
+        if rest:
+            yield m.start(), rest
+
+
 def answer_clauses(text: str) -> list[str]:
-    """What follows each "the answer is" / "answer:" statement, to the end of its line; the last one first.
+    """What each "the answer is" / "answer:" statement commits to (its sentence, to the end of its line), the
+    last statement first; the last 20 statements of a reply, each read to at most 1,000 characters (a reply
+    with more is spam, and reading all of them would make scoring quadratic).
 
     A statement after a negation ("I cannot answer: ...") commits to nothing and is skipped.
     """
-    out = []
-    for m in reversed(list(_MARK.finditer(text or ""))):
-        if _NEGATION.search(text[max(0, m.start() - 16) : m.start()]):
-            continue
-        rest = text[m.end() :].split("\n", 1)[0].strip(_STRIP)
-        if rest:
-            out.append(rest)
-    return out
+    return [clause for _, clause in _statements(text)]
 
 
 def _last_line(text: str) -> str | None:
@@ -80,112 +188,230 @@ def _last_line(text: str) -> str | None:
     return lines[-1] if lines else None
 
 
+def is_refusal(text: str) -> bool:
+    """Whether `text` says the writer cannot or will not answer ("I cannot ...", "I'm not sure", "I don't know")."""
+    return _REFUSAL.search(text or "") is not None
+
+
 # --- short text ---------------------------------------------------------------------------------------------------
 
 _PUNCTUATION = re.compile(r"[!\"#$&'(),.:;?@\[\\\]_`{|}~]")  # math operators + - * / ^ = < > % stay
+_ALTERNATIVE_WORD = re.compile(r"\b(?:or|either)\b", re.IGNORECASE)
 
 
 def extract_text(reply: str) -> str | None:
-    """A short answer: `\\boxed{}`, else the last "the answer is X", else the last non-empty line."""
-    reply = without_confidence(reply)
-    boxed = last_boxed(reply)
-    if boxed:
-        return boxed
-    clauses = answer_clauses(reply)
-    return clauses[0] if clauses else _last_line(reply)
+    """A short answer: `\\boxed{}`, else the last "the answer is X" (its sentence), else the last non-empty line.
+
+    Defends against: boxes listing alternatives (None); refusals taken for answers ("I cannot answer this" is
+    None, not the text "i cannot answer this", so refusing members do not form a voting bloc); numbers or words
+    of a later sentence ("The answer is no. It is not plausible." is "no"). A statement after a box is not read
+    (free text cannot tell a restatement from a contradiction; numbers and letters can, and do).
+    """
+    reply = plain_text(without_confidence(reply))
+    box = final_box(reply)
+    if box is not None and box[1] != "":
+        return box[1]
+    statement = next(_statements(reply), None)
+    answer = statement[1] if statement else _last_line(reply)
+    return None if answer is None or is_refusal(answer) else answer
 
 
 def normalize_text(answer: str) -> str:
     """Canonical short text: numbers by value; else lower case, no punctuation or articles, one space.
 
-    Math operators are kept so "x+1" and "x-1" stay different (as MoCo's evaluator normalises).
+    Math operators are kept so "x+1" and "x-1" stay different (as MoCo's evaluator normalises). An answer made
+    only of symbols keeps them, without spaces (`) ) }` is `))}`), so it is never the empty string that every
+    other symbol answer would also become.
     """
+    answer = plain_text(answer)
     number = parse_number(answer)
     if number is not None:
         return format_number(number)
-    t = _PUNCTUATION.sub(" ", (answer or "").lower())
-    t = re.sub(r"\b(?:a|an|the)\b", " ", t)
-    t = re.sub(r"\s*([+\-*/^=<>%])\s*", r"\1", t)
-    return " ".join(t.split())
+    if not re.search(r"[^\W_]", answer):  # symbols only
+        return "".join(re.sub(r"\\([{}])", r"\1", answer).split())
+    t = _PUNCTUATION.sub(" ", answer.lower())
+    t = " ".join(re.sub(r"\b(?:a|an|the)\b", " ", t).split())
+    return re.sub(r" ?([+\-*/^=<>%]) ?", r"\1", t)
+
+
+def is_plain_text(answer: str) -> bool:
+    """Whether `answer` is words (no digits, no math markup) or symbols only: an answer to compare as text.
+
+    Such golds (BBH's "valid", a sorted word list, `) ) }`, PubMedQA's "maybe") must not go to math-verify,
+    which reads "apple banana" as a product of variables, equal to "banana apple".
+    """
+    t = plain_text(answer).strip()
+    if not t or re.search(r"\d", t):
+        return False
+    if not re.search(r"[^\W\d_]", t):
+        return True  # symbols only
+    return re.search(r"[\\^_{}=+*/<>|$]", t) is None and not t.startswith("-")
 
 
 # --- numbers --------------------------------------------------------------------------------------------------------
 
-_NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
+# A number as written: an optional sign (not a hyphen after a letter or digit: "COVID-19", "8-3"), thousands in
+# groups of three, a decimal part, an exponent, a fraction.
+_NUM = (
+    r"(?<![\w.])-?\$?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?(?:/\d+)?"
+    r"|(?<![\w.])-?\.\d+(?:[eE][-+]?\d+)?"
+)
+_NUMBER = re.compile(_NUM)
+_PLAIN_NUMBER = re.compile(r"[-+]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
 _FRAC = re.compile(r"\\[dt]?frac\s*\{\s*(-?[\d.,]+)\s*\}\s*\{\s*(-?[\d.,]+)\s*\}")
+_TIMES_TEN = re.compile(
+    r"(?<![\d.])(\d++(?:\.\d++)?)\s*(?:\\times|\\cdot|×|·|\*|x)\s*10\s*(?:\^|\*\*)\s*(?:\{\s*([-+]?)\s*(\d+)\s*\}|([-+]?)(\d+))"
+)
+_POWER_OF_TEN = re.compile(r"(?<![\w.^])10\s*(?:\^|\*\*)\s*(?:\{\s*([-+]?)\s*(\d+)\s*\}|([-+]?)(\d+))")
 _LATEX_NOISE = re.compile(
     r"\\text\s*\{[^{}]*\}|\\mathrm\s*\{[^{}]*\}|\^\s*\{?\\circ\}?|\\[!,;: ]|\\(?:left|right)|\\\$|\\%|[${}]"
 )
+# Alternatives in one commitment: "3 or 4", "3, 4 or 5", "3, 4, 5", "3 and/or 4", a range "3–5".
+_ALTERNATIVES = re.compile(
+    rf"(?:{_NUM})(?:(?:,\s++(?:or\s++)?|\s++(?:or|and/or)\s++|\s*+–\s*+)(?:{_NUM}))+", re.I
+)
+_OR_BEFORE = re.compile(rf"(?:{_NUM})\s*,?\s+or\s+$", re.IGNORECASE)
+_MAX_EXPONENT = 1000  # a number beyond 10^±1000 is no answer, and would make Decimal arithmetic slow
 
 
 def _delatex(text: str) -> str:
-    text = _FRAC.sub(r"\1/\2", text or "")
+    text = _TIMES_TEN.sub(
+        lambda m: f"{m.group(1)}e{m.group(2) or m.group(4) or ''}{m.group(3) or m.group(5)}", text
+    )
+    text = _POWER_OF_TEN.sub(lambda m: f"1e{m.group(1) or m.group(3) or ''}{m.group(2) or m.group(4)}", text)
+    text = _FRAC.sub(r"\1/\2", text)
     return _LATEX_NOISE.sub("", text.replace("{,}", ",")).strip()
+
+
+def _number_text(text: str) -> str:
+    t = _delatex(plain_text(text)).strip("$ ").rstrip(".").removesuffix("%").strip()
+    return re.sub(r"^-\s+(?=\d)", "-", t)
+
+
+def _decimal(text: str) -> Decimal | None:
+    if not _PLAIN_NUMBER.fullmatch(text):
+        return None
+    value = Decimal(text.replace(",", ""))
+    return value if value.is_zero() or abs(value.adjusted()) <= _MAX_EXPONENT else None
 
 
 @functools.lru_cache(maxsize=65536)
 def parse_number(text: str) -> Decimal | None:
-    """A number written as `1,234`, `$12`, `-3/4`, `50%`, `0.5.` or LaTeX `\\frac{1}{2}`; None if it is not one."""
-    t = _delatex(text).strip("$ ").replace(",", "")
-    t = t.rstrip(".").removesuffix("%").strip()
+    """A number written as `1,234`, `$12`, `-3/4`, `50%`, `0.5.`, `3e-36`, `3 \\times 10^{-36}` or LaTeX
+    `\\frac{1}{2}`; None if it is not one (`1,23` is not: commas only group thousands)."""
+    t = _number_text(text)
     if "/" in t:
         num, _, den = t.partition("/")
-        try:
-            d = Decimal(den)
-            return Decimal(num) / d if d != 0 else None
-        except InvalidOperation:
-            return None
-    try:
-        value = Decimal(t)
-    except InvalidOperation:
-        return None
-    return value if value.is_finite() else None
+        n, d = _decimal(num.strip()), _decimal(den.strip())
+        return n / d if n is not None and d else None
+    return _decimal(t)
 
 
 def format_number(value: Decimal) -> str:
-    if value == value.to_integral_value():
+    if value == value.to_integral_value() and abs(value) < 10**30:
         return str(int(value))
+    if abs(value.adjusted()) > 30:
+        return str(value.normalize())
     return format(value.normalize(), "f")
 
 
-def _number_in(text: str) -> str | None:
-    """The text itself when it is a number, else the first number written in it."""
-    if parse_number(text) is not None:
-        return _delatex(text).strip(" .")
-    numbers = _NUMBER.findall(_delatex(text))
-    return numbers[0] if numbers else None
+def _written_as_integer(text: str) -> bool:
+    return re.fullmatch(r"[-+]?[\d,]+", _number_text(text)) is not None
+
+
+def _committed_number(span: str) -> tuple[bool, str | None]:
+    """The number a commitment (a box, an answer statement's sentence) names: (found, number), the number
+    None when the span lists different alternatives ("3 or 4"). "x = 5" names 5."""
+    span = re.sub(r"^\s*[A-Za-z]\s*=\s*", "", _delatex(span))
+    whole = span.strip(" .")
+    if parse_number(whole) is not None:
+        return True, whole
+    numbers = _NUMBER.findall(span)
+    if not numbers:
+        return False, None
+    return True, None if _lists_alternatives(span) else numbers[0]
+
+
+def _lists_alternatives(text: str) -> bool:
+    """Whether `text` lists different numbers as alternatives ("3 or 4", "3, 4, 5", "3–5")."""
+    for m in _ALTERNATIVES.finditer(text):
+        if len({parse_number(n) for n in _NUMBER.findall(m.group(0))}) > 1:
+            return True
+    return False
 
 
 def extract_number(reply: str) -> str | None:
-    """The number a reply commits to: `\\boxed{}`, then GSM8K's `#### N`, then the last "the answer is N" (its
-    first number), then the last number written. None when there is no number."""
-    reply = without_confidence(reply)
-    boxed = last_boxed(reply)
-    if boxed is not None and (n := _number_in(boxed)) is not None:
-        return n
+    """The number a reply commits to: the reply itself when it is one number (an extracted answer); else
+    `\\boxed{}`, GSM8K's `#### N`, the last "the answer is N" (the number of its sentence), or the last number
+    written. `3 \\times 10^{-36}` is extracted as `3e-36`.
+
+    Defends against: hedges ("The answer is 3 or 4", `\\boxed{3, 4}`, a last line "It is 3 or 4.": None, not
+    one of them); a box contradicted by a later answer statement (None); a dropped sign; an exponent read as
+    the answer ("3e-36" read as "-36"); numbers in a later sentence; look-alike digits and minus signs.
+    """
+    reply = plain_text(without_confidence(reply))
+    if parse_number(reply.strip()) is not None:
+        return _delatex(reply.strip()).strip(" .")
+    box = final_box(reply)
+    if box is not None:
+        end, content = box
+        found, number = _committed_number(content) if content is not None else (True, None)
+        if found:
+            if number is not None and _contradicted(number, reply, end):
+                return None
+            return number
     hashes = reply.rfind("####")
-    if hashes >= 0 and (n := _number_in(reply[hashes + 4 :].split("\n", 1)[0])) is not None:
-        return n
-    for clause in answer_clauses(reply):
-        if (n := _number_in(clause)) is not None:
-            return n
-    numbers = _NUMBER.findall(_delatex(reply))
-    return numbers[-1] if numbers else None
+    if hashes >= 0:
+        found, number = _committed_number(reply[hashes + 4 :].split("\n", 1)[0])
+        if found:
+            return number
+    for _, clause in _statements(reply):
+        found, number = _committed_number(clause)
+        if found:
+            return number
+    numbers = list(_NUMBER.finditer(_delatex(reply)))
+    if not numbers:
+        return None
+    last = numbers[-1]
+    if _OR_BEFORE.search(last.string, max(0, last.start() - 40), last.start()):
+        return None  # "It is 3 or 4.": the last number is one of alternatives
+    return last.group(0)
 
 
-def numbers_equal(a: str, b: str, rel_tol: float = 1e-6) -> bool | None:
-    """Whether two numbers are equal within `rel_tol` (relative, at least absolute for |b| < 1); None if either
-    is not a number."""
+def _contradicted(number: str, reply: str, after: int) -> bool:
+    """Whether an answer statement after offset `after` names a number other than `number`."""
+    for offset, clause in _statements(reply):
+        if offset < after:
+            break
+        found, other = _committed_number(clause)
+        if found and (other is None or not numbers_equal(other, number)):
+            return True
+    return False
+
+
+def numbers_equal(a: str, b: str, rel_tol: float = 1e-6, abs_tol: float = 0.0) -> bool | None:
+    """Whether two numbers are the same answer; None if either is not a number.
+
+    An integer (written without a decimal point, exponent or fraction) equals only the same value: a relative
+    tolerance on 16777216 would accept 16777223. Other numbers are equal when |a - b| <= max(rel_tol * max(|a|,
+    |b|), abs_tol): relative, so 3e-36 and 4e-36 differ (an absolute 1e-6 called them equal) and 0.000000708 is
+    not 3.54e-07; `abs_tol` (default 0) only matters near zero, where a task whose answers are noisy at 0 may
+    state one.
+    """
     x, y = parse_number(a), parse_number(b)
     if x is None or y is None:
         return None
-    return abs(x - y) <= Decimal(str(rel_tol)) * max(Decimal(1), abs(y))
+    if _written_as_integer(a) or _written_as_integer(b):
+        return x == y
+    return abs(x - y) <= max(Decimal(str(rel_tol)) * max(abs(x), abs(y)), Decimal(str(abs_tol)))
 
 
 # --- math ---------------------------------------------------------------------------------------------------------
 
-_INLINE_MATH = re.compile(r"\$\$(.+?)\$\$|\$([^$\n]+)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
+_INLINE_MATH = re.compile(r"\$\$([^$]+)\$\$|\$([^$\n]+)\$|\\\(([^\n]+?)\\\)|\\\[([^\n]+?)\\\]")
 _WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")
+_MAX_TAIL = 20_000
+_MATH_ALTERNATIVES = re.compile(r"\\(?:vee|lor)\b|\\text\s*\{\s*or\s*\}|\bor\b", re.IGNORECASE)
 
 
 def _strip_math(text: str) -> str:
@@ -194,22 +420,35 @@ def _strip_math(text: str) -> str:
     return t.rstrip(".").strip()
 
 
+def _one_math_answer(answer: str | None) -> str | None:
+    return None if answer is None or _MATH_ALTERNATIVES.search(answer) else answer
+
+
 def extract_math(reply: str) -> str | None:
     """A math answer: `\\boxed{}`, else the last "the answer is X", else the whole reply when it is one short line
-    of math rather than prose (an answer already extracted), else the last `$...$`, else the last number."""
-    reply = without_confidence(reply)
-    boxed = last_boxed(reply)
-    if boxed:
-        return boxed
+    of math rather than prose (an answer already extracted), else the last `$...$`, else the last number.
+
+    Defends against: alternatives (`\\boxed{3 \\vee 4}`, "x = 3 or x = 4", `\\boxed{3}\\boxed{4}`: None, since
+    math-verify calls `3 \\vee 4` equal to 4); look-alike characters.
+    """
+    reply = plain_text(without_confidence(reply))
+    box = final_box(reply)
+    if box is not None and box[1] != "":
+        return _one_math_answer(box[1])
     for clause in answer_clauses(reply):
-        if (inner := last_boxed(clause)) or (inner := _strip_math(clause)):
-            return inner
+        inner = final_box(clause)
+        if inner is not None and inner[1] != "":
+            return _one_math_answer(inner[1])
+        if inner := _strip_math(clause):
+            return _one_math_answer(inner)
     stripped = reply.strip()
     if stripped and "\n" not in stripped and len(stripped) <= 120 and len(_WORD.findall(stripped)) <= 2:
-        return _strip_math(stripped) or None
-    inline = [next(g for g in m.groups() if g is not None) for m in _INLINE_MATH.finditer(reply)]
+        return _one_math_answer(_strip_math(stripped) or None)
+    # Only the reply's tail: the last `$...$` is sought, and a scan of a long line per opener is quadratic.
+    tail = reply[-_MAX_TAIL:]
+    inline = [next(g for g in m.groups() if g is not None) for m in _INLINE_MATH.finditer(tail)]
     if inline:
-        return inline[-1].strip()
+        return _one_math_answer(inline[-1].strip())
     numbers = _NUMBER.findall(reply)
     return numbers[-1] if numbers else None
 
@@ -224,14 +463,24 @@ def _math_parse(text: str, in_main: bool):
     return parse(f"${text}$", parsing_timeout=5 if in_main else None)
 
 
-def math_equal(a: str, b: str) -> bool:
+def math_equal(a: str, b: str, rel_tol: float = 1e-6, abs_tol: float = 0.0) -> bool:
     """Whether `a` and `b` are the same mathematical answer (math-verify: 1/2 = 0.5 = \\frac12, 6-5i = 6 - 5i).
 
-    Equal normalised text (or equal numbers) is enough; otherwise math-verify decides. Without math-verify
-    installed only that first check applies (`MathVerifyMissing` is raised for the caller to report once).
+    Equal normalised text is enough. Two numbers compare by value alone (`numbers_equal`, the tolerances
+    given): math-verify reads `3e-36` as 3e - 36 and rounds to 6 decimals, which makes 3e-36 equal 4e-36. Two
+    answers of plain words compare as text only: math-verify multiplies letters, so word order would not count.
+    Otherwise math-verify decides. Without math-verify installed only the text and number checks apply
+    (`MathVerifyMissing` is raised for the caller to report once).
     """
-    if normalize_text(a) == normalize_text(b) or numbers_equal(a, b):
+    if normalize_text(a) == normalize_text(b):
         return True
+    equal = numbers_equal(a, b, rel_tol, abs_tol)
+    if equal is not None:
+        return equal
+    if is_plain_text(a) and is_plain_text(b):
+        return False
+    if _MATH_ALTERNATIVES.search(a) or _MATH_ALTERNATIVES.search(b):
+        return False
     try:
         from math_verify import verify
     except ImportError:
@@ -251,17 +500,28 @@ class MathVerifyMissing(RuntimeError):
 
 # --- multiple choice ----------------------------------------------------------------------------------------------
 
-# The statement is matched in any case, the letter only in capitals ("the answer is a prime" names no option),
-# except in brackets: "(c)".
-_CHOICE_MARK = re.compile(
-    r"(?i:final\s+answer|correct\s+(?:answer|option|choice)|\banswer|\boption|\bchoice)"
-    r"\s*(?i:is|:|=|-)?\s*[:\-]?\s*(?:\*\*)?\s*(?:\(([A-Ja-j])\)|\[([A-J])\]|([A-J]))(?![A-Za-z0-9])"
+# A letter: in capitals ("the answer is a prime" names no option), any case in brackets ("(c)"); "I" followed by
+# a verb is the pronoun ("The answer I think is B"), not option I.
+_LETTER = (
+    r"(?:\(([A-Za-z])\)|\[([A-Z])\]|(?!I\s+(?:think|believe|guess|would|will|am|was|have|can|chose|pick|go)\b)"
+    r"([A-Z]))(?![A-Za-z0-9])"
 )
-_LEADING_CHOICE = re.compile(r"^\s*(?:\*\*)?\s*(?:\(([A-J])\)|([A-J])[\).:])\s*(?:\*\*)?\s*(.*)$")
+# Possessive whitespace (`\s*+`): a run of spaces is read once, never re-split on a failed match.
+_CHOICE_STATEMENT = re.compile(
+    r"(?i:final\s+answer|correct\s+(?:answer|option|choice)|\banswer)"
+    r"\s*+(?i:is|:|=|-)?\s*+[:\-]?\s*+(?:\*\*)?\s*+" + _LETTER
+)
+_OPTION_MENTION = re.compile(r"(?i:\boption|\bchoice)\s*+(?i:is|:|=|-)?\s*+[:\-]?\s*+(?:\*\*)?\s*+" + _LETTER)
+# More letters right after a committed one: "A, B or C", "(A) or (B)", "A/B", "A and B".
+_MORE_LETTERS = re.compile(
+    r"\s*+(?:\*\*)?\s*+(?:,|/|&|\b(?i:or|and)\b)\s*+(?:\*\*)?\s*+(?:\(([A-Za-z])\)|\[([A-Z])\]|([A-Z]))(?![A-Za-z0-9])"
+)
+_LEADING_CHOICE = re.compile(r"^\s*+(?:\*\*)?\s*+(?:\(([A-Z])\)|([A-Z])[\).:])\s*+(?:\*\*)?\s*+(.*)$")
+_MAX_MENTIONS = 100
 
 
 def _clean(text: str) -> str:
-    return re.sub(r"[\s.,;:!?*`\"']+$", "", " ".join((text or "").lower().split())).strip(" *`\"'")
+    return " ".join(plain_text(text).lower().split()).rstrip(" .,;:!?*`\"'").strip(" *`\"'")
 
 
 def _option_text_letter(text: str, choices: list[str]) -> str | None:
@@ -291,16 +551,17 @@ def _bare_choice(text: str, choices: list[str]) -> str | None:
 
 def _mentioned_option(text: str, choices: list[str]) -> str | None:
     """The one option whose text the reply mentions (a mention inside another option's mention does not count:
-    "the blue whale" names "Blue whale", not "whale"); None when none or several are mentioned."""
-    lowered = " ".join(text.lower().split())
+    "the blue whale" names "Blue whale", not "whale"); None when none or several are mentioned. Options of
+    fewer than three characters ("no") are too common as words to count as mentions; the first 100 mentions of
+    each option are read."""
+    lowered = " ".join(plain_text(text).lower().split())
     spans: dict[int, list[tuple[int, int]]] = {}
     for i, option in enumerate(choices):
-        o = " ".join(option.lower().split())
-        if len(o) < 2:
+        o = " ".join(plain_text(option).lower().split())
+        if len(o) < 3:
             continue
-        spans[i] = [
-            (m.start(), m.end()) for m in re.finditer(rf"(?<![a-z0-9]){re.escape(o)}(?![a-z0-9])", lowered)
-        ]
+        found = re.finditer(rf"(?<![a-z0-9]){re.escape(o)}(?![a-z0-9])", lowered)
+        spans[i] = [(m.start(), m.end()) for m in itertools.islice(found, _MAX_MENTIONS)]
     mentioned = set()
     for i, own in spans.items():
         for a, b in own:
@@ -314,40 +575,71 @@ def _mentioned_option(text: str, choices: list[str]) -> str | None:
     return LETTERS[mentioned.pop()] if len(mentioned) == 1 else None
 
 
+def _stated_letter(pattern: re.Pattern, text: str, valid: str, after: int = 0) -> tuple[bool, str | None]:
+    """The last statement of `pattern` naming a valid letter at or after offset `after`: (found, letter), the
+    letter None when more letters follow it ("A, B or C")."""
+    for m in reversed(list(pattern.finditer(text))[-_MAX_STATEMENTS:]):
+        if m.start() < after:
+            break
+        if _NEGATION.search(text[max(0, m.start() - 16) : m.start()]):
+            continue
+        letter = (m.group(1) or m.group(2) or m.group(3)).upper()
+        if letter not in valid:
+            continue
+        more = _MORE_LETTERS.match(text, m.end())
+        if more and (more.group(1) or more.group(2) or more.group(3)).upper() != letter:
+            return True, None
+        return True, letter
+    return False, None
+
+
 def extract_choice(reply: str, choices: list[str]) -> str | None:
-    """The option letter a reply commits to; None when it commits to none.
+    """The option letter (A-Z) a reply commits to; None when it commits to none.
 
     In order: a `\\boxed{}` letter or option; the whole reply being a choice ("C", "(C)", "C. text", the option's
-    text); the last explicit statement ("The answer is (C)", "The correct option is C ...", "Option C: ...",
-    "Answer: C", or such a statement followed by an option's text); the last line that starts with a letter and
-    that option's text; the only option whose text the reply mentions. A letter elsewhere in prose ("I cannot
-    answer: A..." or "A lot depends") is not a commitment.
+    text); the last answer statement ("The answer is (C)", "The correct option is C ...", "Answer: C", or such
+    a statement followed by an option's text); the last "Option C: ..."; the last line that starts with a letter
+    and that option's text; a last line that is only a choice ("...\n(C)"); the only option whose text the reply
+    mentions.
+
+    Defends against: a letter elsewhere in prose ("I cannot answer: A..." or "A lot depends", "The answer I
+    think is B" is B, not I); hedges ("A, B, C or D", "(A) or (B)", `\\boxed{A}\\boxed{B}`: None); a box
+    contradicted by a later answer statement (None); a discussed option taken for the answer ("The answer is C.
+    Option A is wrong because ..." is C); a refusal that mentions an option's text (None).
     """
     if not choices:
         return None
     valid = LETTERS[: len(choices)]
-    reply = without_confidence(reply)
-    boxed = last_boxed(reply)
-    if boxed is not None and (letter := _bare_choice(boxed, choices)):
-        return letter
+    reply = plain_text(without_confidence(reply))
+    box = final_box(reply)
+    if box is not None:
+        end, content = box
+        if content is None:
+            return None
+        if letter := _bare_choice(content, choices):
+            found, later = _stated_letter(_CHOICE_STATEMENT, reply, valid, after=end)
+            return None if found and later != letter else letter
     if letter := _bare_choice(reply, choices):
         return letter
-    for m in reversed(list(_CHOICE_MARK.finditer(reply))):
-        if _NEGATION.search(reply[max(0, m.start() - 16) : m.start()]):
-            continue
-        letter = (m.group(1) or m.group(2) or m.group(3)).upper()
-        if letter in valid:
-            return letter
+    found, letter = _stated_letter(_CHOICE_STATEMENT, reply, valid)
+    if found:
+        return letter
     for clause in answer_clauses(reply):
         if letter := (_bare_choice(clause, choices) or _mentioned_option(clause, choices)):
             return letter
+    found, letter = _stated_letter(_OPTION_MENTION, reply, valid)
+    if found:
+        return letter
     for line in reversed(reply.splitlines()):
         leading = _LEADING_CHOICE.match(line)
         if leading and leading.group(3).strip():
             letter = leading.group(1) or leading.group(2)
             if letter in valid and _option_text_letter(leading.group(3), choices) == letter:
                 return letter
-    return _mentioned_option(reply, choices)
+    last = _last_line(reply)
+    if last is not None and (letter := _bare_choice(last, choices)):
+        return letter
+    return None if is_refusal(reply) else _mentioned_option(reply, choices)
 
 
 def choice_letter(gold: str, choices: list[str]) -> str | None:
@@ -369,20 +661,24 @@ def defines(code: str, name: str) -> bool:
 
 
 def _parses_with_function(code: str) -> bool:
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
-        return False
-    return any(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) for n in ast.walk(tree))
+    tree = _parse(code)
+    return tree is not None and any(
+        isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) for n in ast.walk(tree)
+    )
 
 
 def extract_code(reply: str, entry_point: str | None = None, prompt_code: str | None = None) -> str | None:
     """The code in a reply; None when it holds none.
 
     Fenced blocks first: ```python blocks (else untagged ones; blocks tagged with another language are not
-    Python), the last one that defines `entry_point` when given, else the last one; a block left open at the end
-    of a cut-off reply counts. Without fences, the reply itself when it parses as Python defining a function,
-    or when it completes `prompt_code` (a HumanEval-style body). Prose is not code.
+    Python); a block left open at the end of a cut-off reply counts. The solution is the last block that defines
+    `entry_point` when given, else the last that defines a function, else the last block: an "Example usage"
+    block after the solution is not the answer. Blocks the solution needs are joined to it, in reply order: a
+    block that only defines (imports, functions, classes, constants; no call at its top level) and defines a
+    name the solution uses without defining it (imports in a block of their own, a helper in the block before);
+    never another block defining `entry_point` (an earlier draft). Without fences, the reply itself when it
+    parses as Python defining a function, or when it completes `prompt_code` (a HumanEval-style body). Prose is
+    not code. Idempotent: a joined solution parses as one program, so extracting from it gives it back.
     """
     reply = reply or ""
     blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(reply)]
@@ -391,16 +687,118 @@ def extract_code(reply: str, entry_point: str | None = None, prompt_code: str | 
     ]
     candidates = [c for c in candidates if c.strip()]
     if candidates:
-        if entry_point:
-            defining = [c for c in candidates if defines(c, entry_point)]
-            if defining:
-                return defining[-1]
-        return candidates[-1]
+        defining = [c for c in candidates if entry_point and defines(c, entry_point)]
+        defining = defining or [c for c in candidates if _parses_with_function(c)] or candidates
+        return _with_needed_blocks(defining[-1], candidates, entry_point)
     if _parses_with_function(reply):
         return reply
     if prompt_code and reply.strip() and _parses_with_function(prompt_code + reply):
         return reply
     return None
+
+
+def _with_needed_blocks(solution: str, blocks: list[str], entry_point: str | None) -> str:
+    tree = _parse(solution)
+    if tree is None:
+        return solution
+    missing = _free_names(tree)
+    chosen = {blocks.index(solution)}
+    progress = True
+    while missing and progress:
+        progress = False
+        for i, block in enumerate(blocks):
+            helper = _parse(block) if i not in chosen else None
+            if helper is None or not _only_defines(helper) or (entry_point and defines(block, entry_point)):
+                continue
+            provided = top_level_names(helper)
+            if provided & missing:
+                chosen.add(i)
+                missing = (missing - provided) | _free_names(helper)
+                progress = True
+    if len(chosen) == 1:
+        return solution
+    return "\n".join(blocks[i] if blocks[i].endswith("\n") else blocks[i] + "\n" for i in sorted(chosen))
+
+
+def _parse(code: str) -> ast.Module | None:
+    try:
+        return ast.parse(code)
+    except (SyntaxError, ValueError):
+        return None
+
+
+# Statements that only define things (what a helper block, or a question's code, is made of).
+DEFINITIONS = (
+    ast.Import,
+    ast.ImportFrom,
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.ClassDef,
+    ast.Assign,
+    ast.AnnAssign,
+)
+
+
+def _only_defines(tree: ast.Module) -> bool:
+    return all(
+        isinstance(n, DEFINITIONS) or (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
+        for n in tree.body
+    )
+
+
+def top_level_names(tree: ast.Module) -> set[str]:
+    """The names a module binds at its top level: functions, classes, imports, and whatever else it assigns."""
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        else:
+            names.update(
+                t.id for t in ast.walk(node) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)
+            )
+    return names
+
+
+def _free_names(tree: ast.Module) -> set[str]:
+    """Names the code reads that it binds nowhere (approximately: any binding anywhere counts) and that are not
+    builtins: what another block would have to define."""
+    bound = top_level_names(tree) | set(dir(builtins))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            bound.add(node.id)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            bound.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return used - bound
+
+
+def main_function(code: str) -> str | None:
+    """The function a solution offers when no entry point is known: the last top-level function that no other
+    top-level function calls (a helper defined before it is not it). None when the code defines none.
+
+    Example:
+        >>> main_function("def is_prime(n):\n    return n > 1\n\ndef count(xs):\n    return sum(map(is_prime, xs))\n")
+        'count'
+    """
+    tree = _parse(code)
+    if tree is None:
+        defined = defined_functions(code)
+        return defined[-1] if defined else None
+    functions = [n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    called = {
+        inner.id
+        for f in functions
+        for inner in ast.walk(f)
+        if isinstance(inner, ast.Name) and isinstance(inner.ctx, ast.Load) and inner.id != f.name
+    }
+    roots = [f.name for f in functions if f.name not in called]
+    return (roots or [f.name for f in functions] or [None])[-1]
 
 
 def canonical_code(code: str) -> str:

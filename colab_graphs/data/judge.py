@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from colab_graphs.data.example import Example
 from colab_graphs.data.scoring import Score
 
-Complete = Callable[[list[dict]], Awaitable[str]]
+Complete = Callable[[list[dict[str, Any]]], Awaitable[str]]
 JudgeScorer = Callable[[str, Example], Awaitable[Score]]
 
 DEFAULT_RUBRIC = (
@@ -64,7 +65,7 @@ def make_judge_scorer(complete: Complete, rubric: str | None = None) -> JudgeSco
     return judge
 
 
-def judge_messages(output: str, example: Example, rubric: str | None = None) -> list[dict]:
+def judge_messages(output: str, example: Example, rubric: str | None = None) -> list[dict[str, Any]]:
     """The chat messages the judge receives for one output."""
     criteria = example.fields.get("rubric") or rubric or DEFAULT_RUBRIC
     parts = [f"## Task\n{example.input}"]

@@ -7,8 +7,12 @@ Sources `load_examples` understands:
 - ``path/to/file.json``: MoCo-style ``{"dev": [...], "test": [...]}``; `split` picks one (default ``test``).
   A top-level list is read as a single split. MoCo's files load as MoCo's evaluator reads them: the file's
   `task_type` (`exact_match`, `multiple_choice`, `coding`, `f1_match`) goes onto every record and picks its
-  scorer; `choices` given as a ``{"A": ..., "B": ...}`` mapping become the option list (the answer a letter of
-  it); records that repeat an id are kept, made distinct (``1958``, ``1958~2``) with one warning.
+  scorer (a top-level `rel_tol` / `abs_tol` goes onto every record too); `choices` given as a
+  ``{"A": ..., "B": ...}`` mapping become the option list (up to 26, A-Z; the
+  answer a letter of it, by position, as MoCo's evaluator letters them); an `exact_match` record whose answer is
+  a letter of options its input lists as "(A) ..." lines (BBH's) is scored as multiple choice over those
+  options; records that repeat an id are kept, made distinct (``1958``, ``1958~2``) with one warning. MoCo's
+  other task types are refused with the reason (`UNSUPPORTED_MOCO_TASK_TYPES`) unless a scorer is named.
 - a ``datasets.Dataset`` (or ``DatasetDict``, with `split`) already in memory.
 - ``hf:NAME[:CONFIG]``: a Hugging Face hub dataset; needs the network (fails clearly offline).
 - ``gsm8k``, ``math500``, ``humaneval``, ``mbpp``, ``arc_challenge``, ``mmlu[:SUBJECT]``, ``sciq``, ``medqa``:
@@ -19,6 +23,10 @@ Sources `load_examples` understands:
 Records from JSON and Hugging Face datasets may name their fields differently: `field_map` maps an Example field
 to the record's field (``{"input": "question", "answer": "label"}``); without one, common names (question,
 prompt, problem, output, target, label) are tried; a record without an id gets ``<split>-<index>``.
+
+Every record of a file is checked when the file loads, for what its scorer will need (`colab_graphs.data.checks`:
+an answer, choices that hold the answer, a non-empty test); every problem is listed in one `DatasetError`, each
+with its file and line (JSONL) or record index and id (JSON), and field, before any model call is made.
 """
 
 from __future__ import annotations
@@ -27,14 +35,19 @@ import json
 import logging
 import os
 import random
+import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from colab_graphs.data.answers import LETTERS
 from colab_graphs.data.benchmarks import BENCHMARKS, load_benchmark, reasoning_gym_examples
+from colab_graphs.data.checks import raise_problems, record_problems
 from colab_graphs.data.example import DatasetError, Example
+from colab_graphs.files import read_text, text_lines
 
 _ALIASES = {
     "input": ("input", "question", "prompt", "problem", "query", "text"),
@@ -46,6 +59,20 @@ logger = logging.getLogger(__name__)
 
 # MoCo task types this package scores (colab_graphs.data.scoring.default_scorer_name maps them to scorers).
 MOCO_TASK_TYPES = ("exact_match", "multiple_choice", "coding", "f1_match")
+# MoCo task types refused (unless a scorer is named), with why: MoCo's evaluator (data/eval.py) scores each with
+# something that is either not available offline or maximised by a reply that does not do the task.
+UNSUPPORTED_MOCO_TASK_TYPES = {
+    "noncompliance": "MoCo scores it by keyword matching (a reply containing 'sorry', 'cannot' or 'actually' "
+    "scores 1, and every reply scores 1 in the 'universal unknowns' category), which one canned refusal "
+    "maximises; score it with an LLM judge registered as a scorer (colab_graphs.data.judge.make_judge_scorer)",
+    "reward_model": "MoCo scores it with the Skywork-Reward-Llama-3.1-8B-v0.2 reward model, which is not "
+    "available offline; score it with an LLM judge registered as a scorer (colab_graphs.data.judge)",
+    "generation_diversity": "MoCo scores it as 1 - cosine similarity of RoBERTa-base embeddings to reference "
+    "replies: it needs roberta-base weights, which are not available offline, and a reply unrelated to the "
+    "question maximises it",
+    "text_generation": "MoCo does not score its test split (every reply 0) and scores dev with a reward model",
+    "general_verifier": "MoCo scores it with the TIGER-Lab/general-verifier model, which is not available offline",
+}
 
 
 def load_examples(
@@ -55,16 +82,19 @@ def load_examples(
     limit: int | None = None,
     shuffle_seed: int | None = None,
     field_map: dict[str, str] | None = None,
+    scorer: str | None = None,
 ) -> list[Example]:
     """Load a dataset as a list of examples: optionally shuffled (seeded), then cut to `limit`.
 
     Args:
         source: a path, a source name (see the module docstring), or a `datasets.Dataset`.
         split: which split to read, for sources that have several.
-        limit: keep at most this many examples (after shuffling).
+        limit: keep at most this many examples (after shuffling); None keeps every one.
         shuffle_seed: shuffle with this seed; None keeps the source order. Generated sources also use it as
             their generation seed.
         field_map: Example field -> record field, for JSON, JSONL and Hugging Face records.
+        scorer: the scorer the examples will be scored by (None: each record's default); records are checked
+            for what it needs, and a MoCo file of a task type scored no other way loads when one is named.
 
     Returns:
         The examples, ids unique.
@@ -76,29 +106,65 @@ def load_examples(
         >>> [e.input for e in load_examples("builtin:arithmetic", limit=1)]
         ['What is 5 + 2?']
     """
-    if limit is not None and limit < 0:
-        raise DatasetError(f"limit must be >= 0, got {limit}")
-    examples = _read(source, split=split, limit=limit, seed=shuffle_seed, field_map=field_map)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        # 0 is refused, not read as "no limit": a limit of zero examples asks for nothing to run.
+        raise DatasetError(f"limit must be an integer >= 1 (None: every example), got {limit!r}")
+    name = source if isinstance(source, str | os.PathLike) else "dataset"
+    read = _read(source, split=split, limit=limit, seed=shuffle_seed, field_map=field_map, scorer=scorer)
+    located = read.located
     if shuffle_seed is not None:
-        examples = list(examples)
-        random.Random(shuffle_seed).shuffle(examples)
-    return examples[:limit] if limit is not None else examples
+        located = list(located)
+        random.Random(shuffle_seed).shuffle(located)
+    if limit is not None:
+        located = located[:limit]
+    # The records this load returns are checked for their scorer (a MoCo file with a few unscorable records can
+    # still be run in part); problems that stop a record from being read at all are the file's.
+    return read.examples(os.fspath(name), scorer, located)
+
+
+@dataclass
+class _Read:
+    """Examples as read, each with where it came from (file:line, or record index and id), and the problems
+    that kept records from being read."""
+
+    located: list[tuple[Example, str]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def examples(
+        self, source: str, scorer: str | None, located: list[tuple[Example, str]] | None = None
+    ) -> list[Example]:
+        """The examples of `located` (default: all read), after raising one `DatasetError` with every problem:
+        the file's, and what their scorer would stop at."""
+        located = self.located if located is None else located
+        checks = [f"{where}: {p}" for example, where in located for p in record_problems(example, scorer)]
+        raise_problems(source, self.problems + checks)
+        return [example for example, _ in located]
+
+
+def _unlocated(examples: list[Example], source: str) -> _Read:
+    return _Read([(e, f"{source} id {e.id!r}") for e in examples])
 
 
 def _read(
-    source: Any, *, split: str | None, limit: int | None, seed: int | None, field_map: dict[str, str] | None
-) -> list[Example]:
+    source: Any,
+    *,
+    split: str | None,
+    limit: int | None,
+    seed: int | None,
+    field_map: dict[str, str] | None,
+    scorer: str | None,
+) -> _Read:
     if not isinstance(source, str | os.PathLike):
-        return from_hf_dataset(source, split=split, field_map=field_map)
+        return _hf_records(source, split=split, field_map=field_map)
     text = os.fspath(source)
     path = Path(text)
     if path.suffix in (".jsonl", ".json") or path.is_file():
         if not path.exists():
             raise DatasetError(f"{path}: no such file")
         if path.suffix == ".jsonl":
-            return read_jsonl(path, field_map=field_map)
+            return _jsonl_records(path, field_map)
         if path.suffix == ".json":
-            return read_moco_json(path, split=split, field_map=field_map)
+            return _moco_records(path, split=split, field_map=field_map, scorer=scorer)
         raise DatasetError(f"{path}: unsupported file type {path.suffix!r} (expected .jsonl or .json)")
     kind, _, rest = text.partition(":")
     if kind == "hf":
@@ -107,88 +173,155 @@ def _read(
         from colab_graphs.data.builtin import builtin_task
 
         # Generated on demand: exactly `limit` items (20 by default), so shuffling leaves no gaps.
-        return builtin_task(rest or "arithmetic", n=limit if limit is not None else 20, seed=seed or 0)
+        n = limit if limit is not None else 20
+        return _unlocated(builtin_task(rest or "arithmetic", n=n, seed=seed or 0), text)
     if kind == "reasoning_gym":
-        return reasoning_gym_examples(rest, n=limit if limit is not None else 100, seed=seed or 0)
+        n = limit if limit is not None else 100
+        return _unlocated(reasoning_gym_examples(rest, n=n, seed=seed or 0), text)
     if kind in BENCHMARKS:
-        return load_benchmark(kind, config=rest or None, split=split)
+        return _unlocated(load_benchmark(kind, config=rest or None, split=split), text)
     raise DatasetError(
         f"unknown dataset {text!r}: not a file, and not one of hf:NAME, builtin:NAME, reasoning_gym:TASK, "
         f"{', '.join(sorted(BENCHMARKS))}"
     )
 
 
-def read_jsonl(path: str | os.PathLike, *, field_map: dict[str, str] | None = None) -> list[Example]:
-    """Read the JSONL dataset contract strictly: every line needs `id`, `input`, and `answer` or `test`.
+def read_jsonl(
+    path: str | os.PathLike, *, field_map: dict[str, str] | None = None, scorer: str | None = None
+) -> list[Example]:
+    """Read the JSONL dataset contract strictly: every line needs `id`, `input`, and `answer` or `test`, and what
+    its scorer (`scorer`, else the record's default) needs to score it.
 
     Raises:
-        DatasetError: naming the file, the line number and the bad or missing field; duplicate ids included.
+        DatasetError: listing every problem, each naming the file, the line number and the bad or missing
+            field; duplicate ids included.
     """
-    path = Path(path)
-    examples: list[Example] = []
+    return _jsonl_records(Path(path), field_map).examples(str(path), scorer)
+
+
+def _jsonl_records(path: Path, field_map: dict[str, str] | None) -> _Read:
+    read = _Read()
     seen: dict[str, int] = {}
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    with text_lines(path, DatasetError) as lines:
+        for lineno, line in lines:
             if not line.strip():
                 continue
             where = f"{path}:{lineno}"
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise DatasetError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+                read.problems.append(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})")
+                continue
             if not isinstance(record, dict):
-                raise DatasetError(f"{where}: expected a JSON object, got {type(record).__name__}")
-            record = _apply_field_map(record, field_map, where)
-            for required in ("id", "input"):
-                if record.get(required) is None:
-                    raise DatasetError(f"{where}: missing field {required!r}")
-            if record.get("answer") is None and record.get("test") is None:
-                raise DatasetError(f"{where}: needs an 'answer' field or a 'test' field")
-            example = _to_example(record, where)
+                read.problems.append(f"{where}: expected a JSON object, got {type(record).__name__}")
+                continue
+            try:
+                example = _contract_example(_apply_field_map(record, field_map, where), where)
+            except DatasetError as err:
+                read.problems.extend(str(err).split("\n"))
+                continue
             if example.id in seen:
-                raise DatasetError(f"{where}: duplicate id {example.id!r} (first on line {seen[example.id]})")
+                read.problems.append(
+                    f"{where}: duplicate id {example.id!r} (first on line {seen[example.id]})"
+                )
+                continue
             seen[example.id] = lineno
-            examples.append(example)
-    return examples
+            read.located.append((example, f"{where} (id {example.id!r})"))
+    return read
+
+
+def _contract_example(record: dict, where: str) -> Example:
+    missing = [f"{where}: missing field {f!r}" for f in ("id", "input") if record.get(f) is None]
+    if record.get("answer") is None and record.get("test") is None:
+        missing.append(f"{where}: needs an 'answer' field or a 'test' field")
+    if missing:
+        raise DatasetError("\n".join(missing))
+    return _to_example(record, where)
 
 
 def read_moco_json(
-    path: str | os.PathLike, *, split: str | None = None, field_map: dict[str, str] | None = None
+    path: str | os.PathLike,
+    *,
+    split: str | None = None,
+    field_map: dict[str, str] | None = None,
+    scorer: str | None = None,
 ) -> list[Example]:
-    """Read a MoCo-style JSON file: an object of splits (``{"dev": [...], "test": [...]}``) or a plain list."""
-    path = Path(path)
+    """Read a MoCo-style JSON file: an object of splits (``{"dev": [...], "test": [...]}``) or a plain list.
+
+    Raises:
+        DatasetError: a task type scored no other way (with MoCo's reason), or every problem of its records,
+            each naming the file, split, record index and id, and field.
+    """
+    read = _moco_records(Path(path), split=split, field_map=field_map, scorer=scorer)
+    return read.examples(str(path), scorer)
+
+
+def _moco_records(
+    path: Path, *, split: str | None, field_map: dict[str, str] | None, scorer: str | None
+) -> _Read:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_text(path, DatasetError, "dataset file"))
     except json.JSONDecodeError as exc:
         raise DatasetError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
     task_type = data.get("task_type") if isinstance(data, dict) else None
-    if task_type is not None and task_type not in MOCO_TASK_TYPES:
+    if task_type is not None and task_type not in MOCO_TASK_TYPES and scorer is None:
+        reason = UNSUPPORTED_MOCO_TASK_TYPES.get(task_type, "MoCo's evaluator does not know it either")
         raise DatasetError(
-            f"{path}: task_type {task_type!r} is not supported (supported: {', '.join(MOCO_TASK_TYPES)}); "
-            "pass --scorer to score it another way"
+            f"{path}: task_type {task_type!r} is not supported: {reason}. Supported: "
+            f"{', '.join(MOCO_TASK_TYPES)}; pass --scorer (scorer=) to score its records another way"
         )
     if isinstance(data, list):
         records, split_name = data, split or "test"
     elif isinstance(data, dict):
         split_name = split or "test"
         if split_name not in data:
-            raise DatasetError(f"{path}: no split {split_name!r}; splits in the file: {', '.join(data)}")
+            splits = ", ".join(k for k, v in data.items() if isinstance(v, list))
+            raise DatasetError(f"{path}: no split {split_name!r}; splits in the file: {splits}")
         records = data[split_name]
         if not isinstance(records, list):
             raise DatasetError(f"{path}: split {split_name!r} is not a list of records")
     else:
         raise DatasetError(f"{path}: expected an object of splits or a list of records")
-    if task_type is not None:
-        records = [{"task_type": task_type, **r} if isinstance(r, dict) else r for r in records]
-    return _records_to_examples(
-        records, source=f"{path}[{split_name}]", split=split_name, field_map=field_map, distinct_ids=True
-    )
+    shared = {k: data[k] for k in _FILE_FIELDS if isinstance(data, dict) and k in data}
+    if shared:  # the file's task type and tolerances, under each record's own
+        records = [{**shared, **r} if isinstance(r, dict) else r for r in records]
+    if task_type == "exact_match":
+        records = [_listed_options(r) if isinstance(r, dict) else r for r in records]
+    source = f"{path}[{split_name}]"
+    return _records(records, source=source, split=split_name, field_map=field_map, distinct_ids=True)
+
+
+_FILE_FIELDS = ("task_type", "rel_tol", "abs_tol")
+_OPTION_LINE = re.compile(r"^\(([A-Z])\)[ \t]+(\S.*?)[ \t]*$", re.MULTILINE)
+
+
+def _listed_options(record: dict) -> dict:
+    """An exact-match record whose answer is a letter of options its input lists ("(A) circle" lines, A, B, ...
+    in order, as BBH's), given those options as `choices`: scored as multiple choice, so "The answer is (D)
+    kite" is D, and a reply naming another option, or several, is not."""
+    gold = str(record.get("output", record.get("answer", ""))).strip()
+    if "choices" in record or not re.fullmatch(r"\(?[A-Z]\)?", gold):
+        return record
+    listed = _OPTION_LINE.findall(str(record.get("input", "")))
+    letters = "".join(letter for letter, _ in listed)
+    if len(listed) < 2 or letters != LETTERS[: len(letters)] or gold.strip("()") not in letters:
+        return record
+    return {**record, "choices": [text for _, text in listed], "answer": gold.strip("()")}
 
 
 def from_hf_dataset(
-    dataset: Any, *, split: str | None = None, field_map: dict[str, str] | None = None
+    dataset: Any,
+    *,
+    split: str | None = None,
+    field_map: dict[str, str] | None = None,
+    scorer: str | None = None,
 ) -> list[Example]:
-    """Examples from an in-memory `datasets.Dataset` or `DatasetDict` (pick one with `split`)."""
+    """Examples from an in-memory `datasets.Dataset` or `DatasetDict` (pick one with `split`), checked for what
+    `scorer` (None: each record's default) needs."""
+    return _hf_records(dataset, split=split, field_map=field_map).examples("dataset", scorer)
+
+
+def _hf_records(dataset: Any, *, split: str | None, field_map: dict[str, str] | None) -> _Read:
     if isinstance(dataset, Mapping):
         names = list(dataset)
         chosen = split or ("test" if "test" in names else names[0] if len(names) == 1 else None)
@@ -197,10 +330,10 @@ def from_hf_dataset(
         dataset, split = dataset[chosen], chosen
     if not hasattr(dataset, "column_names"):
         raise DatasetError(f"cannot load examples from a {type(dataset).__name__}")
-    return _records_to_examples(dataset, source="dataset", split=split or "train", field_map=field_map)
+    return _records(dataset, source="dataset", split=split or "train", field_map=field_map)
 
 
-def _from_hub(name_config: str, *, split: str | None, field_map: dict[str, str] | None) -> list[Example]:
+def _from_hub(name_config: str, *, split: str | None, field_map: dict[str, str] | None) -> _Read:
     name, _, config = name_config.partition(":")
     if not name:
         raise DatasetError("hf: needs a dataset name, as in hf:openai/gsm8k:main")
@@ -217,69 +350,83 @@ def _from_hub(name_config: str, *, split: str | None, field_map: dict[str, str] 
         loaded = datasets.load_dataset(name, config or None, split=split)
     except Exception as exc:  # the hub raises connection, auth and not-found errors of many types
         raise DatasetError(f"hf:{name_config}: could not load from the hub: {exc}") from exc
-    return from_hf_dataset(loaded, split=split, field_map=field_map)
+    return _hf_records(loaded, split=split, field_map=field_map)
 
 
-def _records_to_examples(
+def _records(
     records: Iterable[Any],
     *,
     source: str,
     split: str,
     field_map: dict[str, str] | None,
     distinct_ids: bool = False,
-) -> list[Example]:
-    """Examples from records. Repeated ids are an error, or with `distinct_ids` (MoCo's files, whose ids repeat
-    across distinct records) the k-th repeat becomes ``<id>~<k>``, with one warning for the whole source."""
-    examples: list[Example] = []
+) -> _Read:
+    """Examples from records, every problem of every record kept. Repeated ids are a problem, or with
+    `distinct_ids` (MoCo's files, whose ids repeat across distinct records) the k-th repeat becomes
+    ``<id>~<k>``, with one warning for the whole source."""
+    read = _Read()
     seen: set[str] = set()
     renamed = 0
     for index, record in enumerate(records):
         where = f"{source} record {index}"
         if not isinstance(record, dict):
-            raise DatasetError(f"{where}: expected an object, got {type(record).__name__}")
-        record = _apply_field_map(record, field_map, where)
-        for target, names in _ALIASES.items():
-            if record.get(target) is None and not (field_map and target in field_map):
-                record[target] = next((record[n] for n in names if record.get(n) is not None), None)
-        if record.get("input") is None:
-            raise DatasetError(
-                f"{where}: no input field (tried {', '.join(_ALIASES['input'])}); pass field_map"
-            )
-        record.setdefault("id", None)
-        if record["id"] is None:
-            record["id"] = f"{split}-{index}"
-        if isinstance(record.get("choices"), Mapping):
-            record = _choices_as_list(record, where)
-        example = _to_example(record, where)
+            read.problems.append(f"{where}: expected an object, got {type(record).__name__}")
+            continue
+        if record.get("id") is not None:
+            where = f"{where} (id {str(record['id'])!r})"
+        try:
+            example = _record_example(record, where, index, split, field_map)
+        except DatasetError as err:
+            read.problems.append(str(err))
+            continue
         if example.id in seen:
             if not distinct_ids:
-                raise DatasetError(f"{where}: duplicate id {example.id!r}")
+                read.problems.append(f"{where}: duplicate id {example.id!r}")
+                continue
             k = 2
             while f"{example.id}~{k}" in seen:
                 k += 1
             example = example.model_copy(update={"id": f"{example.id}~{k}"})
             renamed += 1
         seen.add(example.id)
-        examples.append(example)
+        read.located.append((example, where))
     if renamed:
         logger.warning(
             "%s: %d record(s) repeat an earlier record's id; kept, with '~2', '~3'... added to their ids",
             source,
             renamed,
         )
-    return examples
+    return read
+
+
+def _record_example(
+    record: dict, where: str, index: int, split: str, field_map: dict[str, str] | None
+) -> Example:
+    record = _apply_field_map(record, field_map, where)
+    for target, names in _ALIASES.items():
+        if record.get(target) is None and not (field_map and target in field_map):
+            record[target] = next((record[n] for n in names if record.get(n) is not None), None)
+    if record.get("input") is None:
+        raise DatasetError(f"{where}: no input field (tried {', '.join(_ALIASES['input'])}); pass field_map")
+    record.setdefault("id", None)
+    if record["id"] is None:
+        record["id"] = f"{split}-{index}"
+    if isinstance(record.get("choices"), Mapping):
+        record = _choices_as_list(record, where)
+    return _to_example(record, where)
 
 
 def _choices_as_list(record: dict, where: str) -> dict:
-    """MoCo's ``choices: {"A": text, ...}`` -> the option list, with a gold label given as a key made a letter."""
+    """MoCo's ``choices: {"A": text, ...}`` -> the option list, lettered by position as MoCo's evaluator does
+    (a file whose fourth key is "id" still has option D); a gold label given as a key is made that letter."""
     labels = [str(k) for k in record["choices"]]
     texts = [str(v) for v in record["choices"].values()]
-    if len(labels) > 10:
-        raise DatasetError(f"{where}: {len(labels)} choices; at most 10 (A-J) are supported")
+    if len(labels) > len(LETTERS):
+        raise DatasetError(f"{where}: field 'choices': {len(labels)} options; at most {len(LETTERS)} (A-Z)")
     out = {**record, "choices": texts, "choice_labels": labels}
     answer = record.get("answer")
     if answer is not None and str(answer).strip() in labels:
-        out["answer"] = "ABCDEFGHIJ"[labels.index(str(answer).strip())]
+        out["answer"] = LETTERS[labels.index(str(answer).strip())]
     return out
 
 

@@ -1,37 +1,69 @@
-"""Run untrusted Python (code a model wrote) in a contained child process.
+"""Run untrusted Python (code a model wrote) contained, and judge it from a process it cannot reach.
 
-What is contained, when the machine allows it (`SandboxResult.isolation` says what was applied):
+Two ways in:
 
-- ``workdir``: a fresh temporary directory is the cwd, `HOME` and `TMPDIR`; it is deleted afterwards.
-- ``empty_env``: the child's environment holds only `PATH`, `HOME`, `TMPDIR` and `LANG`: no API keys.
-- ``rlimits``: address space (`RLIMIT_AS`), CPU seconds, process count, file size, no core dumps, open files.
-- ``uid_drop``: when the parent runs as root, the code runs as an unprivileged uid of its own (root ignores
-  `RLIMIT_NPROC` and file permissions, and could read `/proc/<parent>/environ`).
-- ``netns``: a network namespace with only a loopback that is down (`unshare --net`): no connections at all.
-- ``pidns``: a PID namespace; when the code's main process ends or is killed, the kernel kills every process it
-  started, even ones that left the process group (`setsid`).
-- ``mountns`` + ``readonly_fs``: a private mount namespace in which every mount is read-only except the work
-  directory, so nothing outside it can be written even where plain permissions would allow it (`/tmp`).
+- `run_code(code)`: one program in the sandbox; it passes when it exits 0 in time (its output comes back).
+- `run_judged(code, harness, request)`: the judged run behind the code scorer (`colab_graphs.data.code_harness`).
+  The **candidate** process runs `code` and serves requests; a separate **judge** process holds the tests and
+  the verdict, calls the candidate over a pipe with plain data, and alone writes the verdict (with a nonce the
+  candidate never sees) on a pipe only it holds. The candidate's output never decides anything.
 
-Without `unshare` (or without the privilege to use it) the code still runs with rlimits, an empty environment,
-its own process group (killed whole on timeout) and, as root, a dropped uid; but it can then reach the network,
-write wherever its uid may (world-writable `/tmp`), and a process that calls `setsid` can outlive the timeout.
+Containment (`isolation` on each result names what was applied; the machine decides what is possible):
 
-Not contained in any mode: reading files that are world-readable (the code can read the installed packages
-and `/etc`), CPU contention with the host (use `cpu_s` and bounded parallelism), and kernel exploits.
-This module imports only the standard library: it runs itself as the namespace-side launcher.
+- ``netns``: a network namespace with only a loopback that is down: no TCP/UDP anywhere, and no abstract Unix
+  sockets of the host (they belong to the host's network namespace).
+- ``ipcns``: an IPC namespace: SysV shared memory, semaphores and message queues die with the run, and none
+  of the host's (or an earlier run's) are visible.
+- ``pidns``: a PID namespace: when the sandbox's first process ends, the kernel kills every process it started,
+  even ones that called `setsid`; ``nested_pidns``: the candidate runs in a PID namespace of its own inside it,
+  so it cannot signal, trace or even see the judge (or anything but its own processes) in its `/proc`.
+- ``mountns`` + ``private_root`` + ``readonly_fs``: the sandbox's root is a fresh read-only tree holding only
+  `/usr`, `/bin`, `/sbin`, `/lib*`, `/etc` and the interpreter's prefix (bound read-only, without the mounts
+  below them), a minimal `/dev`, its own `/proc`. The host's `/tmp`, `/run`, `/var`, `/home`, `/root`,
+  `/work`... are not in it, so no Unix socket there (a mode-666 one in /tmp, Docker's) can be reached, and no
+  file there read.
+- ``disk_cap``: the work directory is a tmpfs of `disk_mb` MiB (`/tmp` inside, also `HOME` and `TMPDIR`), the
+  only writable place besides a 16 MiB `/dev/shm`; both vanish with the run. `RLIMIT_FSIZE` caps one file.
+- ``uid_drop``: as root, the candidate and the judge each run as an unprivileged uid of their own (root ignores
+  `RLIMIT_NPROC` and file permissions); otherwise (root of a user namespace) both drop every capability.
+  Either way `no_new_privs`, and the judge and the launcher are non-dumpable: no process of their uid can read
+  their memory or file descriptors through `/proc` or `ptrace`.
+- ``rlimits``: address space, CPU seconds, processes, file size, open files, no core dumps; ``empty_env``: only
+  `PATH`, `HOME`, `TMPDIR`, `LANG` (no API keys); stdin, stdout and stderr plus, for the candidate, its two
+  request/reply pipes are its only file descriptors. Output beyond `max_output_bytes` is read and dropped:
+  it never blocks the program, and in a judged run it cannot change the verdict.
+
+Not covered (the threat model's edges):
+
+- Without `unshare` (or the privilege to use it) there are no namespaces: the code can reach the network and
+  any host socket, write wherever its uid may, outlive the run through `setsid`, keep SysV IPC alive, and fill
+  the disk up to `RLIMIT_FSIZE` per file. The verdict still comes from the judge's process; but as a non-root
+  caller the candidate then has the caller's uid and, where `ptrace` between a user's processes is allowed,
+  could read the calling process's memory (the tests, the API keys); it can always kill the judge (which only
+  fails the run). A warning is logged once; score untrusted code as root or where user namespaces are allowed.
+- Memory is limited per process (`RLIMIT_AS`), not per run (no cgroup): `max_procs` processes may each use
+  `memory_mb`. CPU time competes with the host's (use `cpu_s` and bounded parallelism).
+- The system directories are readable (installed packages, `/etc/passwd`); a Unix socket placed inside them
+  would be reachable. Kernel exploits, timing side channels, and anything the tests themselves leak through the
+  arguments they pass are out of scope.
+- The judge runs the dataset's tests: trusted to be tests, yet contained like the candidate (its own uid or no
+  capabilities, no writable directory at all).
+
+The sandbox's inside is `colab_graphs.data.sandbox_launcher`, a standard-library script run by the system
+interpreter (the venv's may sit under a directory the unprivileged uid cannot enter).
 """
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
-import ctypes
 import functools
-import json
+import logging
+import marshal
 import os
 import pwd
-import resource
+import secrets
 import shutil
 import signal
 import stat
@@ -40,16 +72,24 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
-# Unprivileged uids handed to concurrent runs (one each, so runs cannot signal or read each other and each has
-# its own RLIMIT_NPROC budget). The range is far from system and login accounts; taken uids are skipped.
+logger = logging.getLogger(__name__)
+
+# Unprivileged uids handed to concurrent runs (one each for the candidate and the judge, so no two processes of
+# different roles or runs can signal or read each other, and each has its own RLIMIT_NPROC budget). The range
+# is far from system and login accounts; taken uids are skipped.
 _UID_BASE = 61000
 _UID_COUNT = 512
 _FILE_SIZE_LIMIT = 64 * 1024**2
 _OPEN_FILES_LIMIT = 256
 _LAUNCHER_FAILED = 125
+_LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_launcher.py")
+_JUDGE_GRACE_S = 2.0  # the judge times its own deadline; the host kills only a judge that overran it
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -67,6 +107,20 @@ class SandboxResult:
     output_truncated: bool = False
 
 
+@dataclass(frozen=True)
+class JudgedRun:
+    """What happened to one judged run. `verdict` is the judge's (None: it gave none, e.g. killed at the time
+    limit); `stdout` / `stderr` are the candidate's, `judge_output` the judge's, all capped."""
+
+    verdict: dict[str, Any] | None
+    timed_out: bool
+    wall_s: float
+    isolation: list[str]
+    stdout: str
+    stderr: str
+    judge_output: str
+
+
 def run_code(
     code: str,
     *,
@@ -75,20 +129,22 @@ def run_code(
     cpu_s: int | None = None,
     max_procs: int = 32,
     max_output_bytes: int = 64_000,
+    disk_mb: int = 128,
     network: bool = False,
     stdin: str | None = None,
 ) -> SandboxResult:
-    """Run Python source in a contained child process and wait for it (at most `timeout_s` of wall clock).
+    """Run Python source in the sandbox and wait for it (at most `timeout_s` of wall clock).
 
     Args:
         code: a complete Python program; it passes when it exits with status 0.
-        timeout_s: wall-clock limit; on expiry the whole process tree is killed.
+        timeout_s: wall-clock limit; on expiry every process of the run is killed.
         memory_mb: address-space limit per process (RLIMIT_AS), in MiB.
         cpu_s: CPU-seconds limit per process; defaults to the wall-clock limit plus one second.
         max_procs: process/thread limit for the run's uid (RLIMIT_NPROC): the dropped uid when the caller is
             root; a non-root caller gets it only inside a user namespace (otherwise it would count all of the
             caller's own processes).
         max_output_bytes: stdout and stderr are each kept up to this many bytes; the rest is read and dropped.
+        disk_mb: size of the work directory (a tmpfs) where the machine allows a private root.
         network: allow network access (no network namespace).
         stdin: text fed to the program's standard input (empty when None).
 
@@ -99,65 +155,115 @@ def run_code(
         >>> run_code("print(1 + 1)").stdout
         '2\\n'
     """
-    plan = _isolation_plan(network)
-    workdir = tempfile.mkdtemp(prefix="cg_sandbox_", dir=_workdir_parent())
-    uid = _UIDS.acquire() if os.geteuid() == 0 else None
-    try:
-        with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as fh:
-            fh.write(code)
-        if uid is not None:
-            for path in (workdir, os.path.join(workdir, "main.py")):
-                os.chown(path, uid, uid)
-        os.chmod(workdir, 0o700)
-        limits = {
-            "RLIMIT_AS": memory_mb * 1024**2,
-            "RLIMIT_CPU": cpu_s if cpu_s is not None else int(timeout_s) + 1,
-            "RLIMIT_NPROC": max_procs,
-            "RLIMIT_FSIZE": _FILE_SIZE_LIMIT,
-            "RLIMIT_CORE": 0,
-            "RLIMIT_NOFILE": _OPEN_FILES_LIMIT,
-        }
-        if uid is None and not plan.prefix:
-            # A non-root caller outside a user namespace shares RLIMIT_NPROC with all its own processes: a low
-            # limit would stop the sandbox from starting at all, so the process count goes unbounded there.
-            del limits["RLIMIT_NPROC"]
-        config = {
-            "workdir": workdir,
-            "python": _sandbox_python(),
-            "uid": uid,
-            "readonly_fs": "mountns" in plan.names,
-            "limits": limits,
-        }
-        return _supervise(plan, config, timeout_s, max_output_bytes, stdin)
-    finally:
-        shutil.rmtree(workdir, onerror=_force_remove)
-        if uid is not None:
-            _UIDS.release(uid)
+    files = {"main.py": code}
+    run = _Run(
+        _isolation_plan(network), timeout_s, memory_mb, cpu_s, max_procs, disk_mb, roles=("candidate",)
+    )
+    with run:
+        out = run.start(
+            files, ["{files}/main.py"], judge=None, stdin=stdin, max_output_bytes=max_output_bytes
+        )
+    returncode = out.returncode
+    if out.status.get("signal"):
+        returncode = -out.status["signal"]
+    return SandboxResult(
+        passed=returncode == 0 and not out.timed_out,
+        returncode=returncode,
+        stdout=out.stdout.text(),
+        stderr=out.stderr.text(),
+        timed_out=out.timed_out,
+        killed_reason=_killed_reason(returncode, out.timed_out, out.stderr.text()),
+        wall_s=out.wall_s,
+        isolation=out.isolation,
+        output_truncated=out.stdout.truncated or out.stderr.truncated,
+    )
 
 
-async def arun_code(
+def run_judged(
     code: str,
+    harness: str,
+    request: dict[str, Any],
     *,
     timeout_s: float = 10,
     memory_mb: int = 512,
     cpu_s: int | None = None,
     max_procs: int = 32,
     max_output_bytes: int = 64_000,
+    disk_mb: int = 128,
     network: bool = False,
-    stdin: str | None = None,
-) -> SandboxResult:
-    """`run_code` for async callers; at most `max_parallel()` runs execute at once across the whole process."""
-    call = functools.partial(
-        run_code,
-        code,
-        timeout_s=timeout_s,
-        memory_mb=memory_mb,
-        cpu_s=cpu_s,
-        max_procs=max_procs,
-        max_output_bytes=max_output_bytes,
-        network=network,
-        stdin=stdin,
+) -> JudgedRun:
+    """Run `code` as the candidate and `harness`'s `judge(reply_fd, request_fd, request)` as its judge.
+
+    `harness` is a module's source: run as `__main__` with the path of `code`'s file as its argument, it is the
+    candidate's side; its `judge` function runs in the judge's process and returns the verdict (plain data).
+    `request` (the tests) reaches only the judge. The judge times itself (`timeout_s`, which the request should
+    carry); the host kills the run `_JUDGE_GRACE_S` later. Other arguments as `run_code`.
+    """
+    nonce = secrets.token_hex(16)
+    judge = {"input": request, "nonce": nonce}
+    files = {"solution.py": code, "harness.code": _compiled(harness)}
+    run = _Run(
+        _isolation_plan(network), timeout_s + _JUDGE_GRACE_S, memory_mb, cpu_s or int(timeout_s) + 1,
+        max_procs, disk_mb, roles=("candidate", "judge"),
+    )  # fmt: skip
+    with run:
+        out = run.start(
+            files, [*_HARNESS_ARGV, "{files}/solution.py"], judge=judge, max_output_bytes=max_output_bytes
+        )
+    verdict = None
+    for message in _literals(out.verdict):
+        if (
+            isinstance(message, dict)
+            and message.get("nonce") == nonce
+            and isinstance(message.get("verdict"), dict)
+        ):
+            verdict = message["verdict"]
+    return JudgedRun(
+        verdict=verdict,
+        timed_out=out.timed_out,
+        wall_s=out.wall_s,
+        isolation=out.isolation,
+        stdout=out.stdout.text(),
+        stderr=out.stderr.text(),
+        judge_output=out.judge_log.text() if out.judge_log else "",
     )
+
+
+# The candidate runs the harness compiled once per host process by the sandbox's interpreter (compiling a
+# few hundred lines in every run, twice, was a measurable part of each score).
+_HARNESS_ARGV = ["-c", "import marshal\nexec(marshal.loads(open('{files}/harness.code', 'rb').read()))"]
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled(harness: str) -> bytes:
+    """`harness` compiled by the sandbox's interpreter, as marshal bytes (the judge and the candidate exec it)."""
+    compile_it = (
+        "import marshal, sys\n"
+        "if sys.version_info < (3, 10):\n    sys.exit(f'Python 3.10 or newer is needed, this is {sys.version}')\n"
+        "sys.stdout.buffer.write(marshal.dumps(compile(sys.stdin.read(), 'harness.py', 'exec')))"
+    )
+    done = subprocess.run(
+        [_sandbox_python(), "-I", "-S", "-c", compile_it],
+        input=harness.encode(),
+        capture_output=True,
+        timeout=60,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"the sandbox's interpreter ({_sandbox_python()}) cannot run the harness: {done.stderr.decode()[-500:]}"
+            " (set COLAB_GRAPHS_SANDBOX_PYTHON to another)"
+        )
+    return done.stdout
+
+
+async def arun_code(code: str, **options: Any) -> SandboxResult:
+    """`run_code` for async callers; at most `max_parallel()` runs execute at once across the whole process."""
+    return await in_sandbox_pool(run_code, code, **options)
+
+
+async def in_sandbox_pool(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Call `fn` (a blocking sandbox run) on the sandbox's thread pool, the process-wide bound on parallel runs."""
+    call = functools.partial(fn, *args, **kwargs)
     return await asyncio.get_running_loop().run_in_executor(_executor(), call)
 
 
@@ -174,27 +280,176 @@ def _executor() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=max_parallel(), thread_name_prefix="cg-sandbox")
 
 
-# --- parent side ---------------------------------------------------------------------------------------------
+# --- one run ----------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class _Plan:
-    prefix: list[str]
-    names: list[str]
+    prefix: list[str]  # the `unshare` command line, [] without namespaces
+    namespaces: list[str]  # what the prefix creates
+    private_root: bool
+
+
+@dataclass
+class _Outcome:
+    returncode: int | None
+    timed_out: bool
+    wall_s: float
+    status: dict
+    isolation: list[str]
+    stdout: _CappedReader
+    stderr: _CappedReader
+    judge_log: _CappedReader | None
+    verdict: str
+
+
+class _Run:
+    """One sandbox run's resources (uids, a fallback work directory) and the launcher that uses them."""
+
+    def __init__(
+        self,
+        plan: _Plan,
+        timeout_s: float,
+        memory_mb: int,
+        cpu_s: int | None,
+        max_procs: int,
+        disk_mb: int,
+        roles: tuple[str, ...],
+    ) -> None:
+        self.plan, self.timeout_s, self.roles = plan, timeout_s, roles
+        self.memory, self.cpu_s, self.max_procs, self.disk_mb = memory_mb * 1024**2, cpu_s, max_procs, disk_mb
+        self.uids: dict[str, int | None] = dict.fromkeys(roles)
+        self.workdir: str | None = None
+
+    def __enter__(self) -> _Run:
+        if os.geteuid() == 0:
+            for role in self.roles:
+                self.uids[role] = _UIDS.acquire()
+        if not self.plan.private_root:
+            self.workdir = tempfile.mkdtemp(prefix="cg_sandbox_", dir=_workdir_parent())
+            if self.uids["candidate"] is not None:
+                os.chown(self.workdir, self.uids["candidate"], self.uids["candidate"])
+            os.chmod(self.workdir, 0o700)
+            _warn_weak_isolation(self.plan)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.workdir:
+            shutil.rmtree(self.workdir, onerror=_force_remove)
+        for uid in self.uids.values():
+            if uid is not None:
+                _UIDS.release(uid)
+
+    def _limits(self, role: str) -> dict[str, int]:
+        cpu = self.cpu_s if self.cpu_s is not None else int(self.timeout_s) + 1
+        limits = {"RLIMIT_AS": self.memory, "RLIMIT_CPU": cpu, "RLIMIT_CORE": 0}
+        if role == "candidate":
+            limits |= {"RLIMIT_NPROC": self.max_procs, "RLIMIT_FSIZE": _FILE_SIZE_LIMIT}
+            limits["RLIMIT_NOFILE"] = _OPEN_FILES_LIMIT
+        else:  # the judge forks nothing and writes no file
+            limits |= {"RLIMIT_NPROC": 16, "RLIMIT_FSIZE": 1024**2, "RLIMIT_NOFILE": 64}
+        if self.uids[role] is None and not self.plan.prefix:
+            # A non-root caller outside a user namespace shares RLIMIT_NPROC with all its own processes: a low
+            # limit would stop the sandbox from starting at all, so the process count goes unbounded there.
+            del limits["RLIMIT_NPROC"]
+        return limits
+
+    def start(
+        self,
+        files: dict[str, str],
+        argv: list[str],
+        *,
+        judge: dict | None,
+        max_output_bytes: int,
+        stdin: str | None = None,
+    ) -> _Outcome:
+        pipes = {name: os.pipe() for name in ("config", "status", "verdict", "judge_log")}
+        plan = {
+            "python": _sandbox_python(),
+            "private_root": self.plan.private_root,
+            "workdir": self.workdir,
+            "disk_bytes": self.disk_mb * 1024**2,
+            "uids": self.uids | {"judge": self.uids.get("judge")},
+            "limits": self._limits("candidate"),
+            "files": files,
+            "argv": argv,
+            "stdin": stdin is not None,
+            "judge": judge and {**judge, "limits": self._limits("judge")},
+            "fds": {name: pipes[name][1] for name in ("status", "verdict", "judge_log")},
+        }
+        child_fds = (pipes["config"][0], *plan["fds"].values())
+        argv_ = [*self.plan.prefix, plan["python"], "-I", "-S", _LAUNCHER, str(pipes["config"][0])]
+        start = time.monotonic()
+        try:
+            proc = subprocess.Popen(
+                argv_,
+                stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=_child_env("/"),
+                cwd="/",
+                pass_fds=child_fds,
+                start_new_session=True,
+            )
+        finally:
+            # Only the launcher may hold the write ends, so each read below ends when the sandbox does.
+            for fd in child_fds:
+                os.close(fd)
+        config_w = pipes["config"][1]
+        threading.Thread(target=_feed_fd, args=(config_w, marshal.dumps(plan, 2)), daemon=True).start()
+        if stdin is not None:
+            threading.Thread(target=_feed, args=(proc.stdin, stdin.encode()), daemon=True).start()
+        out, err = _CappedReader(proc.stdout, max_output_bytes), _CappedReader(proc.stderr, max_output_bytes)
+        judge_log = _CappedReader(os.fdopen(pipes["judge_log"][0], "rb"), max_output_bytes)
+        verdict = _CappedReader(os.fdopen(pipes["verdict"][0], "rb"), 1024**2)
+        timed_out = False
+        try:
+            proc.wait(timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        # Kill the whole group even after a clean exit: background children must not outlive the run.
+        _kill_group(proc.pid)
+        proc.wait()
+        wall = time.monotonic() - start
+        for reader in (out, err, judge_log, verdict):
+            reader.join()
+        status = _read_status(pipes["status"][0])
+        os.close(pipes["status"][0])
+        return _Outcome(
+            returncode=proc.returncode,
+            timed_out=timed_out,
+            wall_s=wall,
+            status=status,
+            isolation=self._isolation(status),
+            stdout=out,
+            stderr=err,
+            judge_log=judge_log if judge else None,
+            verdict=verdict.text(),
+        )
+
+    def _isolation(self, status: dict) -> list[str]:
+        """What the launcher applied, and which namespaces differ from the host's (asked of the kernel)."""
+        applied = list(status.get("isolation", []))
+        theirs = status.get("namespaces", {})
+        for name, label in (("net", "netns"), ("ipc", "ipcns"), ("pid", "pidns"), ("mnt", "mountns")):
+            with contextlib.suppress(OSError):
+                if name in theirs and theirs[name] != os.readlink(f"/proc/self/ns/{name}"):
+                    applied.append(label)
+        return applied
+
+
+def _isolation_plan(network: bool) -> _Plan:
+    wanted = ("mountns", "pidns", "ipcns") + (() if network else ("netns",))
+    prefix, names = _usable_namespaces(wanted)
+    return _Plan(prefix, names, private_root="mountns" in names and _private_root_works(tuple(prefix)))
 
 
 _NAMESPACES = {
     "netns": ["--net"],
+    "ipcns": ["--ipc"],
     "pidns": ["--pid", "--fork", "--kill-child", "--mount-proc"],
     "mountns": ["--mount", "--propagation", "private"],
 }
-
-
-def _isolation_plan(network: bool) -> _Plan:
-    wanted = ["mountns", "pidns"] + ([] if network else ["netns"])
-    prefix, names = _usable_namespaces(tuple(wanted))
-    always = ["workdir", "empty_env", "rlimits"] + (["uid_drop"] if os.geteuid() == 0 else [])
-    return _Plan(prefix, always + names + (["readonly_fs"] if "mountns" in names else []))
 
 
 @functools.cache
@@ -220,79 +475,34 @@ def _usable_namespaces(wanted: tuple[str, ...]) -> tuple[list[str], list[str]]:
     return [], []
 
 
-def _supervise(
-    plan: _Plan, config: dict, timeout_s: float, max_output_bytes: int, stdin: str | None
-) -> SandboxResult:
-    status_r, status_w = os.pipe()
-    try:
-        return _run_launcher(plan, config, status_r, status_w, timeout_s, max_output_bytes, stdin)
-    finally:
-        os.close(status_r)
+@functools.cache
+def _private_root_works(prefix: tuple[str, ...]) -> bool:
+    """Whether the launcher can build its private root here (mounts can be refused inside a container)."""
+    plan = _Plan(list(prefix), [], private_root=True)
+    with _Run(plan, 20, 256, None, 8, 1, roles=("candidate",)) as run:
+        out = run.start({"main.py": "pass"}, ["{files}/main.py"], judge=None, max_output_bytes=4000)
+    if out.returncode != 0:
+        logger.warning("the sandbox cannot build its private root here: %s", out.stderr.text()[-500:])
+    return out.returncode == 0
 
 
-def _run_launcher(
-    plan: _Plan,
-    config: dict,
-    status_r: int,
-    status_w: int,
-    timeout_s: float,
-    max_output_bytes: int,
-    stdin: str | None,
-) -> SandboxResult:
-    config = {**config, "status_fd": status_w}
-    argv = [*plan.prefix, sys.executable, "-I", "-S", os.path.abspath(__file__), json.dumps(config)]
-    start = time.monotonic()
-    try:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=_child_env(config["workdir"]),
-            cwd=config["workdir"],
-            pass_fds=(status_w,),
-            start_new_session=True,
+_WEAK_WARNED: list[bool] = []
+
+
+def _warn_weak_isolation(plan: _Plan) -> None:
+    if not _WEAK_WARNED:
+        _WEAK_WARNED.append(True)
+        logger.warning(
+            "sandboxed code runs without a private root here (namespaces: %s): it can reach host sockets and "
+            "files its uid may read; score untrusted code as root or where user namespaces are allowed",
+            ", ".join(plan.namespaces) or "none",
         )
-    finally:
-        # Only the launcher may hold the write end, so the status read below ends when the launcher does.
-        os.close(status_w)
-    if stdin is not None:
-        threading.Thread(target=_feed, args=(proc.stdin, stdin.encode()), daemon=True).start()
-    out, err = _CappedReader(proc.stdout, max_output_bytes), _CappedReader(proc.stderr, max_output_bytes)
-    timed_out = False
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    # Kill the whole group even after a clean exit: background children must not outlive the run.
-    _kill_group(proc.pid)
-    proc.wait()
-    wall = time.monotonic() - start
-    out.join()
-    err.join()
-    status = _read_status(status_r)
-    stderr = err.text()
-    isolation = [name for name in plan.names if name in status.get("isolation", [])]
-    returncode = proc.returncode
-    if status.get("signal"):
-        returncode = -status["signal"]
-    return SandboxResult(
-        passed=returncode == 0 and not timed_out,
-        returncode=returncode,
-        stdout=out.text(),
-        stderr=stderr,
-        timed_out=timed_out,
-        killed_reason=_killed_reason(returncode, timed_out, stderr),
-        wall_s=wall,
-        isolation=isolation,
-        output_truncated=out.truncated or err.truncated,
-    )
 
 
 class _CappedReader:
     """Drains a pipe on a thread, keeping the first `cap` bytes, so a flood never blocks the child or fills RAM."""
 
-    def __init__(self, stream: object, cap: int) -> None:
+    def __init__(self, stream: Any, cap: int) -> None:
         self._stream = stream
         self._cap = cap
         self._chunks: list[bytes] = []
@@ -302,14 +512,15 @@ class _CappedReader:
         self._thread.start()
 
     def _drain(self) -> None:
-        while chunk := self._stream.read1(65536):  # type: ignore[attr-defined]
-            room = self._cap - self._kept
-            if len(chunk) > room:
-                self.truncated = True
-                chunk = chunk[: max(room, 0)]
-            if chunk:
-                self._chunks.append(chunk)
-                self._kept += len(chunk)
+        with self._stream:
+            while chunk := self._stream.read1(65536):
+                room = self._cap - self._kept
+                if len(chunk) > room:
+                    self.truncated = True
+                    chunk = chunk[: max(room, 0)]
+                if chunk:
+                    self._chunks.append(chunk)
+                    self._kept += len(chunk)
 
     def join(self) -> None:
         # Without a PID namespace an escaped grandchild may hold the pipe open; don't wait for it forever.
@@ -319,8 +530,8 @@ class _CappedReader:
         return b"".join(self._chunks).decode("utf-8", errors="replace")
 
 
-def _child_env(workdir: str) -> dict[str, str]:
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"}
+def _child_env(home: str) -> dict[str, str]:
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8"}
 
 
 def _kill_group(pgid: int) -> None:
@@ -328,24 +539,36 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def _feed(pipe: object, data: bytes) -> None:
+def _feed(pipe: Any, data: bytes) -> None:
     with contextlib.suppress(OSError):
-        pipe.write(data)  # type: ignore[attr-defined]
-        pipe.close()  # type: ignore[attr-defined]
+        pipe.write(data)
+        pipe.close()
+
+
+def _feed_fd(fd: int, data: bytes) -> None:
+    with contextlib.suppress(OSError), os.fdopen(fd, "wb") as fh:
+        fh.write(data)
 
 
 def _read_status(fd: int) -> dict:
-    """The launcher's report: one JSON line with the isolation applied, one with how the code ended."""
+    """The launcher's report: one line with the isolation applied, one with how the code ended."""
     data = b""
     while chunk := os.read(fd, 4096):
         data += chunk
     status: dict = {}
-    for line in data.decode("utf-8", errors="replace").splitlines():
-        try:
-            status.update(json.loads(line))
-        except ValueError:
-            break
+    for message in _literals(data.decode("utf-8", errors="replace")):
+        if isinstance(message, dict):
+            status.update(message)
     return status
+
+
+def _literals(text: str) -> list[Any]:
+    """The Python literals of `text`, one per line (`ast.literal_eval`: no code runs); unreadable lines skipped."""
+    found = []
+    for line in text.splitlines():
+        with contextlib.suppress(ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            found.append(ast.literal_eval(line))
+    return found
 
 
 def _killed_reason(returncode: int | None, timed_out: bool, stderr: str) -> str | None:
@@ -408,7 +631,7 @@ class _UidPool:
                 if uid not in self._taken and not _uid_exists(uid):
                     self._taken.add(uid)
                     return uid
-        raise RuntimeError(f"more than {_UID_COUNT} concurrent sandbox runs")
+        raise RuntimeError(f"more than {_UID_COUNT} concurrent sandbox processes")
 
     def release(self, uid: int) -> None:
         with self._lock:
@@ -435,104 +658,3 @@ def _force_remove(func: object, path: str, _exc: object) -> None:
         shutil.rmtree(path, ignore_errors=True)
     else:
         os.unlink(path)
-
-
-# --- namespace side: `python -I -S sandbox.py CONFIG` runs as root inside the new namespaces ------------------
-
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
-_MS_REMOUNT, _MS_BIND, _MS_REC = 32, 4096, 16384
-_MOUNT_FLAGS = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC}
-
-
-def _launch(config: dict) -> None:
-    applied: list[str] = ["workdir", "empty_env"]
-    workdir = config["workdir"]
-    if config["readonly_fs"]:
-        failed = _make_readonly_except(workdir)
-        applied += ["mountns"] + (["readonly_fs"] if not failed else [])
-        if failed:
-            print(f"cg-sandbox launcher: could not make read-only: {failed}", file=sys.stderr)
-    applied += _namespaces_of_self()
-    for name, value in config["limits"].items():
-        # A CPU hard limit above the soft one lets SIGXCPU (reported as cpu_limit) arrive before SIGKILL.
-        hard = value + 1 if name == "RLIMIT_CPU" else value
-        resource.setrlimit(getattr(resource, name), (value, hard))
-    applied.append("rlimits")
-    if config["uid"] is not None:
-        uid = config["uid"]
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
-        if os.getuid() != uid or os.geteuid() != uid:
-            _die("privilege drop did not take effect")
-        applied.append("uid_drop")
-    os.chdir(workdir)
-    status = os.fdopen(config["status_fd"], "w")
-    status.write(json.dumps({"isolation": applied}) + "\n")
-    status.flush()
-    python = config["python"]
-    child = os.fork()
-    if child == 0:
-        status.close()
-        os.execve(python, [python, "-I", "main.py"], _child_env(workdir))
-    # As PID 1 of the namespace this process reaps every orphan, and its exit kills whatever is left; a signal
-    # cannot be re-raised on PID 1, so the child's fate is reported through the status pipe instead.
-    while True:
-        pid, wait_status = os.waitpid(-1, 0)
-        if pid == child:
-            break
-    signum = os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else None
-    code = os.WEXITSTATUS(wait_status) if os.WIFEXITED(wait_status) else 128 + (signum or 0)
-    status.write(json.dumps({"signal": signum, "exit_code": code}) + "\n")
-    status.close()
-    os._exit(code)
-
-
-def _make_readonly_except(workdir: str) -> list[str]:
-    """Remount every mount read-only, then bind the work directory over itself writable. Returns failures."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
-
-    def mount(src: str | None, target: str, flags: int) -> bool:
-        encoded = src.encode() if src else None
-        return libc.mount(encoded, target.encode(), None, flags, None) == 0
-
-    failed = []
-    with open("/proc/self/mountinfo", encoding="utf-8") as fh:
-        mounts = [(line.split()[4], line.split()[5]) for line in fh]
-    for target, options in mounts:
-        kept = sum(flag for opt, flag in _MOUNT_FLAGS.items() if opt in options.split(","))
-        target = target.encode().decode("unicode_escape")
-        if not mount(None, target, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | kept) and os.path.exists(target):
-            failed.append(target)
-    if not (mount(workdir, workdir, _MS_BIND) and mount(None, workdir, _MS_REMOUNT | _MS_BIND | _MS_NOSUID)):
-        _die(f"could not bind the work directory writable: errno {ctypes.get_errno()}")
-    return failed
-
-
-def _namespaces_of_self() -> list[str]:
-    # Compare with PID 1's view of the host is impossible from inside; unshare already succeeded, so report
-    # what this process sees: its own PID 1 (pidns) and a network with only a loopback device (netns).
-    names = []
-    if os.getpid() == 1:
-        names.append("pidns")
-    try:
-        with open("/proc/net/dev", encoding="utf-8") as fh:
-            devices = [line.split(":")[0].strip() for line in fh.readlines()[2:]]
-        if devices == ["lo"]:
-            names.append("netns")
-    except OSError:
-        pass
-    return names
-
-
-def _die(message: str) -> None:
-    print(f"cg-sandbox launcher: {message}", file=sys.stderr)
-    os._exit(_LAUNCHER_FAILED)
-
-
-if __name__ == "__main__":
-    try:
-        _launch(json.loads(sys.argv[1]))
-    except Exception as exc:  # noqa: BLE001 - any launcher failure must stop the run, never run the code
-        _die(f"{type(exc).__name__}: {exc}")

@@ -66,8 +66,9 @@ def default_scorer_name(example: Example) -> str:
     """The scorer an example's fields call for when the user names none.
 
     An explicit `scorer` field wins; then `test` -> code, `choices` -> multiple_choice; then MoCo's `task_type`
-    (exact_match is numeric when the gold answer is a number, else math, which compares by math-verify and
-    falls back to normalised text); then a numeric answer -> numeric; else exact.
+    (exact_match is numeric when the gold answer is a number, exact when it is plain words or symbols, so word
+    order counts and a sorted word list or `) ) }` compares as text, else math, which compares by math-verify);
+    then a numeric answer -> numeric; else exact.
     """
     named = example.fields.get("scorer")
     if isinstance(named, str) and named:
@@ -76,14 +77,14 @@ def default_scorer_name(example: Example) -> str:
         return "code"
     if example.fields.get("choices") is not None:
         return "multiple_choice"
-    from colab_graphs.data.answers import parse_number
+    from colab_graphs.data.answers import is_plain_text, parse_number
 
     numeric = example.answer is not None and parse_number(example.answer) is not None
     task_type = example.fields.get("task_type")
     if task_type in MOCO_TASK_TYPES:
         return MOCO_TASK_TYPES[task_type]
     if task_type == "exact_match":
-        return "numeric" if numeric else "math"
+        return "numeric" if numeric else "exact" if is_plain_text(example.answer or "") else "math"
     return "numeric" if numeric else "exact"
 
 

@@ -14,12 +14,18 @@ generic extractor; so code stays code, a letter stays a letter, and `\\frac{1}{2
 A task type is registered under its scorer name (`--scorer`, an example's `scorer` field); a plain scorer
 function registered with `register_scorer` becomes a task type with short-text extraction.
 
+Numbers are equal by `colab_graphs.data.answers.numbers_equal`: an integer only to the same value, other numbers
+within a relative tolerance (`NumericTask.rel_tol`, 1e-6) or an absolute one (`abs_tol`, 0: it only matters
+near zero). A record may state its own in `rel_tol` / `abs_tol` fields (a MoCo file at its top level). Every
+extractor defends against replies written to fool it (hedges, contradictions, look-alike characters): see
+`colab_graphs.data.answers`.
+
 | task type | extract | same answer |
 |---|---|---|
-| `exact` | `\\boxed{}`, "the answer is X", else the last line | normalised text (numbers by value) |
-| `numeric` | `\\boxed{}`, `#### N`, "the answer is N", else the last number | equal value (relative 1e-6) |
-| `math` | `\\boxed{}`, "the answer is X", a bare answer, `$...$`, the last number | math-verify equivalence |
-| `multiple_choice` | an explicit commitment to a letter or an option's text | same letter |
+| `exact` | `\\boxed{}`, "the answer is X" (its sentence), else the last line | normalised text, word order kept; numbers by value; symbols as symbols |
+| `numeric` | `\\boxed{}`, `#### N`, "the answer is N", else the last number | integers exactly; else relative 1e-6 (`rel_tol`, `abs_tol`) |
+| `math` | `\\boxed{}`, "the answer is X", a bare answer, `$...$`, the last number | numbers as `numeric`; words as text; else math-verify |
+| `multiple_choice` | an explicit commitment to one letter (A-Z) or option's text | same letter |
 | `code` | the fenced ```python block (the one defining the entry point) | same source after an AST round trip |
 | `reasoning_gym` | `<answer>...</answer>`, else as `exact` | normalised text |
 | `f1` | as `exact` | normalised text (scored by token F1) |
@@ -31,7 +37,6 @@ import ast
 import inspect
 import logging
 import re
-import secrets
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -91,8 +96,18 @@ class TaskType:
         return Score(float(self.same(extracted, gold, example)), extracted)
 
 
+def tolerances(example: Example, rel_tol: float, abs_tol: float) -> tuple[float, float]:
+    """The example's own `rel_tol` / `abs_tol` fields where it states them, else the task's."""
+    fields = example.fields
+    return float(fields.get("rel_tol", rel_tol)), float(fields.get("abs_tol", abs_tol))
+
+
 class NumericTask(TaskType):
+    """Numbers: integers compare exactly, others within `rel_tol` of the larger magnitude (or `abs_tol`)."""
+
     name = "numeric"
+    rel_tol: ClassVar[float] = 1e-6
+    abs_tol: ClassVar[float] = 0.0
 
     def instruction(self, example: Example) -> str:
         return "Answer concisely. End with: The answer is <number>."
@@ -101,7 +116,7 @@ class NumericTask(TaskType):
         return answers.extract_number(reply)
 
     def same(self, a: str, b: str, example: Example) -> bool:
-        equal = answers.numbers_equal(a, b)
+        equal = answers.numbers_equal(a, b, *tolerances(example, self.rel_tol, self.abs_tol))
         return equal if equal is not None else super().same(a, b, example)
 
 
@@ -117,7 +132,7 @@ class MathTask(TaskType):
 
     def same(self, a: str, b: str, example: Example) -> bool:
         try:
-            return answers.math_equal(a, b)
+            return answers.math_equal(a, b, *tolerances(example, NumericTask.rel_tol, NumericTask.abs_tol))
         except answers.MathVerifyMissing:
             if not MathTask._warned:
                 MathTask._warned = True
@@ -137,6 +152,10 @@ class MultipleChoiceTask(TaskType):
         choices = example.fields.get("choices")
         if not choices:
             raise ValueError(f"example {example.id!r} needs 'choices' for the 'multiple_choice' scorer")
+        if len(choices) > len(answers.LETTERS):
+            raise ValueError(
+                f"example {example.id!r} has {len(choices)} choices; at most {len(answers.LETTERS)} (A-Z)"
+            )
         return [str(c) for c in choices]
 
     def question(self, example: Example) -> str:
@@ -177,12 +196,17 @@ def shows_options(text: str, choices: Sequence[str]) -> bool:
 
 
 class CodeTask(TaskType):
-    """Coding tasks: `test` is Python that raises on failure, run in the sandbox against the reply's code.
+    """Coding tasks: `test` is Python that raises on failure; the sandbox's judge runs it against the reply's code.
 
     The function under test is `entry_point`, else the last function the question's code defines (MoCo's
-    HumanEval has no entry point), else the first function the reply defines. A `test` that defines
-    `check(candidate)` and never calls it (HumanEval's and MoCo's form) gets `check(<entry point>)` appended,
-    as MoCo's evaluator does: defining checks is not testing.
+    HumanEval has no entry point), else the reply's main function (the last top-level function no other one
+    calls: a helper defined before it is not it). A `test` that defines `check(candidate)` and never calls it
+    (HumanEval's and MoCo's form) is called with that function, as MoCo's evaluator does.
+
+    The verdict is the tests' (`colab_graphs.data.code_tests`): the reply's code runs in a process of its own
+    and answers the judge's calls with plain data, so it cannot read the tests, patch what they run on, exit
+    early, print a token, or hand back a value that equals anything. A test that cannot fail (missing, blank,
+    nothing to assert) is refused, as is one that passes without calling the code: either would pass anything.
     """
 
     name = "code"
@@ -192,6 +216,9 @@ class CodeTask(TaskType):
             return example.entry_point
         defined = answers.defined_functions(self.prompt_code(example) or "")
         return defined[-1] if defined else None
+
+    def function_under_test(self, code: str, example: Example) -> str | None:
+        return self.entry_point(example) or answers.main_function(code)
 
     @staticmethod
     def prompt_code(example: Example) -> str | None:
@@ -220,58 +247,31 @@ class CodeTask(TaskType):
             return f"{prompt}{code}"
         return code
 
-    def test_program(self, code: str, example: Example) -> str | None:
-        """The tests, calling `check` on the function under test when they only define it; None if no function."""
-        test = example.test or ""
-        try:
-            tree = ast.parse(test)
-        except SyntaxError:
-            return test  # it fails in the sandbox, where the error is recorded
-        defines_check = any(isinstance(n, ast.FunctionDef) and n.name == "check" for n in tree.body)
-        calls_check = any(
-            isinstance(n, ast.Expr)
-            and isinstance(n.value, ast.Call)
-            and isinstance(n.value.func, ast.Name)
-            and n.value.func.id == "check"
-            for n in tree.body
-        )
-        if not defines_check or calls_check:
-            return test
-        entry = self.entry_point(example) or next(iter(answers.defined_functions(code)), None)
-        return None if entry is None else f"{test}\n\ncheck({entry})\n"
-
     async def score(self, output: str, example: Example) -> Score:
-        if example.test is None:
-            raise ValueError(f"example {example.id!r} has no 'test' field; the 'code' scorer needs one")
+        from colab_graphs.data.code_tests import arun_tests, unusable_test
+
+        problem = unusable_test(example.test)
+        if problem:
+            raise ValueError(
+                f"example {example.id!r}: {problem}; the 'code' scorer needs a test that can fail"
+            )
         code = self.extract(output, example)
         if code is None:
             return Score(0.0, None)
-        test = self.test_program(code, example)
-        if test is None:
-            return Score(0.0, code)
-        from colab_graphs.data.sandbox import arun_code
-
-        token = secrets.token_hex(16)
-        program = _HARNESS.format(candidate=self.candidate(code, example), test=test)
-        result = await arun_code(
-            program, timeout_s=float(example.fields.get("timeout_s") or 10), stdin=token + "\n"
+        program = self.candidate(code, example)
+        verdict = await arun_tests(
+            program,
+            example.test,
+            entry_point=self.function_under_test(program, example),
+            prompt_code=self.prompt_code(example),
+            timeout_s=float(example.fields.get("timeout_s") or 10),
         )
-        return Score(float(result.passed and result.stdout.rstrip().endswith(token)), code)
-
-
-# The candidate runs first, in its own namespace, then the tests; a secret token printed only after the tests
-# finish tells a pass from an early `sys.exit(0)` / `os._exit(0)`. The token comes through stdin, which the
-# harness consumes before the candidate runs, so it is not in the source the candidate can read. (Code that
-# deliberately inspects the harness's frames could still find it: this stops accidents and cheap exits.)
-_HARNESS = """\
-import os as _cg_os, sys as _cg_sys
-_cg_token = _cg_sys.stdin.readline().strip()
-_cg_sys.stdin = open(_cg_os.devnull)
-_cg_ns = {{"__name__": "solution"}}
-exec(compile({candidate!r}, "solution.py", "exec"), _cg_ns)
-exec(compile({test!r}, "test.py", "exec"), _cg_ns)
-print(_cg_token)
-"""
+        if verdict.passed and verdict.calls == 0:
+            raise ValueError(
+                f"example {example.id!r}: its test passed without calling the code under test, so it would pass "
+                "any code; the 'code' scorer needs a test that calls the solution"
+            )
+        return Score(float(verdict.passed), code)
 
 
 class ReasoningGymTask(TaskType):

@@ -30,6 +30,7 @@ class Turn(BaseModel):
     model: str = ""
     messages: list[dict[str, Any]] | None = None
     completion: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float | None = None
@@ -82,6 +83,7 @@ class Log(BaseModel):
                     model=c.model,
                     messages=c.messages,
                     completion=c.completion,
+                    tool_calls=c.tool_calls,
                     prompt_tokens=c.prompt_tokens,
                     completion_tokens=c.completion_tokens,
                     cost_usd=c.cost_usd,

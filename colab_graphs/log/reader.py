@@ -1,10 +1,9 @@
 """Reading any output folder as one typed `Log`.
 
 `read_log(path)` reads the folder's `log.jsonl` (runs, audits, studies) and attaches its contract file
-(`summary.json`, `report.json`, `study.json`) when the producer has finished. Folders without a log are read as
-views: a training run's `metrics.jsonl`, `eval_before.json`, `eval_after.json` and `rollouts.jsonl`, and folders
-written before the log existed (log version 0: an audit's `game.jsonl`, which kept no conversation text; a run's
-`traces.jsonl`). A log newer than this colab-graphs is refused with both versions named.
+(`summary.json`, `report.json`, `study.json`) when the producer has finished. A training run keeps no log: its
+`metrics.jsonl`, `eval_before.json`, `eval_after.json` and `rollouts.jsonl` are read as one. A log newer than
+this colab-graphs is refused with both versions named.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from colab_graphs.log.legacy import read_legacy
 from colab_graphs.log.model import Log
 from colab_graphs.log.records import (
     LOG_FILE,
@@ -42,7 +40,6 @@ SUMMARY_FILES = {
     "run": "summary.json",
     "train": "summary.json",
 }
-LEGACY_AUDIT = ("game.jsonl", "game.json")
 TRAIN_FILES = ("metrics.jsonl", "eval_before.json", "eval_after.json", "rollouts.jsonl")
 ROLLOUTS_FILE = "rollouts.jsonl"
 
@@ -71,7 +68,8 @@ def read_records(path: str | os.PathLike[str], *, strict: bool = True) -> tuple[
             data = json.loads(line)
             if not isinstance(data, dict):
                 raise ValueError("a record is a JSON object")
-            cls = RECORD_TYPES.get(data.get("type"))
+            kind = data.get("type")
+            cls = RECORD_TYPES.get(kind) if isinstance(kind, str) else None
             record = cls.model_validate(data) if cls is not None else None
         except (json.JSONDecodeError, ValidationError, ValueError) as exc:
             if torn and lineno == len(lines):
@@ -139,15 +137,9 @@ def find_kind(folder: str | os.PathLike[str]) -> str | None:
         except (json.JSONDecodeError, AttributeError):
             return None
         return kind if kind in SUMMARY_FILES else None
-    if any((folder / name).is_file() for name in (*LEGACY_AUDIT, "report.json")):
-        return "audit"
-    if (folder / "study.json").is_file():
-        return "study"
     summary = load_json(folder / "summary.json") if (folder / "summary.json").is_file() else None
     if any((folder / name).is_file() for name in TRAIN_FILES) or (summary and "reward" in summary):
         return "train"
-    if any((folder / name).is_file() for name in ("traces.jsonl", "results.jsonl", "summary.json")):
-        return "run"
     return None
 
 
@@ -164,15 +156,14 @@ def read_log(path: str | os.PathLike[str], *, strict: bool = True) -> Log:
     kind = find_kind(folder)
     if kind is None:
         raise FileNotFoundError(
-            f"{path}: no colab-graphs output here (no {LOG_FILE}, report.json, study.json, summary.json or "
-            "metrics.jsonl)"
+            f"{path}: no colab-graphs output here (no {LOG_FILE}, and no training run's metrics.jsonl, "
+            "eval_*.json, rollouts.jsonl or summary.json)"
         )
-    if (folder / LOG_FILE).is_file():
-        log = _from_records(folder / LOG_FILE, folder, strict)
-    elif kind == "train":
-        log = _train_view(folder)
-    else:
-        log = read_legacy(folder, kind)
+    log = (
+        _from_records(folder / LOG_FILE, folder, strict)
+        if (folder / LOG_FILE).is_file()
+        else _train_view(folder)
+    )
     if log.summary is None:
         summary = folder / SUMMARY_FILES[log.kind]
         log.summary = load_json(summary) if summary.is_file() else None

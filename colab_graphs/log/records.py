@@ -109,6 +109,7 @@ class CallRecord(_Record):
     settings: dict[str, Any] = Field(default_factory=dict)
     sample: int = 0
     completion: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float | None = None

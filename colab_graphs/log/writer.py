@@ -3,7 +3,8 @@
 `LogWriter` is the streaming writer behind runs, audits and studies: `start` writes the header and examples,
 `plays_text` turns finished plays into the lines to append (the records of calls this file does not hold yet,
 then one line per play referring to its calls by number), and `append` adds them at the end of the file. A
-reader can open the file at any moment; at worst its last line is cut short.
+reader can open the file at any moment; at worst its last line is cut short. Every line passes through
+`colab_graphs.redaction.hide_secrets` on its way to the file.
 
 `write_log` writes a whole `Log` (read with `read_log`) to a new file.
 """
@@ -19,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from colab_graphs.files import atomic_write_text
 from colab_graphs.log.records import LOG_FILE, CallRecord, Header, PlayRecord
+from colab_graphs.redaction import hide_secrets
 from colab_graphs.trace import Call, Usage
 
 if TYPE_CHECKING:
@@ -98,6 +101,7 @@ def _call_fields(n: int, call: Call) -> dict[str, Any]:
         "settings": call.settings,
         "sample": call.sample,
         "completion": call.completion,
+        "tool_calls": call.tool_calls,
         "prompt_tokens": call.usage.prompt_tokens,
         "completion_tokens": call.usage.completion_tokens,
         "cost_usd": call.cost_usd,
@@ -142,9 +146,7 @@ class LogWriter:
             data = example.model_dump(exclude_none=True) if isinstance(example, BaseModel) else example
             lines.append(_dumps({"type": "example", **{k: v for k, v in data.items() if k != "type"}}))
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text("\n".join(lines) + "\n" + records, encoding="utf-8")
-        os.replace(tmp, self.path)
+        atomic_write_text(self.path, hide_secrets("\n".join(lines) + "\n" + records))
 
     def remember(self, calls: Iterable[CallRecord]) -> None:
         """Take the calls of an existing log as written (its plays refer to them; new plays will too)."""
@@ -216,7 +218,7 @@ class LogWriter:
         """Add lines at the end of the log (one write)."""
         if text:
             with open(self.path, "a", encoding="utf-8") as fh:
-                fh.write(text)
+                fh.write(hide_secrets(text))
 
 
 def write_log(log: Log, path: str | os.PathLike[str]) -> Path:

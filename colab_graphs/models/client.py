@@ -1,24 +1,31 @@
 """The one call path: cache -> single-flight -> per-endpoint concurrency limit -> LiteLLM with retries -> trace.
 
-Every model call in the package (protocol seats, judges, audits, rollouts) goes through `ModelClient.complete`.
-A member with `deployments` is called through a `litellm.Router` of its own (built once per event loop), which
+Every model call in the package (protocol seats, judges, audits, rollouts, the LangChain chat model) goes through
+`ModelClient.complete`. A reply is text and, when the request offered tools, OpenAI `tool_calls`; a caller that
+passes `on_delta` gets the reply as LiteLLM streams it (see `complete_recorded`). A member with `deployments` is called through a `litellm.Router` of its own (built once per event loop), which
 picks a deployment, retries on another one and cools a failing one down; the cache key is the member's
-request all the same, so which deployment answered never changes a value or a count.
+request and its deployments together, so which replica answered never changes a value or a count.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import random
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from colab_graphs.models.cache import CallCache, request_key
+from colab_graphs.models.identity import cache_identity
 from colab_graphs.pool import CONNECTION_KEYS, Member
-from colab_graphs.trace import Call, Trace, Usage, redact
+from colab_graphs.redaction import public_url, redact
+from colab_graphs.trace import Call, Trace, Usage
 
 logger = logging.getLogger("colab_graphs")
 
@@ -36,6 +43,9 @@ class CallError(Exception):
 
 @dataclass
 class CallResult:
+    """A finished call: the reply's text, its tool calls (OpenAI format; None when it called none), why it
+    stopped, usage, cost (None: unknown), and whether it was served without a call of its own."""
+
     text: str
     key: str
     usage: Usage
@@ -46,7 +56,21 @@ class CallResult:
     prompt_token_ids: list[int] | None = None
     completion_token_ids: list[int] | None = None
     logprobs: list[float] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
     finish_reason: str | None = None
+
+
+@dataclass
+class Delta:
+    """A piece of a streamed reply: text, and/or pieces of tool calls as OpenAI streams them (each with its
+    `index`; the first piece of a call carries its `id` and name, later ones more of its JSON arguments)."""
+
+    text: str = ""
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+DeltaHandler = Callable[[Delta], Any]
+"""Called with each piece of a reply as it arrives (see `ModelClient.complete_recorded`); may be async."""
 
 
 @dataclass
@@ -118,6 +142,16 @@ def being_cancelled() -> bool:
     return task is not None and task.cancelling() > 0
 
 
+def fail_flight(flight: asyncio.Future[Any], exc: BaseException) -> None:
+    """End a shared flight with its owner's failure: a cancelled owner cancels it (a waiter that was not
+    cancelled itself then takes the call over); any other failure goes to every waiter."""
+    if isinstance(exc, asyncio.CancelledError):
+        flight.cancel()
+    else:
+        flight.set_exception(exc)
+        flight.exception()  # retrieved: waiters re-raise it themselves
+
+
 def _json_error_in_chain(exc: BaseException) -> bool:
     seen: set[int] = set()
     cause: BaseException | None = exc
@@ -129,6 +163,25 @@ def _json_error_in_chain(exc: BaseException) -> bool:
     return False
 
 
+async def probe_endpoint(api_base: str, timeout_s: float = 5.0) -> str | None:
+    """Why nothing answers at `api_base`, or None: one `GET {api_base}/models` in which any HTTP response, an
+    error status included (no /models route, no key sent), proves a server is there."""
+    import httpx
+
+    parts = urlsplit(api_base)
+    url = urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/") + "/models", parts.query, ""))
+    try:
+        async with httpx.AsyncClient(timeout=timeout_s, follow_redirects=False) as http:
+            await http.get(url)
+    except httpx.TimeoutException:
+        return f"no answer to GET /models within {timeout_s:g} s"
+    except httpx.HTTPError as exc:
+        return f"GET /models: {type(exc).__name__}: {exc}"
+    except ValueError as exc:  # not a URL httpx can reach
+        return f"not a reachable URL: {exc}"
+    return None
+
+
 def _litellm():
     import litellm
 
@@ -138,15 +191,45 @@ def _litellm():
     return litellm
 
 
-def _response_text(response: Any) -> str:
+def _plain(value: Any) -> Any:
+    """A LiteLLM/pydantic object as plain JSON data (what the cache and the trace store)."""
+    dump = getattr(value, "model_dump", None)
+    return dump(exclude_none=True) if dump is not None else value
+
+
+def _tool_calls(message: Any) -> list[dict[str, Any]] | None:
+    """The message's tool calls as OpenAI dicts (`id`, `type`, `function.name`, `function.arguments`)."""
+    calls = getattr(message, "tool_calls", None) or (
+        message.get("tool_calls") if isinstance(message, dict) else None
+    )
+    if not calls:
+        return None
+    out = []
+    for call in calls:
+        call = _plain(call)
+        function = _plain(call.get("function") or {})
+        out.append(
+            {
+                "id": call.get("id"),
+                "type": call.get("type") or "function",
+                "function": {"name": function.get("name"), "arguments": function.get("arguments") or ""},
+            }
+        )
+    return out
+
+
+def _response_message(response: Any) -> tuple[str, list[dict[str, Any]] | None, str | None]:
+    """(text, tool calls, finish reason) of a completion. A reply with neither text nor a tool call is
+    malformed (retried): an empty string is text, a missing content is not."""
     choices = getattr(response, "choices", None)
     if not choices:
         raise ValueError("response has no choices")
     message = choices[0].message
     content = getattr(message, "content", None)
-    if content is None:
+    tool_calls = _tool_calls(message)
+    if content is None and not tool_calls:
         raise ValueError("response message has no content")
-    return content
+    return content or "", tool_calls, getattr(choices[0], "finish_reason", None)
 
 
 def _response_cost(litellm: Any, response: Any, models: list[str]) -> float | None:
@@ -175,14 +258,6 @@ def _response_cost(litellm: Any, response: Any, models: list[str]) -> float | No
     return cost
 
 
-def _finish_reason(response: Any) -> str | None:
-    try:
-        reason = response.choices[0].finish_reason
-    except (AttributeError, IndexError, TypeError):
-        return None
-    return str(reason) if reason is not None else None
-
-
 def _response_logprobs(response: Any) -> list[float] | None:
     try:
         content = response.choices[0].logprobs.content  # OpenAI format
@@ -202,9 +277,15 @@ class ModelClient:
     Args:
         cache: a `CallCache`, or None to disable caching (single-flight still applies).
         max_concurrency: in-flight calls allowed per endpoint (api_base, or provider for hosted APIs).
-        retries: attempts after the first for retryable failures (429, 5xx, timeouts, malformed responses).
+        retries: attempts after the first for retryable failures (429, 5xx, timeouts, malformed responses); a
+            member's `num_retries` setting overrides it for that member's calls.
         backoff_s: first backoff; doubles each retry (with jitter), capped at `backoff_max_s`.
         timeout_s: per-attempt timeout passed to LiteLLM.
+        preflight: before the first call that goes upstream to an HTTP endpoint, check once that something
+            answers there (`GET {api_base}/models`, any HTTP status will do, `preflight_timeout_s`); when nothing
+            does, every call to it fails at once with kind "unreachable", naming the member and its api_base,
+            instead of after a minute of retries. A member over deployments fails only when none answers.
+            Endpoints whose calls are all cached are never checked.
     """
 
     def __init__(
@@ -216,8 +297,12 @@ class ModelClient:
         backoff_s: float = 0.5,
         backoff_max_s: float = 30.0,
         timeout_s: float = 120.0,
+        preflight: bool = False,
+        preflight_timeout_s: float = 5.0,
     ):
         self.cache = cache
+        self.preflight = preflight
+        self.preflight_timeout_s = preflight_timeout_s
         self.max_concurrency = max_concurrency
         self.retries = retries
         self.backoff_s = backoff_s
@@ -227,6 +312,7 @@ class ModelClient:
         self._inflight: dict[str, asyncio.Future[CallResult]] = {}
         self._limits: dict[str, asyncio.Semaphore] = {}
         self._routers: dict[str, Any] = {}
+        self._probes: dict[str, asyncio.Future[str | None]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._rng = random.Random(0)
 
@@ -235,14 +321,25 @@ class ModelClient:
     def canonical_request(
         self, member: Member, messages: list[dict[str, Any]], sample: int = 0, overrides: dict | None = None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(cache request, litellm kwargs) for one call. The first has no connection settings or secrets."""
+        """(cache request, litellm kwargs) for one call.
+
+        The cache request has no connection settings or secrets; its `identity` says which model answers (the
+        endpoint, the member's deployments, its weights or its `cache_namespace`: `models/identity.py`), so a
+        reply is never served for another model that goes by the same name.
+        """
         messages = self._with_persona(member, messages)
         settings = {**member.settings, **(overrides or {})}
         if sample and settings.get("seed") is not None:
             # Repeated samples of a seeded member stay reproducible and distinct.
             settings["seed"] = int(settings["seed"]) + sample
         gen = {k: v for k, v in settings.items() if k not in CONNECTION_KEYS and k != "model"}
-        request = {"model": settings["model"], "messages": messages, "settings": gen, "sample": sample}
+        request = {
+            "model": settings["model"],
+            "messages": messages,
+            "settings": gen,
+            "sample": sample,
+            "identity": cache_identity(member, settings),
+        }
         kwargs = {**settings, "messages": messages}
         return request, kwargs
 
@@ -262,11 +359,17 @@ class ModelClient:
         node: str | None = None,
         seat: str | None = None,
         trace: Trace | None = None,
+        on_delta: DeltaHandler | None = None,
     ) -> tuple[CallResult, Call]:
         """Call `member` on `messages`; the result and the call's trace record (what a replay copies).
 
         The call is recorded in `trace` (when given) whether it succeeded, was served from cache, or failed.
-        Raises `CallError` when the call fails after retries.
+        With `on_delta`, a call that goes upstream streams (LiteLLM's `stream=True`) and `on_delta` gets each
+        piece as it arrives; a reply served from the cache or from an identical call in flight comes as one
+        piece (the cache keeps the reply, not how it was cut into tokens). Streaming is not part of the
+        request: a streamed reply is cached for callers who do not stream, and the other way round. A stream
+        is retried only before its first piece (pieces handed out cannot be taken back); local in-process
+        members answer whole, as one piece. Raises `CallError` when the call fails after retries.
         """
         self._bind_loop()
         request, kwargs = self.canonical_request(member, messages, sample, overrides)
@@ -283,13 +386,14 @@ class ModelClient:
             key=key,
         )
         try:
-            result = await self._get(key, member, request, kwargs)
+            result = await self._get(key, member, request, kwargs, on_delta)
         except CallError as err:
             record.error, record.error_type, record.attempts = err.detail, err.kind, err.attempts
             if trace is not None:
                 trace.calls.append(record)
             raise
         record.completion = result.text
+        record.tool_calls = result.tool_calls
         record.usage = result.usage
         record.latency_s = result.latency_s
         record.cost_usd = result.cost_usd
@@ -313,6 +417,7 @@ class ModelClient:
             self._inflight = {}
             self._limits = {}
             self._routers = {}
+            self._probes = {}
 
     @staticmethod
     def _with_persona(member: Member, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -323,7 +428,17 @@ class ModelClient:
             return [{"role": "system", "content": merged}, *messages[1:]]
         return [{"role": "system", "content": member.system_prompt}, *messages]
 
-    async def _get(self, key: str, member: Member, request: dict, kwargs: dict) -> CallResult:
+    async def _get(
+        self, key: str, member: Member, request: dict, kwargs: dict, on_delta: DeltaHandler | None = None
+    ) -> CallResult:
+        result = await self._served(key, member, request, kwargs, on_delta)
+        if on_delta is not None and result.cached:
+            await deliver(on_delta, Delta(result.text, whole_calls(result.tool_calls)))
+        return result
+
+    async def _served(
+        self, key: str, member: Member, request: dict, kwargs: dict, on_delta: DeltaHandler | None
+    ) -> CallResult:
         if self.cache is not None:
             hit = self.cache.get(key)
             if hit is not None:
@@ -343,7 +458,7 @@ class ModelClient:
         future: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
         try:
-            result = await self._call_upstream(key, member, request, kwargs)
+            result = await self._call_upstream(key, member, request, kwargs, on_delta)
         except asyncio.CancelledError:
             future.cancel()
             raise
@@ -370,6 +485,7 @@ class ModelClient:
             prompt_token_ids=hit.get("prompt_token_ids"),
             completion_token_ids=hit.get("completion_token_ids"),
             logprobs=hit.get("logprobs"),
+            tool_calls=hit.get("tool_calls"),
             finish_reason=hit.get("finish_reason"),
         )
 
@@ -390,6 +506,35 @@ class ModelClient:
             self._routers[member.name] = router
         return router
 
+    async def _unreachable(self, member: Member) -> str | None:
+        """Why nothing answers at the member's HTTP endpoint(s), or None when something does (or it has none).
+
+        Each distinct api_base is probed once per client and event loop; concurrent calls share the probe.
+        """
+        bases = [
+            str(base)
+            for s in ([{**member.settings, **d} for d in member.deployments] or [member.settings])
+            if (base := s.get("api_base") or s.get("base_url"))
+        ]
+        if not bases:
+            return None
+        reasons = []
+        for base in dict.fromkeys(bases):
+            probe = self._probes.get(base)
+            if probe is None:
+                probe = self._probes[base] = asyncio.ensure_future(
+                    probe_endpoint(base, self.preflight_timeout_s)
+                )
+            reason = await asyncio.shield(probe)
+            if reason is None:
+                return None
+            reasons.append(f"{public_url(base)} ({reason})")
+        where = "any of its deployments" if len(reasons) > 1 else "its api_base"
+        return (
+            f"nothing answers at {where}: {'; '.join(reasons)}; is the server up and the address right? "
+            "(--no-preflight skips this check)"
+        )
+
     async def _send(self, member: Member, kwargs: dict) -> Any:
         """One attempt: straight to LiteLLM, or through the member's Router when it has deployments."""
         litellm = _litellm()
@@ -398,10 +543,39 @@ class ModelClient:
         call = {k: v for k, v in kwargs.items() if k not in CONNECTION_KEYS and k != "model"}
         return await self._router(member).acompletion(model=member.name, **call)
 
-    async def _call_upstream(self, key: str, member: Member, request: dict, kwargs: dict) -> CallResult:
+    async def _attempt(
+        self, member: Member, kwargs: dict, on_delta: DeltaHandler | None, sent: list[bool]
+    ) -> tuple[Any, str, list[dict[str, Any]] | None, str | None]:
+        """One attempt: (response, text, tool calls, finish reason). Streamed when `on_delta` is given; `sent`
+        becomes [True] once a piece has been handed out."""
+        if on_delta is None:
+            response = await self._send(member, kwargs)
+            return (response, *_response_message(response))
+        stream = await self._send(
+            member, {**kwargs, "stream": True, "stream_options": {"include_usage": True}}
+        )
+        chunks = []
+        async for chunk in stream:
+            chunks.append(chunk)
+            delta = getattr(chunk.choices[0], "delta", None) if chunk.choices else None
+            if delta is None:
+                continue
+            text, calls = getattr(delta, "content", None) or "", getattr(delta, "tool_calls", None)
+            if text or calls:
+                sent[0] = True
+                await deliver(on_delta, Delta(text, [_plain(c) for c in calls] if calls else None))
+        response = _litellm().stream_chunk_builder(chunks, messages=kwargs["messages"])
+        if response is None:
+            raise ValueError("the stream ended without a chunk")
+        return (response, *_response_message(response))
+
+    async def _call_upstream(
+        self, key: str, member: Member, request: dict, kwargs: dict, on_delta: DeltaHandler | None = None
+    ) -> CallResult:
         litellm = _litellm()
         models = [kwargs["model"], *(d.get("model", "") for d in member.deployments)]
-        if any(m.startswith("local/") for m in models):
+        local = any(m.startswith("local/") for m in models)
+        if local:
             from colab_graphs.models.local import register_local_provider
 
             register_local_provider()
@@ -410,21 +584,32 @@ class ModelClient:
         )
         secrets = member.secrets()
         call_kwargs = {"timeout": self.timeout_s, **kwargs}
+        # A member's (or a call's) `num_retries` is this path's retry count for it; LiteLLM itself never retries.
+        retries = self.retries if kwargs.get("num_retries") is None else int(kwargs["num_retries"])
+        # The in-process provider answers whole; its reply goes to `on_delta` as one piece below.
+        streamed = on_delta if not local else None
         attempts = 0
         self.stats.made += 1
+        if self.preflight:
+            unreachable = await self._unreachable(member)
+            if unreachable is not None:
+                self.stats.failed += 1
+                raise CallError("unreachable", redact(unreachable, secrets), member.name, 1)
         while True:
             attempts += 1
             self.stats.attempts += 1
             started = time.perf_counter()
+            sent = [False]
             try:
                 async with limit:
-                    response = await self._send(member, call_kwargs)
-                text = _response_text(response)
+                    response, text, tool_calls, finish_reason = await self._attempt(
+                        member, call_kwargs, streamed, sent
+                    )
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - every upstream failure is classified below
                 kind = classify_error(exc)
-                if kind in RETRYABLE and attempts <= self.retries:
+                if kind in RETRYABLE and attempts <= retries and not sent[0]:
                     delay = min(self.backoff_max_s, self.backoff_s * 2 ** (attempts - 1))
                     await asyncio.sleep(delay * (0.5 + self._rng.random()))
                     continue
@@ -434,6 +619,8 @@ class ModelClient:
                 ) from None
             latency = time.perf_counter() - started
             break
+        if on_delta is not None and streamed is None:
+            await deliver(on_delta, Delta(text, whole_calls(tool_calls)))
         usage_obj = getattr(response, "usage", None)
         usage = Usage(
             prompt_tokens=int(getattr(usage_obj, "prompt_tokens", 0) or 0),
@@ -441,7 +628,7 @@ class ModelClient:
         )
         cost = _response_cost(litellm, response, models)
         details = None
-        if any(m.startswith("local/") for m in models):
+        if local:
             from colab_graphs.models.local import local_call_details
 
             details = local_call_details(response)
@@ -456,7 +643,8 @@ class ModelClient:
             prompt_token_ids=(details or {}).get("prompt_token_ids"),
             completion_token_ids=(details or {}).get("completion_token_ids"),
             logprobs=(details or {}).get("logprobs") or _response_logprobs(response),
-            finish_reason=_finish_reason(response),
+            tool_calls=tool_calls,
+            finish_reason=finish_reason,
         )
         self.stats.prompt_tokens += usage.prompt_tokens
         self.stats.completion_tokens += usage.completion_tokens
@@ -472,10 +660,49 @@ class ModelClient:
                 "prompt_token_ids": result.prompt_token_ids,
                 "completion_token_ids": result.completion_token_ids,
                 "logprobs": result.logprobs,
-                "finish_reason": result.finish_reason,
+                **({"tool_calls": tool_calls} if tool_calls else {}),
+                **({"finish_reason": finish_reason} if finish_reason else {}),
             }
             try:
-                self.cache.put(key, request["model"], request, stored)
+                self.cache.put(key, request["model"], request, stored, member.name)
             except Exception as exc:  # noqa: BLE001 - a full disk must not lose the answer in hand
                 logger.warning("call cache write failed (%s); continuing without caching this call", exc)
         return result
+
+
+def whole_calls(tool_calls: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Finished tool calls as stream pieces: one piece per call, with its `index`."""
+    return [{"index": i, **call} for i, call in enumerate(tool_calls)] if tool_calls else None
+
+
+async def deliver(on_delta: DeltaHandler, delta: Delta) -> None:
+    """Hand `delta` to a handler that may be sync or async."""
+    if inspect.isawaitable(outcome := on_delta(delta)):
+        await outcome
+
+
+_default_client: ModelClient | None = None
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_lock = threading.Lock()
+
+
+def default_client() -> ModelClient:
+    """A process-wide client with the default on-disk cache, for graphs and chat models used outside our
+    runner."""
+    global _default_client
+    if _default_client is None:
+        from colab_graphs.models.cache import CallCache
+
+        _default_client = ModelClient(CallCache())
+    return _default_client
+
+
+def background_loop() -> asyncio.AbstractEventLoop:
+    """One event loop in a daemon thread, where calls run when they are waited for synchronously (a graph's
+    or chat model's `invoke`, the API's sync forms): LiteLLM keeps per-loop state, so one loop serves them."""
+    global _loop
+    with _loop_lock:
+        if _loop is None:
+            _loop = asyncio.new_event_loop()
+            threading.Thread(target=_loop.run_forever, name="colab-graphs-loop", daemon=True).start()
+    return _loop

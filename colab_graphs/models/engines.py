@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+import uuid
 from typing import Any
 
 import colab_graphs._env  # noqa: F401  (offline settings before transformers loads)
@@ -19,6 +20,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 _engines: dict[tuple[str, str], LocalEngine] = {}
 _named: dict[str, LocalEngine] = {}
+_versions: dict[str, str] = {}  # name served from memory -> a token renewed whenever its weights are swapped
 _by_ref: dict[tuple[str, str], LocalEngine] = {}
 _load_lock = threading.Lock()
 
@@ -74,6 +76,7 @@ def set_local_model(name: str, model: Any, tokenizer: Any) -> LocalEngine:
     requests use the new model.
     """
     with _load_lock:
+        _versions[name] = uuid.uuid4().hex
         engine = _named.get(name)
         if engine is None:
             engine = _named[name] = LocalEngine(model, tokenizer, name=name)
@@ -81,6 +84,13 @@ def set_local_model(name: str, model: Any, tokenizer: Any) -> LocalEngine:
             with engine.lock:  # never swap in the middle of a batch
                 engine.model, engine.tokenizer = model, tokenizer
     return engine
+
+
+def memory_version(name: str) -> str | None:
+    """The token of the weights served from memory as ``local/<name>`` (renewed by each `set_local_model`), or
+    None when no model is served from memory under that name. The call cache keys on it: the weights of a model
+    in memory have no name that outlives them."""
+    return _versions.get(name)
 
 
 def unload(model_ref: str | None = None) -> None:
@@ -91,7 +101,10 @@ def unload(model_ref: str | None = None) -> None:
         else:
             ref = model_ref.removeprefix(f"{PROVIDER}/")
             gone = [e for e in (*_engines.values(), *_named.values()) if e.name == ref]
-        for table in (_engines, _named, _by_ref):
+        for name in [k for k, e in _named.items() if e in gone]:
+            _versions.pop(name, None)
+            del _named[name]
+        for table in (_engines, _by_ref):
             for key in [k for k, e in table.items() if e in gone]:
                 del table[key]
         for engine in gone:

@@ -35,7 +35,7 @@ _TAIL = 16  # tokens of context decoded with a new token to find the text it add
 class _Stream:
     """One model's running forward state (its own chat template, KV cache and token ids)."""
 
-    def __init__(self, engine: LocalEngine, messages: list[dict], hidden: bool = False) -> None:
+    def __init__(self, engine: LocalEngine, messages: list[dict[str, Any]], hidden: bool = False) -> None:
         self.engine, self.tokenizer = engine, engine.tokenizer
         self.prompt_ids = engine.render(messages)
         self.ids: list[int] = list(self.prompt_ids)
@@ -56,8 +56,8 @@ class _Stream:
     def piece(self, token: int) -> str:
         """The text `token` adds after the ids so far (decoded with a short tail of context)."""
         tail = self.ids[-_TAIL:] if len(self.ids) > len(self.prompt_ids) else []
-        old = self.tokenizer.decode(tail, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        new = self.tokenizer.decode(
+        old: str = self.tokenizer.decode(tail, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        new: str = self.tokenizer.decode(
             [*tail, token], skip_special_tokens=False, clean_up_tokenization_spaces=False
         )
         if new.startswith(old):
@@ -152,7 +152,7 @@ class _Output:
 def nudging(
     base: str,
     nudger: str,
-    messages: list[dict],
+    messages: list[dict[str, Any]],
     gamma: float = 0.4,
     max_tokens: int = 256,
     temperature: float = 0.0,
@@ -232,7 +232,7 @@ def defer_probability(head: tuple[Any, float], hidden: Any) -> float:
 def co_llm(
     base: str,
     reference: str,
-    messages: list[dict],
+    messages: list[dict[str, Any]],
     head: str,
     threshold: float = 0.5,
     max_tokens: int = 256,
@@ -285,7 +285,7 @@ def co_llm(
 
 
 def generate_guided(
-    mode: str, members: Sequence[str], messages: list[dict], settings: dict[str, Any], **common: Any
+    mode: str, members: Sequence[str], messages: list[dict[str, Any]], settings: dict[str, Any], **common: Any
 ) -> GenerationResult:
     """Dispatch a provider request whose logit mode is "nudging" or "co_llm" (`common`: max_tokens,
     temperature, seed, stop)."""

@@ -44,24 +44,35 @@ from typing import Any
 import colab_graphs._env  # noqa: F401  (offline settings before litellm / transformers load)
 from colab_graphs.models.engines import DTYPES, PROVIDER, get_engine, set_local_model, unload  # noqa: F401
 from colab_graphs.models.local_engine import GenerationRequest, GenerationResult, LocalEngine
+from colab_graphs.models.openai_api import SamplingParams
+from pydantic import Field
 
 DETAILS_KEY = "colab_graphs"
 
 
 def local_call_details(response: Any) -> dict[str, list] | None:
-    """Exact ``prompt_token_ids``, ``completion_token_ids`` and ``logprobs`` of a local-provider response.
+    """Exact ``prompt_token_ids``, ``completion_token_ids`` and ``logprobs`` of a local model's first choice.
 
-    Accepts a litellm ``ModelResponse`` or its ``model_dump()``. Returns None for responses from other
-    providers.
+    Reads a response of the in-process provider (``choices[0].provider_specific_fields["colab_graphs"]``) or
+    of ``colab-graphs serve`` asked for them (the top-level ``colab_graphs`` key: ``{"choices": [...]}``).
+    Accepts a litellm ``ModelResponse``, an OpenAI SDK response, or either's ``model_dump()``. Returns None for
+    responses from other providers.
     """
-    choices = response.get("choices") if isinstance(response, dict) else getattr(response, "choices", None)
-    if not choices:
-        return None
-    choice = choices[0]
-    fields = choice.get("provider_specific_fields") if isinstance(choice, dict) else None
-    if fields is None and not isinstance(choice, dict):
-        fields = getattr(choice, "provider_specific_fields", None)
-    details = (fields or {}).get(DETAILS_KEY)
+    get = response.get if isinstance(response, dict) else lambda key: getattr(response, key, None)
+    served = get(DETAILS_KEY)
+    if served is None and not isinstance(response, dict):
+        served = (getattr(response, "model_extra", None) or {}).get(DETAILS_KEY)  # the OpenAI SDK's extras
+    if isinstance(served, dict) and served.get("choices"):
+        details = served["choices"][0]
+    else:
+        choices = get("choices")
+        if not choices:
+            return None
+        choice = choices[0]
+        fields = choice.get("provider_specific_fields") if isinstance(choice, dict) else None
+        if fields is None and not isinstance(choice, dict):
+            fields = getattr(choice, "provider_specific_fields", None)
+        details = (fields or {}).get(DETAILS_KEY)
     if not details:
         return None
     return {k: list(details[k]) for k in ("prompt_token_ids", "completion_token_ids", "logprobs")}
@@ -84,24 +95,46 @@ def _served_dtype(settings: dict[str, Any]) -> str:
 
 
 def build_request(engine: LocalEngine, messages: list[dict], params: dict[str, Any]) -> GenerationRequest:
-    """A :class:`GenerationRequest` from OpenAI-style sampling parameters."""
-    max_tokens = params.get("max_tokens") or params.get("max_completion_tokens") or 256
-    if int(max_tokens) < 1:
-        raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-    stop = params.get("stop") or ()
-    temperature = params.get("temperature")
-    top_logprobs = params.get("top_logprobs") or 0
+    """A :class:`GenerationRequest` from OpenAI-style sampling parameters (a pool member's settings).
+
+    Raises:
+        ValueError: A sampling parameter of the wrong type or out of range, every one named.
+    """
+    return sampling_request(engine.render(messages), MemberSampling.model_validate(params))
+
+
+class MemberSampling(SamplingParams):
+    """A pool member's sampling settings for the in-process engine: OpenAI's, and the engine's own `top_k`,
+    `min_p` and `repetition_penalty` (vLLM's names; `serve` refuses them, as OpenAI does)."""
+
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(None, gt=0, allow_inf_nan=False)
+
+
+def sampling_request(
+    prompt_ids: list[int], params: SamplingParams, max_tokens: int | None = None, choice: int = 0
+) -> GenerationRequest:
+    """A :class:`GenerationRequest` for checked `params` (`max_tokens` wins over theirs; default 256).
+
+    A temperature below 1e-5 decodes greedily (dividing logits by it would overflow, as in vLLM). Choice `i` of
+    a seeded request with n choices draws with seed + i, so each choice repeats and the choices differ.
+    """
+    temperature = 1.0 if params.temperature is None else params.temperature
+    seed = params.seed
+    if seed is not None and choice:
+        seed = (seed + choice + 2**63) % 2**64 - 2**63  # the same 64-bit generator seed, wrapped
     return GenerationRequest(
-        prompt_ids=engine.render(messages),
-        max_tokens=int(max_tokens),
-        temperature=1.0 if temperature is None else float(temperature),
-        top_p=1.0 if params.get("top_p") is None else float(params["top_p"]),
-        top_k=int(params.get("top_k") or 0),
-        min_p=float(params.get("min_p") or 0.0),
-        repetition_penalty=float(params.get("repetition_penalty") or 1.0),
-        seed=params.get("seed"),
-        stop=[stop] if isinstance(stop, str) else list(stop),
-        top_logprobs=int(top_logprobs),
+        prompt_ids=prompt_ids,
+        max_tokens=max_tokens or params.completion_limit or 256,
+        temperature=0.0 if temperature < 1e-5 else temperature,
+        top_p=1.0 if params.top_p is None else params.top_p,
+        seed=seed,
+        stop=params.stop_strings,
+        top_logprobs=params.top_logprobs or 0,
+        top_k=getattr(params, "top_k", None) or 0,
+        min_p=getattr(params, "min_p", None) or 0.0,
+        repetition_penalty=getattr(params, "repetition_penalty", None) or 1.0,
     )
 
 
@@ -165,23 +198,21 @@ def _generate_logit_level(
     members = [str(m).removeprefix("local/") for m in settings.get("members") or []]
     if not members or members[0] != model:
         raise ValueError(f"colab_graphs.members must list the request's model {model!r} first, got {members}")
-    temperature = params.get("temperature")
-    stop = params.get("stop") or ()
+    checked = SamplingParams.model_validate(params)
     common: dict[str, Any] = {
-        "max_tokens": int(params.get("max_tokens") or params.get("max_completion_tokens") or 256),
-        "temperature": 1.0 if temperature is None else float(temperature),
-        "seed": params.get("seed"),
-        "stop": [stop] if isinstance(stop, str) else list(stop),
+        "max_tokens": checked.completion_limit or 256,
+        "temperature": 1.0 if checked.temperature is None else checked.temperature,
+        "seed": checked.seed,
+        "stop": checked.stop_strings,
     }
     if mode == "fusion":
-        top_p = params.get("top_p")
         from colab_graphs.models.logits import logit_fusion
 
         return logit_fusion(
             members,
             messages,
             weights=settings.get("weights"),
-            top_p=1.0 if top_p is None else float(top_p),
+            top_p=1.0 if checked.top_p is None else checked.top_p,
             **common,
         )
     if mode == "contrastive":

@@ -6,7 +6,8 @@ together with a KV cache. Each row keeps its own sampling settings and its own r
 ``random.Random`` seeded by the request's ``seed``, else from ``os.urandom``), and every step draws all rows'
 tokens at once from one uniform number per row (`draw_tokens`), so a request's tokens do not depend on what it
 was batched with: greedy rows (temperature 0) match batch-1 generation in fp32, and seeded rows repeat
-exactly, on any device (the stream is Python's, not a device generator's).
+exactly, on any device (the stream is Python's, not a device generator's). A guided row
+(``allowed_tokens``) draws only among the tokens its guide allows.
 
 Logprobs are those of the model's own distribution (``log_softmax`` of the raw logits, before repetition
 penalty, temperature and truncation), the OpenAI convention, unless the request asks for
@@ -72,6 +73,8 @@ class GenerationRequest:
         logprobs_mode: "raw" (the model's distribution) or "processed" (the distribution the token was drawn
             from; see the module docstring).
         on_text: Called from the worker thread with each new piece of text (streaming).
+        allowed_tokens: Guided decoding: called with the ids generated so far and the next-token logits,
+            returns the ids this row may take next (the logprobs recorded stay the model's own).
     """
 
     prompt_ids: list[int]
@@ -86,6 +89,7 @@ class GenerationRequest:
     top_logprobs: int = 0
     logprobs_mode: str = "raw"
     on_text: Callable[[str], None] | None = None
+    allowed_tokens: Callable[[list[int], Any], Sequence[int]] | None = None
 
 
 @dataclass
@@ -218,6 +222,14 @@ def draw_tokens(rows: Sequence[_Row], logits: Any) -> tuple[list[int], list[floa
                 seen = torch.tensor(sorted({*row.req.prompt_ids, *row.ids}), device=logits.device)
                 values = scores[i, seen]
                 scores[i, seen] = torch.where(values < 0, values * penalty, values / penalty)
+    for i, row in enumerate(rows):  # guided decoding: only the tokens the row's guide allows
+        if row.req.allowed_tokens is not None:
+            allowed = torch.tensor(
+                list(row.req.allowed_tokens(row.ids, logits[i])), dtype=torch.long, device=logits.device
+            )
+            if scores is logits:
+                scores = logits.clone()
+            scores[i] = torch.full_like(scores[i], float("-inf")).index_copy_(-1, allowed, scores[i][allowed])
     tokens = torch.argmax(scores, dim=-1)
     picked = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     sampled = [i for i, q in enumerate(reqs) if q.temperature > 0]
@@ -426,14 +438,32 @@ class LocalEngine:
             live = [(req, fut) for req, fut in batch if fut.set_running_or_notify_cancel()]
             if not live:
                 continue
+            streams = _Streams([req for req, _ in live])
             try:
                 results = self.generate_batch([req for req, _ in live])
-            except BaseException as exc:  # every waiter must hear about the failure
-                for _, fut in live:
-                    fut.set_exception(exc)
+            except BaseException as exc:
+                if len(live) == 1:
+                    live[0][1].set_exception(exc)
+                else:
+                    self._decode_alone(live, streams)
                 continue
+            finally:
+                streams.restore()
             for (_, fut), res in zip(live, results, strict=True):
                 fut.set_result(res)
+
+    def _decode_alone(self, live: list[tuple[GenerationRequest, Future]], streams: _Streams) -> None:
+        """After a batch failed, decode each of its requests by itself: the one that fails fails alone.
+
+        A streaming request's client already has the text streamed before the failure; its retry sends only
+        what follows, and fails if it does not repeat that text (greedy and seeded requests repeat it).
+        """
+        for req, fut in live:
+            with streams.replaying(req):
+                try:
+                    fut.set_result(self.generate_batch([req])[0])
+                except BaseException as exc:  # this request's own failure
+                    fut.set_exception(exc)
 
     def generate_batch(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         """Decode ``requests`` together right now, in the calling thread."""
@@ -497,6 +527,51 @@ class LocalEngine:
                 cache, logits = output_cache(out), out.logits[:, -1, :].float()
                 next_pos = next_pos + 1
         return [row.result() for row in rows]
+
+
+class _Streams:
+    """The text each streaming request of a batch has emitted (see `LocalEngine._decode_alone`)."""
+
+    def __init__(self, requests: Sequence[GenerationRequest]) -> None:
+        self.sinks = {id(r): (r, r.on_text) for r in requests if r.on_text is not None}
+        self.sent: dict[int, list[str]] = {key: [] for key in self.sinks}
+        for key, (req, sink) in self.sinks.items():
+            req.on_text = self._recorder(self.sent[key], sink)
+
+    @staticmethod
+    def _recorder(sent: list[str], sink: Callable[[str], None]) -> Callable[[str], None]:
+        def record(piece: str) -> None:
+            sent.append(piece)
+            sink(piece)
+
+        return record
+
+    def restore(self) -> None:
+        for req, sink in self.sinks.values():
+            req.on_text = sink
+
+    @contextlib.contextmanager
+    def replaying(self, req: GenerationRequest) -> Iterator[None]:
+        if id(req) not in self.sinks or not self.sent[id(req)]:
+            yield
+            return
+        sink, before = self.sinks[id(req)][1], "".join(self.sent[id(req)])
+        seen = [""]
+
+        def replay(piece: str) -> None:
+            done = seen[0]
+            seen[0] = now = done + piece
+            common = min(len(now), len(before))
+            if now[:common] != before[:common]:
+                raise RuntimeError("a streamed request failed with its batch and its retry wrote other text")
+            if len(now) > len(before):
+                sink(now[max(len(before), len(done)) :])
+
+        req.on_text = replay
+        try:
+            yield
+        finally:
+            req.on_text = sink
 
 
 @contextlib.contextmanager

@@ -106,7 +106,7 @@ class _Member:
 
 def _decode(
     models: Sequence[str],
-    messages: list[dict],
+    messages: list[dict[str, Any]],
     combine: Callable[[list[Any]], Any],
     *,
     max_tokens: int,
@@ -138,7 +138,7 @@ def _decode(
 
 def logit_fusion(
     models: Sequence[str],
-    messages: list[dict],
+    messages: list[dict[str, Any]],
     weights: Sequence[float] | None = None,
     max_tokens: int = 256,
     temperature: float = 0.0,
@@ -195,7 +195,7 @@ def logit_fusion(
 def contrastive_decoding(
     strong: str,
     weak: str,
-    messages: list[dict],
+    messages: list[dict[str, Any]],
     alpha: float = 0.1,
     beta: float = 1.0,
     max_tokens: int = 256,

@@ -29,6 +29,7 @@ rate 0 is not TIES, while the DARE paper applies TIES' disjoint mean after DARE,
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -111,7 +112,7 @@ def served_folder(ref: str) -> Path:
     return merged_adapter_folder(folder) if is_adapter(folder) else folder
 
 
-_identities: dict[tuple[str, tuple], str] = {}
+_identities: dict[tuple[str, tuple[tuple[str, int, int], ...]], str] = {}
 
 
 def identity(folder: Path) -> str:
@@ -127,7 +128,7 @@ def identity(folder: Path) -> str:
         for p in files:
             digest.update(p.name.encode() + b"\0")
             with p.open("rb") as fh:
-                for block in iter(lambda fh=fh: fh.read(1 << 20), b""):
+                for block in iter(functools.partial(fh.read, 1 << 20), b""):
                     digest.update(block)
         _identities[key] = digest.hexdigest()
     return _identities[key]
@@ -326,7 +327,7 @@ def extrapolate(aligned: State, reference: State, alpha: float) -> State:
 
 def adapter_config(folder: Path) -> dict[str, Any]:
     """An adapter's config, refused when it is not a plain LoRA adapter this module can merge exactly."""
-    config = json.loads((folder / ADAPTER_CONFIG).read_text())
+    config: dict[str, Any] = json.loads((folder / ADAPTER_CONFIG).read_text())
     problems = []
     if str(config.get("peft_type", "LORA")).upper() != "LORA":
         problems.append(f"peft_type {config.get('peft_type')!r}")
@@ -427,7 +428,12 @@ def materialise(
         try:
             save_model(build(), like=like, out=staging)
             elapsed = time.perf_counter() - started
-            recipe = {"op": op, "inputs": [str(p) for p in inputs], "params": dict(params), "like": str(like)}
+            recipe: dict[str, Any] = {
+                "op": op,
+                "inputs": [str(p) for p in inputs],
+                "params": dict(params),
+                "like": str(like),
+            }
             recipe["merge_s"] = round(elapsed, 3)
             (staging / RECIPE_FILE).write_text(json.dumps(recipe, indent=2, default=str) + "\n")
             if target.exists():

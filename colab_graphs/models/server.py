@@ -1,15 +1,29 @@
 """OpenAI-compatible HTTP server for a local model (``colab-graphs serve``).
 
-Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions`` (JSON or streaming server-sent events).
-Standard library only; each connection gets a thread and all threads feed the same batching engine, so
-concurrent clients are decoded together. Any LiteLLM user reaches it with::
+Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions`` and ``POST /v1/completions`` (JSON, or server-sent
+events with ``stream: true``); ``/v1/embeddings`` answers a 404 in OpenAI's error shape. Any OpenAI client
+reaches it; from LiteLLM::
 
     litellm.completion(model="openai/<served-name>", api_base="http://127.0.0.1:8000/v1", api_key="x", ...)
 
-(``hosted_vllm/<served-name>`` works the same way). Each choice also carries the exact token ids and
-logprobs under the key ``colab_graphs``, which LiteLLM hands back as
-``choices[0].provider_specific_fields["colab_graphs"]``, so ``local_call_details`` reads them as it does
-for the in-process provider.
+(``hosted_vllm/<served-name>`` works the same way).
+
+Every request is checked whole before it reaches the batching engine (`colab_graphs.models.openai_api`): a
+bad field gets its own 400 naming it, ``max_tokens`` must fit the model's context after the prompt and the
+server's own limit (``max_tokens_limit``), and a request that fails while decoding fails alone (a 500 with the
+reason) while the requests batched with it complete. Connections, timeouts and the access log are the HTTP
+core's (`colab_graphs.models.http`).
+
+Tools: ``tools`` / ``tool_choice`` and ``tool`` messages are rendered by the model's chat template when it
+renders tools, else in the Hermes / Qwen 2.5 format; calls are parsed back into ``tool_calls`` (see
+`colab_graphs.models.tool_calls`). ``tool_choice: "required"`` or a named function forces a call by guided
+decoding, so its arguments match the tool's schema. ``response_format`` ``json_object`` / ``json_schema`` is
+guided decoding too (`colab_graphs.models.json_guide`).
+
+Responses carry OpenAI's fields only. The exact token ids and logprobs of each choice come back when the
+request asks with ``"colab_graphs": {"token_ids": true}`` (LiteLLM: ``extra_body=...``), under the top-level
+key ``colab_graphs``: ``{"choices": [{"index", "prompt_token_ids", "completion_token_ids", "logprobs"}]}``
+(streamed: in the last chunk); ``local_call_details`` reads them.
 
 On a GPU machine, vLLM serves the same folder much faster. It cannot share this environment (it pins its
 own torch and transformers), so install it in its own environment and point it at the folder that
@@ -25,32 +39,53 @@ is visible.
 
 from __future__ import annotations
 
-import queue
+import logging
 import shutil
 import subprocess
+import sys
 import threading
-import time
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
-from colab_graphs.models.http import OpenAIHandler, OpenAIServer
-from colab_graphs.models.local import build_request, get_engine, model_folder, to_model_response
+from colab_graphs.models.engines import get_engine
+from colab_graphs.models.http import OpenAIHandler, OpenAIServer, RequestError, ServerLimits
+from colab_graphs.models.local import model_folder
 from colab_graphs.models.local_engine import LocalEngine
+from colab_graphs.models.openai_api import ChatCompletionRequest, CompletionRequest, parse_body
+from colab_graphs.models.serve_replies import ChatReply, CompletionReply
+
+DEFAULT_MAX_TOKENS_LIMIT = 4096
 
 
 class LocalServer:
     """A running server; use as a context manager or call :meth:`close`.
 
-    Attributes:
+    Args:
+        engine: The batching engine of the served model.
         served_name: The model name clients send.
+        host: Interface to bind.
+        port: TCP port (0 picks a free one).
+        max_tokens_limit: Most tokens one choice may ask to generate (beside the model's context).
+        limits: Connection limits and timeouts of the HTTP core.
+
+    Attributes:
         base_url: ``http://host:port/v1``.
     """
 
-    def __init__(self, engine: LocalEngine, served_name: str, host: str, port: int) -> None:
+    def __init__(
+        self,
+        engine: LocalEngine,
+        served_name: str,
+        host: str,
+        port: int,
+        max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT,
+        limits: ServerLimits | None = None,
+    ) -> None:
+        if max_tokens_limit < 1:
+            raise ValueError(f"max_tokens_limit must be at least 1, got {max_tokens_limit}")
         self.engine = engine
         self.served_name = served_name
-        self.httpd = OpenAIServer((host, port), _Handler, self, "colab-graphs-serve")
+        self.max_tokens_limit = max_tokens_limit
+        self.httpd = OpenAIServer((host, port), _Handler, self, "colab-graphs-serve", limits)
         self.host, self.port = self.httpd.server_address[:2]
         self.base_url = self.httpd.base_url
         self._thread: threading.Thread | None = None
@@ -70,6 +105,8 @@ class LocalServer:
     def close(self) -> None:
         """Stop serving, close open connections and release the port."""
         self.httpd.stop()
+        if self._thread is not None:
+            self._thread.join()
 
     def __enter__(self) -> LocalServer:
         return self
@@ -77,93 +114,96 @@ class LocalServer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def context_length(self) -> int | None:
+        """Positions the served model reads (prompt plus reply), from its config; None when it says none."""
+        config = getattr(self.engine.model, "config", None)
+        if config is not None and hasattr(config, "get_text_config"):
+            config = config.get_text_config(decoder=True)
+        value = getattr(config, "max_position_embeddings", None)
+        return int(value) if isinstance(value, int) and value > 0 else None
+
+    def completion_budget(self, prompt_tokens: int, asked: int | None, default: int, param: str) -> int:
+        """Tokens a choice may generate after a `prompt_tokens` prompt, or the `RequestError` that says why not.
+
+        `asked` is the request's ``max_tokens`` (None: `default`, shortened to what fits).
+        """
+        context = self.context_length
+        room = (
+            self.max_tokens_limit if context is None else min(self.max_tokens_limit, context - prompt_tokens)
+        )
+        if room < 1:
+            message = f"the prompt is {prompt_tokens} tokens; {self.served_name} reads at most {context}"
+            raise RequestError(message, param=param, code="context_length_exceeded")
+        if asked is None:
+            return min(default, room)
+        if asked > room:
+            why = f"this server writes at most {self.max_tokens_limit} tokens per reply"
+            if context is not None:
+                why += f", and {self.served_name} reads {context} tokens of which the prompt takes {prompt_tokens}"
+            raise RequestError(
+                f"max_tokens is {asked}, but at most {room} fit: {why}",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        return asked
+
 
 class _Handler(OpenAIHandler):
     server_version = "colab-graphs-serve/1.0"
 
     @property
     def state(self) -> LocalServer:
-        return self.server.app
+        state: LocalServer = self.server.app
+        return state
 
     def models(self) -> list[dict[str, Any]]:
         return [{"id": self.state.served_name, "object": "model", "created": 0, "owned_by": "colab-graphs"}]
 
     def chat(self, body: Any) -> None:
-        state = self.state
-        if not isinstance(body, dict):
-            self.send_error_json(400, "request body must be a JSON object")
-            return
-        if body.get("model") not in (state.served_name, None):
-            self.send_error_json(
-                404, f"model {body.get('model')!r} is not served here; use {state.served_name!r}"
-            )
-            return
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            self.send_error_json(400, "'messages' must be a non-empty list")
-            return
-        if int(body.get("n") or 1) != 1:
-            self.send_error_json(400, "only n=1 is supported")
-            return
-        try:
-            request = build_request(state.engine, messages, body)
-        except (ValueError, TypeError, KeyError) as exc:
-            self.send_error_json(400, f"bad request: {exc}")
-            return
-        if body.get("stream"):
-            self.send_events(self._stream(request, body))
-            return
-        result = state.engine.generate(request)
-        response = to_model_response(
-            state.served_name, state.engine.tokenizer, result, bool(body.get("logprobs"))
-        )
-        payload = response.model_dump()
-        for choice in payload["choices"]:
-            # LiteLLM files unknown choice keys under provider_specific_fields: send them flat so the
-            # client sees the same provider_specific_fields["colab_graphs"] as in-process callers.
-            choice.update(choice.pop("provider_specific_fields", None) or {})
-        self.send_json(200, payload)
+        request = parse_body(ChatCompletionRequest, body)
+        self._check_model(request.model)
+        self._answer(ChatReply(self.state, request))
 
-    def _stream(self, request: Any, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        """Chunks as the engine writes the text, then the finish reason (and usage when asked)."""
-        pieces: queue.Queue[str | None] = queue.Queue()
-        request.on_text = pieces.put
-        future = self.state.engine.submit(request)
-        future.add_done_callback(lambda _: pieces.put(None))
-        head = {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion.chunk",
-            "created": int(time.time()),
-            "model": self.state.served_name,
-        }
+    def completions(self, body: Any) -> None:
+        request = parse_body(CompletionRequest, body)
+        self._check_model(request.model)
+        self._answer(CompletionReply(self.state, request))
 
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-            return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    def _check_model(self, model: str | None) -> None:
+        served = self.state.served_name
+        if model not in (served, None):
+            message = f"the model {model!r} is not served here; use {served!r}"
+            raise RequestError(message, param="model", code="model_not_found", status=404)
 
-        yield chunk({"role": "assistant", "content": ""})
-        while (piece := pieces.get()) is not None:
-            yield chunk({"content": piece})
-        try:
-            result = future.result()
-        except Exception as exc:  # the status is sent: report the failure in the stream
-            yield {"error": {"message": f"{type(exc).__name__}: {exc}", "type": "server_error"}}
-            return
-        yield chunk({}, result.finish_reason)
-        if (body.get("stream_options") or {}).get("include_usage"):
-            n_prompt, n_completion = len(result.prompt_ids), len(result.completion_ids)
-            usage = {
-                "prompt_tokens": n_prompt,
-                "completion_tokens": n_completion,
-                "total_tokens": n_prompt + n_completion,
-            }
-            yield {**head, "choices": [], "usage": usage}
+    def _answer(self, reply: ChatReply | CompletionReply) -> None:
+        if reply.stream:
+            self.send_events(reply.events())
+        else:
+            try:
+                payload = reply.complete()
+            except Exception as exc:  # this request failed while decoding; the ones batched with it did not
+                logging.getLogger(__name__).warning("generation failed: %s: %s", type(exc).__name__, exc)
+                raise RequestError(
+                    f"generation failed: {type(exc).__name__}: {exc}", code="generation_failed", status=500
+                ) from None
+            self.send_json(200, payload)
+        self.usage = reply.usage_counts
 
 
 def start_server(
-    model_ref: str, host: str = "127.0.0.1", port: int = 0, served_name: str | None = None
+    model_ref: str,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    served_name: str | None = None,
+    max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT,
+    limits: ServerLimits | None = None,
 ) -> LocalServer:
     """Load ``model_ref`` and serve it in a background thread (``port=0`` picks a free port)."""
-    return LocalServer(get_engine(model_ref), _served_name(model_ref, served_name), host, port).start()
+    engine = get_engine(model_ref)
+    return LocalServer(
+        engine, _served_name(model_ref, served_name), host, port, max_tokens_limit, limits
+    ).start()
 
 
 def _served_name(model_ref: str, served_name: str | None) -> str:
@@ -193,6 +233,9 @@ def serve(
     port: int = 8000,
     served_name: str | None = None,
     backend: str = "auto",
+    max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT,
+    limits: ServerLimits | None = None,
+    access_log: bool = True,
 ) -> None:
     """Serve ``model_ref`` over the OpenAI API until interrupted.
 
@@ -202,13 +245,19 @@ def serve(
         port: TCP port.
         served_name: Model name clients send (default: the last path component of ``model_ref``).
         backend: ``"transformers"``, ``"vllm"``, or ``"auto"`` (vLLM when on PATH and a GPU is present).
+        max_tokens_limit: Most tokens one choice may ask to generate.
+        limits: Connection limits and timeouts (`ServerLimits`).
+        access_log: One line per request on stderr.
     """
     if backend not in ("auto", "transformers", "vllm"):
         raise ValueError(f"backend must be 'auto', 'transformers' or 'vllm', got {backend!r}")
     if backend == "vllm" or (backend == "auto" and shutil.which("vllm") and _gpu_present()):
         subprocess.run(vllm_command(model_ref, host, port, served_name), check=True)
         return
-    server = LocalServer(get_engine(model_ref), _served_name(model_ref, served_name), host, port)
+    if access_log:
+        _log_to_stderr()
+    engine = get_engine(model_ref)
+    server = LocalServer(engine, _served_name(model_ref, served_name), host, port, max_tokens_limit, limits)
     print(
         f"serving {server.served_name} at {server.base_url} (transformers backend); Ctrl-C to stop",
         flush=True,
@@ -219,3 +268,13 @@ def serve(
         pass
     finally:
         server.httpd.stop()
+
+
+def _log_to_stderr() -> None:
+    logger = logging.getLogger("colab_graphs.access")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False

@@ -36,6 +36,7 @@ from importlib import metadata
 from pathlib import Path
 
 import colab_graphs._env  # noqa: F401  (offline settings before litellm / transformers load)
+from colab_graphs.files import atomic_write_text
 
 _MARKER = "colab_graphs_zoo.json"
 # Version of what a converted folder holds, recorded in its marker. 2: the chat template and its end-of-turn
@@ -89,6 +90,12 @@ class ZooEntry:
     def folder(self) -> Path:
         """The cache folder this entry materialises to."""
         return models_home() / self.name
+
+    @property
+    def identity(self) -> str:
+        """What the weights are, without materialising them: the name, the pinned GGUF hash (a built model's
+        build is seeded) and the conversion version (the call cache keys on it)."""
+        return f"zoo:{self.name}:{self.gguf_sha256 or 'built'}:conversion-{_CONVERSION}"
 
     def is_cached(self) -> bool:
         """True when the converted folder is complete on disk and made by the current conversion."""
@@ -305,7 +312,7 @@ def _carry_chat_template(entry: ZooEntry, folder: Path) -> str | None:
     """
     if entry.chat_template_file is not None:
         template = (_TEMPLATES / entry.chat_template_file).read_text(encoding="utf-8")
-        _write_atomically(folder / "chat_template.jinja", template)
+        atomic_write_text(folder / "chat_template.jinja", template)
         return f"colab_graphs/models/chat_templates/{entry.chat_template_file}"
     if _has_chat_template(folder):
         return "gguf metadata" if entry.parts else "build"
@@ -327,7 +334,7 @@ def _stop_at_turn_end(entry: ZooEntry, folder: Path) -> None:
     if turn_end in ids:
         return
     config["eos_token_id"] = [*ids, turn_end]
-    _write_atomically(path, json.dumps(config, indent=2) + "\n")
+    atomic_write_text(path, json.dumps(config, indent=2) + "\n")
 
 
 def _update_in_place(entry: ZooEntry, folder: Path) -> bool:
@@ -341,14 +348,8 @@ def _update_in_place(entry: ZooEntry, folder: Path) -> bool:
     _stop_at_turn_end(entry, folder)
     info = json.loads((folder / _MARKER).read_text())
     info.update(chat_template=source, conversion=_CONVERSION)
-    _write_atomically(folder / _MARKER, json.dumps(info, indent=2))  # last: the new version says "done"
+    atomic_write_text(folder / _MARKER, json.dumps(info, indent=2))  # last: the new version says "done"
     return True
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    temp = path.with_name(f".{path.name}.tmp")
-    temp.write_text(text, encoding="utf-8")
-    os.replace(temp, path)
 
 
 def resolve(ref: str) -> Path:

@@ -74,7 +74,7 @@ def load_graph(ref: str, members: list[str], params: dict[str, Any]) -> GraphSpe
     where, sep, name = ref.rpartition(":")
     if not sep or not where or not name:
         raise ProtocolError(f"graph {ref!r}: expected path/to/file.py:NAME or package.module:NAME")
-    module = _load_module(where)
+    module = load_module(where)
     obj = getattr(module, name, None)
     if obj is None:
         raise ProtocolError(f"graph {ref!r}: {where} defines no {name!r}")
@@ -97,19 +97,21 @@ def load_graph(ref: str, members: list[str], params: dict[str, Any]) -> GraphSpe
     return spec
 
 
-def _load_module(where: str) -> Any:
+def load_module(where: str, kind: str = "graph") -> Any:
+    """The module a reference's `where` names: a Python file (``path/to/file.py``) or an importable module.
+    Errors name the `kind` of reference ("graph", "app") and the file or module."""
     path = Path(where)
     if path.suffix != ".py" and not path.exists():
         try:
             return importlib.import_module(where)
         except ImportError as err:
-            raise ProtocolError(f"graph: cannot import {where!r}: {err}") from None
+            raise ProtocolError(f"{kind}: cannot import {where!r}: {err}") from None
     if not path.exists():
-        raise ProtocolError(f"graph: {path} does not exist")
+        raise ProtocolError(f"{kind}: {path} does not exist")
     module_name = f"colab_graphs_user_{path.stem}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
-        raise ProtocolError(f"graph: {path} is not a Python file")
+        raise ProtocolError(f"{kind}: {path} is not a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     spec.loader.exec_module(module)

@@ -100,13 +100,13 @@ def load_study_config(path: str | Path) -> StudyConfig:
     """
     import yaml
 
+    from colab_graphs.files import read_text
     from colab_graphs.pool import unique_key_loader
 
     path = Path(path)
+    text = read_text(path, StudyConfigError, "study file")
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=unique_key_loader())
-    except FileNotFoundError:
-        raise StudyConfigError(f"study file {path} does not exist") from None
+        data = yaml.load(text, Loader=unique_key_loader())
     except yaml.YAMLError as exc:
         raise StudyConfigError(f"{path}: not valid YAML: {exc}") from None
     return parse_study_config(data, path)

@@ -169,7 +169,11 @@ def _load(entry: DatasetEntry, seed: int | None, where: str) -> list[Example]:
 
     try:
         examples = load_examples(
-            entry.location or entry.source, split=entry.split, limit=entry.limit, shuffle_seed=seed
+            entry.location or entry.source,
+            split=entry.split,
+            limit=entry.limit,
+            shuffle_seed=seed,
+            scorer=entry.scorer,
         )
     except (ValueError, FileNotFoundError, ImportError, KeyError) as err:
         raise StudyConfigError(f"{where}: {entry.source}: {err}") from None

@@ -36,6 +36,10 @@ RUN_FIELDS = {
 }
 
 
+# The columns of `StudyReport.rows()`, in order: one row per (setting, member).
+STUDY_COLUMNS = ("pool", "protocol", "family", "dataset", "v_all", "member", "individual", "loo", "shapley")
+
+
 class SettingResult(BaseModel):
     """One audit of the study. Values are mean scores in [0, 1]; contributions may be negative."""
 
@@ -99,6 +103,47 @@ class StudyReport(BaseModel):
     def comparable(self) -> dict[str, Any]:
         """What two runs of the same study must agree on, whatever ran them and however long it took."""
         return self.model_dump(mode="json", exclude=RUN_FIELDS)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per (setting, member): where (pool, protocol, family, dataset), the setting's v(all), and
+        the member's individual strength, LOO and Shapley (None where not computed)."""
+        return [
+            {
+                "pool": st.pool,
+                "protocol": st.protocol,
+                "family": st.family,
+                "dataset": st.dataset,
+                "v_all": st.v_all,
+                "member": m,
+                "individual": st.individual.get(m),
+                "loo": st.loo.get(m),
+                "shapley": (st.shapley or {}).get(m),
+            }
+            for st in self.settings
+            for m in st.members
+        ]
+
+    def to_pandas(self) -> Any:
+        """`rows()` as a `pandas.DataFrame` (needs the `notebook` extra)."""
+        from colab_graphs.tables import to_pandas
+
+        return to_pandas(self.rows(), STUDY_COLUMNS)
+
+    def to_dataset(self) -> Any:
+        """`rows()` as a Hugging Face `datasets.Dataset` (needs the `notebook` extra)."""
+        from colab_graphs.tables import to_dataset
+
+        return to_dataset(self.rows(), STUDY_COLUMNS)
+
+    def _repr_html_(self) -> str:
+        from colab_graphs.tables import html_table
+
+        notes = [
+            f"{c.pool}, {c.family}: Spearman {'n/a' if c.spearman is None else f'{c.spearman:+.2f}'} over "
+            f"{c.n_pairs} pair(s) ({c.measure})"
+            for c in self.correlations
+        ]
+        return html_table(f"Study: {len(self.settings)} setting(s)", self.rows(), STUDY_COLUMNS, notes)
 
 
 def setting_result(

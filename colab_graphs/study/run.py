@@ -294,8 +294,8 @@ def _play_on_ray(
         def on_result(result: ShardResult) -> None:
             # Cache entries first: a driver killed between the two replays the plays from the cache.
             if client.cache is not None:
-                for key, model, request, response in result.entries:
-                    client.cache.put(key, model, request, response)
+                for key, model, request, response, member in result.entries:
+                    client.cache.put(key, model, request, response, member)
             ledgers.record_many(result.plays)
 
         options = {
@@ -304,6 +304,7 @@ def _play_on_ray(
             "backoff_s": client.backoff_s,
             "backoff_max_s": client.backoff_max_s,
             "timeout_s": client.timeout_s,
+            "preflight": client.preflight,
         }
         cache_dir = str(client.cache.directory) if client.cache is not None else None
         run = distributed.play_on_ray(

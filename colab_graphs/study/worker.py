@@ -36,11 +36,11 @@ def play_key(play: Play) -> PlayKey:
 @dataclass
 class ShardResult:
     """What a shard gave: new plays by setting key, and the cache entries its worker wrote that the driver
-    does not share (each `(key, model, request, response)`)."""
+    does not share (each `(key, model, request, response, member)`)."""
 
     shard: int
     plays: list[tuple[str, Play]] = field(default_factory=list)
-    entries: list[tuple[str, str, dict, dict]] = field(default_factory=list)
+    entries: list[tuple[str, str, dict, dict, str | None]] = field(default_factory=list)
     cpu_s: float = 0.0  # the worker process's CPU time while it played the shard
 
 
@@ -49,13 +49,20 @@ class RecordingCache(CallCache):
 
     def __init__(self, directory: str | os.PathLike[str]):
         super().__init__(directory)
-        self.new_entries: list[tuple[str, str, dict, dict]] = []
+        self.new_entries: list[tuple[str, str, dict, dict, str | None]] = []
 
-    def put(self, key: str, model: str, request: dict[str, Any], response: dict[str, Any]) -> None:
-        super().put(key, model, request, response)
-        self.new_entries.append((key, model, request, response))
+    def put(
+        self,
+        key: str,
+        model: str,
+        request: dict[str, Any],
+        response: dict[str, Any],
+        member: str | None = None,
+    ) -> None:
+        super().put(key, model, request, response, member)
+        self.new_entries.append((key, model, request, response, member))
 
-    def take_entries(self) -> list[tuple[str, str, dict, dict]]:
+    def take_entries(self) -> list[tuple[str, str, dict, dict, str | None]]:
         entries, self.new_entries = self.new_entries, []
         return entries
 

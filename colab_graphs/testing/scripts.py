@@ -1,7 +1,9 @@
 """Member scripts for the scripted server: the `Member` type, ready-made scripts, and member files.
 
 A script is a plain callable `(messages, params) -> reply` where `messages` are the request's OpenAI chat
-messages and `params` its sampling settings. Ready-made scripts are factories returning such callables:
+messages and `params` its sampling settings (`tools` and `tool_choice` among them when the client sent
+tools). A reply is the text, or a `Reply` that also calls tools (sent as OpenAI `tool_calls`). Ready-made
+scripts are factories returning such callables:
 
     >>> solver = arithmetic_solver(accuracy=1.0)
     >>> solver([{"role": "user", "content": "What is 6 * 7?"}], {})
@@ -14,13 +16,39 @@ import hashlib
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 Messages = list[dict[str, Any]]
-Script = Callable[[Messages, dict[str, Any]], str]
-"""A member's script: `(messages, params) -> reply`, where params are the request's sampling settings."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call a scripted member makes: the tool's name and its arguments.
+
+    Attributes:
+        name: The function's name.
+        arguments: The arguments as a mapping (sent as JSON), or a string sent as it is (to write malformed
+            JSON on purpose).
+        id: The call's id; None derives one from the request, so equal requests get equal ids.
+    """
+
+    name: str
+    arguments: Mapping[str, Any] | str = field(default_factory=dict)
+    id: str | None = None
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A scripted reply that may call tools: the text (may be empty) and the tool calls, in order."""
+
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+Script = Callable[[Messages, dict[str, Any]], "str | Reply"]
+"""A member's script: `(messages, params) -> reply` (text or `Reply`); params are the request's settings."""
 
 
 def unit_draw(*parts: object) -> float:
@@ -77,12 +105,19 @@ class Member:
             raise ValueError(f"latency_s must be >= 0, got {self.latency_s!r}")
 
     def respond(self, messages: Messages, params: dict[str, Any]) -> tuple[str, float]:
-        """The reply to a request and the confidence to report for its tokens."""
-        text = self.reply if isinstance(self.reply, str) else self.reply(messages, params)
-        if not isinstance(text, str):
-            raise TypeError(f"script returned {type(text).__name__}, expected str")
+        """The reply's text and the confidence to report for its tokens (see `reply_to` for tool calls)."""
+        reply, confidence = self.reply_to(messages, params)
+        return reply.content, confidence
+
+    def reply_to(self, messages: Messages, params: dict[str, Any]) -> tuple[Reply, float]:
+        """The reply to a request (text and tool calls) and the confidence to report for its tokens."""
+        reply = self.reply if isinstance(self.reply, str) else self.reply(messages, params)
+        if isinstance(reply, str):
+            reply = Reply(reply)
+        if not isinstance(reply, Reply):
+            raise TypeError(f"script returned {type(reply).__name__}, expected str or Reply")
         confidence = self.confidence(messages, params) if callable(self.confidence) else self.confidence
-        return text, _check_confidence(confidence)
+        return reply, _check_confidence(confidence)
 
 
 def echo() -> Script:
@@ -208,7 +243,9 @@ def member_from_config(spec: Any, where: str = "member") -> Member:
 
 
 def load_members(path: str | Path) -> dict[str, Member]:
-    """Read members from a YAML or JSON file: a mapping (optionally under `members:`) of name -> config.
+    """Read members from a YAML or JSON file: a mapping (optionally under `members:`) of name -> config; or,
+    for scripts written in Python (tool-calling agents), ``path/to/file.py:NAME`` naming a mapping of
+    name -> `Member`, reply or script in that file.
 
     Example file:
         members:
@@ -216,6 +253,9 @@ def load_members(path: str | Path) -> dict[str, Member]:
           solver: {script: arithmetic_solver, args: {accuracy: 0.7, seed: 3}, confidence: 0.6}
           slow: {reply: "ok", latency_s: 0.5}
     """
+    where, sep, name = str(path).rpartition(":")
+    if sep and where.endswith(".py"):
+        return _python_members(Path(where), name)
     path = Path(path)
     text = path.read_text()
     if path.suffix == ".json":
@@ -229,3 +269,20 @@ def load_members(path: str | Path) -> dict[str, Member]:
     if not isinstance(data, Mapping):
         raise ValueError(f"{path}: expected a mapping of model names to replies, got {type(data).__name__}")
     return {str(name): member_from_config(spec, f"{path}: {name}") for name, spec in data.items()}
+
+
+def _python_members(path: Path, name: str) -> dict[str, Member]:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"colab_graphs_members_{path.stem}", path)
+    if not path.is_file() or spec is None or spec.loader is None:
+        raise ValueError(f"{path}: no such Python file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    members = getattr(module, name, None)
+    if not isinstance(members, Mapping):
+        raise ValueError(f"{path}: {name!r} is not a mapping of member names to scripts")
+    return {
+        str(n): m if isinstance(m, Member) else Member(m)  # type: ignore[arg-type]
+        for n, m in members.items()
+    }

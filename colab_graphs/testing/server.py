@@ -32,8 +32,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from colab_graphs.models.http import TRANSPORT_KEYS, OpenAIHandler, OpenAIServer, shutdown_socket
-from colab_graphs.testing.scripts import Member, Messages, Script, load_members, message_text, unit_draw
+from colab_graphs.models.http import (
+    TRANSPORT_KEYS,
+    OpenAIHandler,
+    OpenAIServer,
+    ServerLimits,
+    shutdown_socket,
+)
+from colab_graphs.testing.scripts import (
+    Member,
+    Messages,
+    Reply,
+    Script,
+    load_members,
+    message_text,
+    unit_draw,
+)
 
 FAULT_KINDS = ("429", "500", "malformed", "timeout", "drop")
 _MALFORMED_BODY = b'{"id": "chatcmpl-malformed", "object": "chat.completion", "choices": [{"index": 0, "mess'
@@ -129,6 +143,25 @@ class _Handler(OpenAIHandler):
         )
         self.scripted._log(record)
 
+    def do_GET(self) -> None:  # noqa: N802 - the base class's name
+        if self.scripted.echo_errors:
+            self._echo_error()
+        else:
+            super().do_GET()
+
+    def do_POST(self) -> None:  # noqa: N802 - the base class's name
+        if self.scripted.echo_errors:
+            self._echo_error()
+        else:
+            super().do_POST()
+
+    def _echo_error(self) -> None:
+        """A 400 whose message quotes the request line and every header, as careless providers do."""
+        self.begin()
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        headers = "; ".join(f"{name}: {value}" for name, value in self.headers.items())
+        self.send_error_json(400, f"rejected {self.command} {self.path} with headers {headers}")
+
     def models(self) -> list[dict[str, Any]]:
         created = int(self.scripted.started_at)
         return [
@@ -169,12 +202,12 @@ class _Handler(OpenAIHandler):
         if latency > 0:
             self.server.stopping.wait(latency)  # an event, not sleep: stop() need not wait for it
         try:
-            text, confidence = member.respond(messages, params)
+            scripted_reply, confidence = member.reply_to(messages, params)
         except Exception as exc:  # a script's bug reaches the client as a server error, as a real bug would
             message = f"script of {name!r} raised {type(exc).__name__}: {exc}"
             self.send_error_json(500, message, code="script_error")
             return
-        reply = _Reply(key, attempt, body["model"], text, confidence, params, messages)
+        reply = _Reply(key, attempt, body["model"], scripted_reply, confidence, params, messages)
         if self._fields["stream"]:
             self.send_events(reply.chunks((body.get("stream_options") or {}).get("include_usage")))
         else:
@@ -199,14 +232,18 @@ class _Handler(OpenAIHandler):
 
 
 class _Reply:
-    """A member's reply to one request, rendered as an OpenAI completion or as stream chunks."""
+    """A member's reply to one request, rendered as an OpenAI completion or as stream chunks.
+
+    Tool calls go out as OpenAI `tool_calls` (finish reason "tool_calls"); streamed, each call's id and name
+    come in its first chunk and its JSON arguments in pieces after it, as OpenAI streams them.
+    """
 
     def __init__(
         self,
         key: RequestKey,
         attempt: int,
         model: str,
-        text: str,
+        reply: Reply,
         confidence: float,
         params: Mapping[str, Any],
         messages: Messages,
@@ -214,9 +251,30 @@ class _Reply:
         self.id = "chatcmpl-" + hashlib.sha256(f"{key}|{attempt}".encode()).hexdigest()[:24]
         self.created = int(time.time())
         self.model = model
-        self.pieces = _split_tokens(text)
-        self.text = text
-        self.finish_reason = "stop"
+        self.pieces = _split_tokens(reply.content)
+        self.text = reply.content
+        self.tool_calls = [
+            {
+                "id": call.id or f"call_{hashlib.sha256(f'{key}|{attempt}|{i}'.encode()).hexdigest()[:24]}",
+                "type": "function",
+                "function": {
+                    "name": call.name,
+                    "arguments": call.arguments
+                    if isinstance(call.arguments, str)
+                    else json.dumps(dict(call.arguments), ensure_ascii=False),
+                },
+            }
+            for i, call in enumerate(reply.tool_calls)
+        ]
+        self.finish_reason = "tool_calls" if self.tool_calls else "stop"
+        stops = params.get("stop")
+        stops = [stops] if isinstance(stops, str) else [s for s in stops or [] if isinstance(s, str) and s]
+        cut = min((i for i in (self.text.find(s) for s in stops) if i >= 0), default=None)
+        if (
+            cut is not None
+        ):  # as OpenAI does: the reply ends before the first stop sequence, which is not sent
+            self.text = self.text[:cut]
+            self.pieces = _split_tokens(self.text)
         limit = params.get("max_completion_tokens") or params.get("max_tokens")
         if isinstance(limit, int) and 0 < limit < len(self.pieces):
             self.pieces = self.pieces[:limit]
@@ -226,7 +284,8 @@ class _Reply:
         self.logprob = math.log(confidence)
         self.top = int(params.get("top_logprobs") or 0) if params.get("logprobs") else None
         prompt_tokens = sum(len(message_text(message).split()) for message in messages)
-        completion_tokens = len(self.pieces) * self.n
+        call_tokens = sum(len(_split_tokens(c["function"]["arguments"])) + 1 for c in self.tool_calls)
+        completion_tokens = (len(self.pieces) + call_tokens) * self.n
         self.usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
@@ -256,7 +315,9 @@ class _Reply:
         return {"content": [self._token_logprob(piece) for piece in pieces], "refusal": None}
 
     def completion(self) -> dict[str, Any]:
-        message = {"role": "assistant", "content": self.text}
+        message: dict[str, Any] = {"role": "assistant", "content": self.text}
+        if self.tool_calls:
+            message = {"role": "assistant", "content": self.text or None, "tool_calls": self.tool_calls}
         choices = [
             {
                 "index": i,
@@ -289,6 +350,13 @@ class _Reply:
 
         out = [chunk({"role": "assistant", "content": ""})]
         out += [chunk({"content": piece}, self._logprobs([piece])) for piece in self.pieces]
+        for index, call in enumerate(self.tool_calls):
+            head_call = {"index": index, "id": call["id"], "type": "function"}
+            out.append(chunk({"tool_calls": [{**head_call, "function": {"name": call["function"]["name"]}}]}))
+            out += [
+                chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+                for piece in _split_tokens(call["function"]["arguments"])
+            ]
         out.append(chunk({}, finish=self.finish_reason))
         if include_usage:
             out.append({**head, "choices": [], "usage": self.usage})
@@ -314,6 +382,8 @@ class ScriptedServer:
             (before `fault_rate` applies), so a retry test knows exactly what happens.
         fail_first_kind: A fault kind, see `faults`.
         timeout_hold_s: How long a "timeout" fault holds the connection; keep it above the client's timeout.
+        echo_errors: Answer every request with a 400 whose message echoes the request line (its query string
+            included) and every header (keys, extra headers): a provider that leaks what it was sent.
         host: Interface to listen on.
         port: Port to listen on; 0 picks a free one.
 
@@ -334,6 +404,7 @@ class ScriptedServer:
         fail_first: int = 0,
         fail_first_kind: str = "500",
         timeout_hold_s: float = 30.0,
+        echo_errors: bool = False,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -357,6 +428,7 @@ class ScriptedServer:
         self.fail_first = fail_first
         self.fail_first_kind = fail_first_kind
         self.timeout_hold_s = timeout_hold_s
+        self.echo_errors = echo_errors
         self.host = host
         self.port = port
         self.started_at = time.time()
@@ -408,7 +480,9 @@ class ScriptedServer:
         """Bind the port and serve in a daemon thread; returns self."""
         if self._httpd is not None:
             raise RuntimeError("a ScriptedServer starts once; make a new one to serve again")
-        self._httpd = OpenAIServer((self.host, self.port), _Handler, self, "ScriptedServer")
+        # Scripted latency holds a worker per request: room for the concurrency the benchmarks drive.
+        limits = ServerLimits(max_workers=256)
+        self._httpd = OpenAIServer((self.host, self.port), _Handler, self, "ScriptedServer", limits)
         self.port = self._httpd.server_address[1]
         self.started_at = time.time()
         self._thread = threading.Thread(

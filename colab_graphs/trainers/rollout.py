@@ -51,7 +51,7 @@ from typing import Any, TypeVar
 
 from colab_graphs.data.example import Example
 from colab_graphs.data.scoring import apply_scorer
-from colab_graphs.models.client import CallError, CallResult, ModelClient
+from colab_graphs.models.client import CallError, CallResult, DeltaHandler, ModelClient
 from colab_graphs.pool import Member, Pool
 from colab_graphs.spec import GraphSpec
 from colab_graphs.trace import Call, Trace, Usage
@@ -152,12 +152,14 @@ class InProcessPolicyClient(ModelClient):
     and logprobs are the same. Logit-level requests and non-local models go through LiteLLM as usual.
     """
 
-    async def _call_upstream(self, key: str, member: Member, request: dict, kwargs: dict) -> CallResult:
+    async def _call_upstream(
+        self, key: str, member: Member, request: dict, kwargs: dict, on_delta: DeltaHandler | None = None
+    ) -> CallResult:
         from colab_graphs.models.local import DETAILS_KEY, build_request, get_engine
 
         model = str(kwargs["model"])
-        if not model.startswith("local/") or DETAILS_KEY in kwargs or kwargs.get("metadata"):
-            return await super()._call_upstream(key, member, request, kwargs)
+        if not model.startswith("local/") or DETAILS_KEY in kwargs or kwargs.get("metadata") or on_delta:
+            return await super()._call_upstream(key, member, request, kwargs, on_delta)
         self.stats.made += 1
         self.stats.attempts += 1
         started = time.perf_counter()

@@ -21,6 +21,7 @@ from colab_graphs.spec import GraphSpec
 
 MAX_ROLLOUTS = 64  # the most recent sample rollouts a training page shows
 INDEX_DEPTH = 4  # how deep a folder that holds several outputs is searched
+Stamp = tuple[tuple[str, int, int], ...]  # (file name, mtime ns, size) of each of a folder's files
 
 
 class ViewerError(Exception):
@@ -35,14 +36,14 @@ class LogCache:
     """Logs read recently, read again only when one of their files changed (pages ask for a log repeatedly)."""
 
     FILES = (LOG_FILE, "report.json", "study.json", "summary.json", "metrics.jsonl", "rollouts.jsonl",
-             "eval_before.json", "eval_after.json", "game.jsonl", "traces.jsonl")  # fmt: skip
+             "eval_before.json", "eval_after.json")  # fmt: skip
 
     def __init__(self, size: int = 8):
         self.size = size
-        self._logs: dict[Path, tuple[tuple, Log]] = {}
+        self._logs: dict[Path, tuple[Stamp, Log]] = {}
         self._lock = threading.Lock()
 
-    def _stamp(self, folder: Path) -> tuple:
+    def _stamp(self, folder: Path) -> Stamp:
         stamp = []
         for name in self.FILES:
             try:
@@ -67,13 +68,31 @@ class LogCache:
 
 
 def resolve(root: Path, rel: str) -> Path:
-    """`rel` under the served folder; anything outside it is refused."""
+    """`rel` under the served folder; anything outside it is refused, and so is a folder whose output files are
+    links that lead out of it (``log.jsonl -> /etc/passwd``): the viewer reads only what the folder holds."""
     folder = (root / rel).resolve()
-    if folder != root and root not in folder.parents:
+    if not inside(root, folder):
         raise ViewerError(403, f"{rel!r} is outside the folder being viewed")
     if not folder.is_dir():
         raise ViewerError(404, f"no folder {rel!r} under {root}")
+    for name in LogCache.FILES:
+        path = folder / name
+        if path.is_symlink() and not regular_file_inside(root, path):
+            raise ViewerError(
+                403, f"{rel or '.'}/{name} is a link that leads outside the folder being viewed"
+            )
     return folder
+
+
+def inside(root: Path, path: Path) -> bool:
+    """Whether the resolved `path` is `root` or under it (`root` resolved)."""
+    return path == root or root in path.parents
+
+
+def regular_file_inside(root: Path, path: Path) -> bool:
+    """Whether `path`, links followed, is a regular file under `root` (what the viewer may serve)."""
+    real = path.resolve()
+    return inside(root, real) and real.is_file()
 
 
 def cid(members: list[str]) -> str:
@@ -122,13 +141,14 @@ def _examples(log: Log) -> list[dict[str, Any]]:
 
 
 def _usage_from_calls(log: Log) -> dict[str, dict[str, Any]]:
-    """Calls made per member, each distinct call once (a report's `usage`, for an audit still going)."""
+    """Calls made per member, each distinct call once (a report's `usage`, for an audit still going): a call a
+    play got from the cache was not made by this audit and costs it nothing, as in the report."""
     made: dict[str, dict[str, Any]] = {}
     counted: set[int] = set()
     for play in log.plays:
         for ref in play.calls:
             call = log.calls[ref.n]
-            if call.n in counted or call.error is not None:
+            if ref.cached or call.n in counted or call.error is not None:
                 continue
             counted.add(call.n)
             u = made.setdefault(

@@ -2,13 +2,16 @@
 
 Standard library only (`http.server`), so `colab-graphs view` needs nothing beyond the package, and nothing is
 fetched from anywhere but this server: the page works offline. Every request reads the folder again (through a
-cache that notices changed files), so reloading the page shows how far a running audit has got.
+cache that notices changed files), so reloading the page shows how far a running audit has got. It serves only
+regular files whose real path lies inside the folder, and only to requests whose Host header names it.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import threading
+from collections.abc import Sequence
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -17,7 +20,14 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from colab_graphs.log import LogError, LogVersionError
-from colab_graphs.viewer.payload import LogCache, ViewerError, example_payload, folder_payload, resolve
+from colab_graphs.viewer.payload import (
+    LogCache,
+    ViewerError,
+    example_payload,
+    folder_payload,
+    regular_file_inside,
+    resolve,
+)
 
 ASSETS = {
     "/": ("index.html", "text/html; charset=utf-8"),
@@ -52,6 +62,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, json.dumps(data, allow_nan=False, default=str).encode(), "application/json")
 
     def do_GET(self) -> None:  # noqa: N802 - the base class's name
+        if not self.server.host_allowed(self.headers.get("Host")):
+            # A page elsewhere that rebinds its own name to 127.0.0.1 (DNS rebinding) reaches this server
+            # with its name in the Host header: refused, so no page but the viewer's own reads the folder.
+            self._json(HTTPStatus.FORBIDDEN, {"error": f"host {self.headers.get('Host')!r} is not allowed"})
+            return
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         if url.path in ASSETS:
@@ -85,8 +100,12 @@ class _Handler(BaseHTTPRequestHandler):
         """A PNG the producer drew in the folder (an audit's plots, a study's heatmap)."""
         name = query.get("name", "")
         folder = resolve(self.server.root, query.get("path", ""))
-        if "/" in name or "\\" in name or not name.endswith(".png") or not (folder / name).is_file():
+        if "/" in name or "\\" in name or not name.endswith(".png"):
             raise ViewerError(404, f"no image {name!r}")
+        if not regular_file_inside(self.server.root, folder / name):
+            raise ViewerError(
+                404, f"no image {name!r} in the folder (a link that leads outside it is not served)"
+            )
         return (folder / name).read_bytes()
 
 
@@ -101,22 +120,56 @@ def _finite(data: Any) -> Any:
     return data
 
 
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+ANY_ADDRESS = ("0.0.0.0", "::", "")
+
+
 class ViewerServer(ThreadingHTTPServer):
-    """Serves the viewer for the output folder `root` at `url` (port 0: a free port)."""
+    """Serves the viewer for the output folder `root` at `url` (port 0: a free port).
+
+    Requests must name this server in their Host header: a loopback name (localhost, 127.0.0.1, [::1]), the
+    address it is bound to, this machine's host name when bound to every interface, or one of `allow_hosts`
+    (``"*"``: any). Anything else gets 403, so a web page that rebinds its own domain to 127.0.0.1 cannot read
+    the folder through a browser on this machine.
+    """
 
     daemon_threads = True
 
-    def __init__(self, root: str | Path, host: str = "127.0.0.1", port: int = 0, verbose: bool = False):
+    def __init__(
+        self,
+        root: str | Path,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        verbose: bool = False,
+        allow_hosts: Sequence[str] = (),
+    ):
         self.root = Path(root).resolve()
         if not self.root.is_dir():
             raise FileNotFoundError(f"{root}: no such folder")
         self.cache = LogCache()
         self.verbose = verbose
+        names = {*LOOPBACK_NAMES, host, *allow_hosts}
+        if host in ANY_ADDRESS:
+            names.add(socket.gethostname())
+        self.allowed_hosts = {n.lower().strip("[]") for n in names if n}
         super().__init__((host, port), _Handler)
+
+    def host_allowed(self, header: str | None) -> bool:
+        """Whether a request's Host header names this server (no header: an HTTP/1.0 client, allowed)."""
+        if header is None or "*" in self.allowed_hosts:
+            return True
+        name = header.strip().lower()
+        if name.startswith("["):  # [::1]:7575
+            name, _, rest = name[1:].partition("]")
+            port = rest.removeprefix(":")
+        else:
+            name, _, port = name.partition(":")
+        return name in self.allowed_hosts and port in ("", str(self.server_address[1]))
 
     @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
+        # The bound address, as server_address holds it (which typeshed types str | bytes for any family).
+        host, port = self.socket.getsockname()[:2]
         return f"http://{host}:{port}/"
 
     def start(self) -> ViewerServer:

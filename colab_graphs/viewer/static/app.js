@@ -34,6 +34,10 @@ function fmt(v, signed) {
 const fmtCI = (ci) => (ci ? `[${fmt(ci[0])}, ${fmt(ci[1])}]` : "");
 const fmtInt = (v) => (v === null || v === undefined ? "–" : Number(v).toLocaleString("en-US"));
 const fmtCost = (v) => (v === null || v === undefined ? "unknown" : "$" + Number(v).toFixed(4));
+// Cost as report.md and the terminal tell it: the calls made, then what the calls served without one cost.
+const costText = (spent, made, saved, cached) =>
+  `${fmtCost(spent)} for ${fmtInt(made)} call(s) made` +
+  (cached ? `; ${fmtInt(cached)} served without a call, which cost ${fmtCost(saved)} when made` : "");
 const sign = (v) => (v > 1e-12 ? "pos" : v < -1e-12 ? "neg" : "zero");
 const same = (a, b) => a.length === b.length && a.every((m) => b.includes(m));
 const label = (members) => (members.length ? members.join(", ") : "∅ (no members)");
@@ -208,8 +212,7 @@ function auditMeta(d) {
     ["Examples", r ? `${r.n_examples}${r.failed_examples.length ? ` (${r.failed_examples.length} failed)` : ""}` : String(d.examples.length)],
     ["v(all members)", h("span", { id: "v-all" }, fmt(grandValue(d)))],
     r ? ["Calls", `${fmtInt(r.calls.made)} made, ${fmtInt(r.calls.unique)} distinct, ${fmtInt(r.calls.cached)} cached, ${fmtInt(r.calls.failed)} failed; naive evaluation ${fmtInt(r.calls.naive)}`] : null,
-    r ? ["Tokens, cost, time", `${fmtInt(r.tokens.total)} tokens, ${fmtCost(r.cost_usd)}, ${Number(r.wall_s).toFixed(1)} s`] : null,
-    d.log_version === 0 ? ["Log", "written before the log kept conversations (version 0): no prompts or replies"] : null,
+    r ? ["Tokens, cost, time", `${fmtInt(r.tokens.total)} tokens, ${costText(r.cost_usd, r.calls.made, r.cost_saved_usd, r.calls.cached)}, ${Number(r.wall_s).toFixed(1)} s`] : null,
   ]);
 }
 
@@ -434,7 +437,7 @@ async function renderRun(d) {
       ["Score", h("span", { id: "run-score" }, fmt(sm ? sm.score : d.progress.score))],
       ["Examples", sm ? `${sm.n} (${sm.failed} failed)` : `${d.progress.plays}${d.progress.planned ? " of " + d.progress.planned : ""} so far`],
       sm ? ["Calls", `${fmtInt(sm.calls.made)} made, ${fmtInt(sm.calls.cached)} cached, ${fmtInt(sm.calls.failed)} failed`] : null,
-      sm ? ["Tokens, cost, time", `${fmtInt(sm.tokens.prompt + sm.tokens.completion)} tokens, ${fmtCost(sm.cost_usd)}, ${Number(sm.wall_s).toFixed(1)} s`] : null,
+      sm ? ["Tokens, cost, time", `${fmtInt(sm.tokens.prompt + sm.tokens.completion)} tokens, ${costText(sm.cost_usd, sm.calls.made, sm.cost_saved_usd, sm.calls.cached)}, ${Number(sm.wall_s).toFixed(1)} s`] : null,
     ])];
   const example = Q.get("example");
   if (example) out.push(await exampleSection({ ...d, members: d.members || [] }, example, null, null));

@@ -1,0 +1,586 @@
+"""The code harness: the tests decide, in a judge process that the code under test cannot reach.
+
+One scored answer runs as two processes (`colab_graphs.data.code_tests.run_tests` asks
+`colab_graphs.data.sandbox.run_judged` to start and contain both):
+
+- the **candidate**: a fresh interpreter runs the reply's code as module ``solution`` (so an
+  ``if __name__ == "__main__":`` demo does not run), reports the callables it defined, then answers requests on
+  a pipe: call this function or class, read or set this attribute. It never sees the tests, only the arguments
+  the tests pass.
+- the **judge**: holds the tests, the question's own definitions and the verdict. It runs the tests with each
+  name they use from the solution bound to a proxy that forwards calls over the pipe, and decides pass or fail.
+  Only the judge writes the verdict; the candidate's output is read for debugging and never looked at.
+
+What crosses the pipe is plain data (`_Pipe` says how it is framed): None, bool, int, float (NaN and infinities
+included), str, and tagged containers that the judge rebuilds from its own builtins: list, tuple, set,
+frozenset, dict (any plain keys), bytes, bytearray, complex, Fraction, Decimal, range, dict views (keys, values,
+items, in order), and iterators (a returned generator is drained in the candidate and arrives as an iterator
+over its items). So no object with a custom ``__eq__`` ever reaches the judge: a candidate's value either
+rebuilds as plain data or stays behind in the candidate as a **handle**, an opaque reference the tests may pass
+back, call, and read or set attributes through (MBPP's tree tests build ``Node`` objects this way), but which
+refuses to compare, hash, iterate or be true or false (a ``TypeError``: the test fails).
+
+Semantics the tests see:
+
+- Arguments are copied. After each call the candidate sends back the positional list, dict, set and bytearray
+  arguments it changed, and the judge writes them into its own objects (a test that checks an in-place sort
+  works); identity between arguments, and objects nested inside them, are not kept.
+- A candidate's exception is raised in the judge as the first builtin exception class in its MRO, with its
+  message (a test expecting ``ValueError`` sees one); a class whose only builtin base is ``Exception`` arrives
+  as `CandidateError` (an ``Exception``). ``SystemExit``, ``KeyboardInterrupt`` and any other non-``Exception``
+  fail the run whatever the test catches, as do a crash, an exit, a protocol violation or a call past its
+  deadline.
+- Names: the tests run as the judge's ``__main__`` (``unittest.main()`` works), on its own builtins and
+  modules. A name the tests use is taken from the tests themselves, else from the question's code
+  (HumanEval's ``poly``, ``encode_cyclic``: the question's version, never a redefinition in the reply), else
+  it is a proxy for the solution's callable of that name; the entry point is always the solution's. A test
+  that only defines ``check(candidate)`` is called with the entry point.
+- A test that completes without a single request to the candidate reports ``calls == 0`` (the scorer refuses
+  such a test: it checks nothing).
+
+Not supported (the test fails): passing a function or another non-plain value of the test's own to the
+candidate, module attributes of the solution other than callables, more than 16 MiB in one reply, nesting deeper
+than 200 levels, a generator longer than 100,000 items (an infinite one the test would only partly consume),
+numpy values other than a float64 (a float subclass: it crosses as a float).
+
+This file runs in two places, compiled once per host process by the sandbox's interpreter: the judge executes
+it and calls `judge`; the candidate's interpreter runs it as `__main__` with the solution's path (as
+``python -I code_harness.py solution.py`` would). It uses only the standard library, imports nothing slow on
+the candidate's side (it starts once per scored answer), and must stay runnable on the system interpreter
+(Python 3.10 or newer).
+"""
+
+from __future__ import annotations
+
+import builtins
+import marshal
+import os
+import select
+import sys
+import time
+
+try:
+    from _json import encode_basestring_ascii as _quote
+except ImportError:  # an interpreter without the C accelerator
+    from json.encoder import py_encode_basestring_ascii as _quote
+
+_MAX_MESSAGE = 16 * 1024**2
+_MAX_DEPTH = 200
+_MAX_ITEMS = 100_000
+_BIG_INT = 2**63
+_OPAQUE = "a value the solution returned that is not plain data stays in the candidate: it cannot be compared"
+
+# --- plain data on the wire ---------------------------------------------------------------------------------------
+
+
+class WireError(Exception):
+    """A message that is not plain data in the harness's format (or too big, too deep)."""
+
+
+def encode(value: object, handle: object, depth: int = 0) -> object:
+    """`value` as JSON-ready plain data; `handle(value)` is asked for anything else (it returns a tag or raises)."""
+    if depth > _MAX_DEPTH:
+        raise WireError(f"nested deeper than {_MAX_DEPTH} levels")
+    if value is None or value is True or value is False:
+        return value
+    kind = type(value)
+    if kind is str or kind is float:
+        return value
+    if kind is int:
+        return value if -_BIG_INT < value < _BIG_INT else {"int": format(value, "x")}
+    inner = depth + 1
+    if kind is list or kind is tuple or kind is set or kind is frozenset:
+        return {kind.__name__: [encode(v, handle, inner) for v in value]}
+    if kind is dict:
+        return {"dict": [[encode(k, handle, inner), encode(v, handle, inner)] for k, v in value.items()]}
+    if kind is bytes or kind is bytearray:
+        return {kind.__name__: value.hex()}
+    if kind is complex:
+        return {"complex": [value.real, value.imag]}
+    if kind is range:
+        return {"range": [value.start, value.stop, value.step]}
+    name = f"{kind.__module__}.{kind.__qualname__}"
+    if name in ("fractions.Fraction", "decimal.Decimal"):
+        return {name.split(".")[1].lower(): str(value)}
+    if kind.__name__ in ("dict_keys", "dict_values") and kind.__module__ == "builtins":
+        return {kind.__name__: [encode(v, handle, inner) for v in value]}
+    if kind.__name__ == "dict_items" and kind.__module__ == "builtins":
+        return {"dict_items": [[encode(k, handle, inner), encode(v, handle, inner)] for k, v in value]}
+    return handle(value)  # type: ignore[operator]
+
+
+def decode(data: object, resolve: object, depth: int = 0) -> object:
+    """Plain data rebuilt from `encode`'s format with this process's own types; `resolve(n)` for a handle."""
+    if depth > _MAX_DEPTH:
+        raise WireError(f"nested deeper than {_MAX_DEPTH} levels")
+    if data is None or data is True or data is False:
+        return data
+    kind = type(data)
+    if kind is str or kind is float or kind is int:
+        return data
+    if kind is not dict or len(data) != 1:  # type: ignore[arg-type]
+        raise WireError(f"not a value: {str(data)[:80]}")
+    (tag, body), inner = next(iter(data.items())), depth + 1  # type: ignore[union-attr]
+    if tag in _SEQUENCES:
+        items = [decode(v, resolve, inner) for v in _list(body)]
+        return _SEQUENCES[tag](items)
+    if tag in ("dict", "dict_items"):
+        pairs = [_list(p) for p in _list(body)]
+        if any(len(p) != 2 for p in pairs):
+            raise WireError("a dict entry is not a pair")
+        built = {decode(k, resolve, inner): decode(v, resolve, inner) for k, v in pairs}
+        return built if tag == "dict" else built.items()
+    if tag in ("bytes", "bytearray") and type(body) is str:
+        return (bytes if tag == "bytes" else bytearray).fromhex(body)
+    if tag == "int" and type(body) is str:
+        return int(body, 16)
+    if tag == "complex" and len(_list(body)) == 2 and all(type(x) in (int, float) for x in body):  # type: ignore[union-attr]
+        return complex(*body)  # type: ignore[misc]
+    if tag == "range" and [type(x) for x in _list(body)] == [int, int, int]:
+        return range(*body)  # type: ignore[misc]
+    if tag == "fraction" and type(body) is str:
+        from fractions import Fraction
+
+        return Fraction(body)
+    if tag == "decimal" and type(body) is str:
+        from decimal import Decimal
+
+        return Decimal(body)
+    if tag == "ref" and type(body) is int:
+        return resolve(body)  # type: ignore[operator]
+    raise WireError(f"unknown value tag {str(tag)[:40]!r}")
+
+
+def _list(body: object) -> list:
+    if type(body) is not list:
+        raise WireError("a container's items are not a list")
+    return body  # type: ignore[return-value]
+
+
+_SEQUENCES = {
+    "list": list,
+    "tuple": tuple,
+    "set": set,
+    "frozenset": frozenset,
+    "iterator": iter,
+    "dict_keys": lambda items: dict.fromkeys(items).keys(),
+    "dict_values": lambda items: dict(enumerate(items)).values(),
+}
+
+
+class _Pipe:
+    """The two sides over a pair of file descriptors, every wait bounded by a deadline.
+
+    The judge sends marshal frames (a length line, then the bytes: nothing to import, and trusted in that
+    direction); the candidate answers in JSON lines, which the judge parses with `json`, safe on any input
+    (marshal is not). The candidate writes its JSON without importing `json` (whose `re` import would cost
+    every scored answer a few milliseconds)."""
+
+    def __init__(self, read_fd: int, write_fd: int, *, judge: bool) -> None:
+        self._read_fd, self._write_fd, self._judge, self._buffer = read_fd, write_fd, judge, b""
+
+    def send(self, message: dict, deadline: float = float("inf")) -> None:
+        if self._judge:
+            payload = marshal.dumps(message, 2)
+            data = b"%d\n" % len(payload) + payload
+        else:
+            data = (_json_text(message) + "\n").encode()
+        while data:
+            if not select.select([], [self._write_fd], [], _remaining(deadline))[1]:
+                raise TimeoutError("the other side stopped reading")
+            data = data[os.write(self._write_fd, data[:65536]) :]
+
+    def receive(self, deadline: float = float("inf")) -> dict:
+        line = self._line(deadline)
+        if self._judge:
+            import json
+
+            message = json.loads(line)
+        else:
+            message = marshal.loads(self._exactly(int(line), deadline))
+        if type(message) is not dict:
+            raise WireError("a message is not an object")
+        return message
+
+    def _line(self, deadline: float) -> bytes:
+        while b"\n" not in self._buffer:
+            self._fill(deadline)
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line
+
+    def _exactly(self, size: int, deadline: float) -> bytes:
+        while len(self._buffer) < size:
+            self._fill(deadline)
+        data, self._buffer = self._buffer[:size], self._buffer[size:]
+        return data
+
+    def _fill(self, deadline: float) -> None:
+        if self._judge and len(self._buffer) > _MAX_MESSAGE:
+            raise WireError(f"a message over {_MAX_MESSAGE} bytes")
+        if not select.select([self._read_fd], [], [], _remaining(deadline))[0]:
+            raise TimeoutError("no reply before the deadline")
+        chunk = os.read(self._read_fd, 1 << 20)
+        if not chunk:
+            raise EOFError("the other side closed the pipe")
+        self._buffer += chunk
+
+
+def _json_text(tree: object) -> str:
+    """JSON for the wire's trees (None, bool, int, float, str, lists, dicts with str keys); floats that are not
+    finite as Python's `json` writes them (NaN, Infinity), which it reads back."""
+    if tree is None:
+        return "null"
+    if tree is True or tree is False:
+        return "true" if tree else "false"
+    kind = type(tree)
+    if kind is str:
+        return _quote(tree)  # type: ignore[arg-type]
+    if kind is int:
+        return int.__repr__(tree)  # type: ignore[arg-type]
+    if kind is float:
+        if tree != tree:
+            return "NaN"
+        if tree in (float("inf"), float("-inf")):
+            return "Infinity" if tree > 0 else "-Infinity"  # type: ignore[operator]
+        return float.__repr__(tree)  # type: ignore[arg-type]
+    if kind is list:
+        return "[" + ",".join(_json_text(v) for v in tree) + "]"  # type: ignore[attr-defined]
+    if kind is dict:
+        return "{" + ",".join(_quote(str(k)) + ":" + _json_text(v) for k, v in tree.items()) + "}"  # type: ignore[attr-defined]
+    raise WireError(f"not wire data: {kind.__name__}")
+
+
+def _remaining(deadline: float) -> float | None:
+    if deadline == float("inf"):
+        return None
+    return max(0.0, deadline - time.monotonic())
+
+
+# --- the judge's side -----------------------------------------------------------------------------------------------
+
+
+class CandidateError(Exception):
+    """An exception the solution raised whose classes are none of Python's builtin exceptions."""
+
+
+class CandidateAbort(BaseException):
+    """The candidate's process ended, exited, broke the protocol or ran out of time: the run fails.
+
+    A BaseException, so that a test's `except Exception` cannot swallow it (the verdict checks it anyway)."""
+
+
+class _Candidate:
+    """The judge's connection to the candidate process: every request and its plain-data reply."""
+
+    def __init__(self, pipe: _Pipe, deadline: float, call_timeout_s: float | None) -> None:
+        self.pipe, self.total_deadline, self.call_timeout_s, self.calls = pipe, deadline, call_timeout_s, 0
+        self.aborted: str | None = None
+        self.deadline = deadline
+
+    def _start_call(self) -> None:
+        per_call = time.monotonic() + self.call_timeout_s if self.call_timeout_s else float("inf")
+        self.deadline = min(self.total_deadline, per_call)
+
+    def hello(self) -> dict:
+        return self._receive()
+
+    def request(self, op: str, target: object, **fields: object) -> object:
+        if self.aborted:
+            raise CandidateAbort(self.aborted)
+        self.calls += 1
+        self._start_call()
+        args = fields.pop("args", ())
+        message = {"op": op, "target": target, **{k: self._encode(v) for k, v in fields.items()}}
+        if op == "call":
+            message["args"] = [self._encode(a) for a in args]  # type: ignore[union-attr]
+        try:
+            self.pipe.send(message, self.deadline)
+        except (OSError, TimeoutError) as exc:
+            self._abort(f"the candidate stopped reading: {exc}")
+        reply = self._receive()
+        if "error" in reply:
+            raise self._exception(reply["error"])
+        try:
+            value = decode(reply.get("value"), self._handle)
+            if op == "call":
+                self._write_back(args, reply.get("changed") or {})  # type: ignore[arg-type]
+        except (WireError, TypeError, ValueError, KeyError, IndexError, RecursionError, OverflowError) as exc:
+            self._abort(f"the candidate broke the protocol: {type(exc).__name__}: {str(exc)[:200]}")
+        return value
+
+    def _exception(self, error: object) -> BaseException:
+        try:
+            return _rebuilt_exception(error)
+        except WireError as exc:
+            self._abort(f"the candidate broke the protocol: {exc}")
+            raise
+
+    def _receive(self) -> dict:
+        try:
+            reply = self.pipe.receive(self.deadline)
+        except TimeoutError:
+            self._abort("timeout")
+        except (EOFError, OSError):
+            self._abort("the candidate's process ended")
+        except (WireError, ValueError, RecursionError) as exc:
+            self._abort(f"the candidate broke the protocol: {type(exc).__name__}: {str(exc)[:200]}")
+        if "abort" in reply:
+            self._abort(f"the candidate raised {str(reply['abort'])[:100]}")
+        return reply
+
+    def _abort(self, reason: str) -> None:
+        self.aborted = self.aborted or reason
+        raise CandidateAbort(reason)
+
+    def _encode(self, value: object) -> object:
+        return encode(value, _handle_of)
+
+    def _handle(self, number: int) -> Handle:
+        return Handle(self, number)
+
+    def _write_back(self, args: tuple, changed: dict) -> None:
+        for position, data in changed.items():
+            original = args[int(position)]
+            new = decode(data, self._handle)
+            if type(new) is not type(original):
+                raise WireError("a changed argument came back as another type")
+            if isinstance(original, list | bytearray):
+                original[:] = new
+            else:
+                original.clear()
+                original.update(new)
+
+
+def _handle_of(value: object) -> object:
+    if isinstance(value, Handle):
+        return {"ref": object.__getattribute__(value, "_cg_target")}
+    base = _plain_base(value)
+    if base is not None:
+        return encode(base(value), _handle_of)
+    raise TypeError(f"cannot pass a {type(value).__name__} to the code under test: only plain data crosses")
+
+
+def _plain_base(value: object) -> type | None:
+    """The builtin type a subclass instance (a namedtuple, a Counter, an IntEnum) crosses as, if any."""
+    return next((base for base in _BASES if isinstance(value, base)), None)
+
+
+_BASES = (bool, int, float, complex, str, bytes, bytearray, tuple, list, dict, set, frozenset)
+
+
+def _rebuilt_exception(error: object) -> BaseException:
+    if type(error) is not dict:
+        raise WireError("an error is not an object")
+    message = str(error.get("message", ""))[:10_000]
+    for name in error.get("types") or []:
+        if name in ("Exception", "BaseException"):
+            break  # the solution's own exception class: CandidateError says so
+        cls = getattr(builtins, str(name), None)
+        if isinstance(cls, type) and issubclass(cls, Exception):
+            try:
+                return cls(message)
+            except TypeError:  # e.g. UnicodeDecodeError needs five arguments: try its base
+                continue
+    return CandidateError(message)
+
+
+class Handle:
+    """A value that lives in the candidate's process: a function or class of the solution, or an object it
+    returned. Calls, attribute reads and writes are forwarded (the results come back as plain data or handles);
+    comparing, hashing, iterating or testing truth raises, since no candidate code may decide them."""
+
+    __slots__ = ("_cg_candidate", "_cg_target")
+
+    def __init__(self, candidate: _Candidate, target: object) -> None:
+        object.__setattr__(self, "_cg_candidate", candidate)
+        object.__setattr__(self, "_cg_target", target)
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        return self._cg_candidate.request("call", self._cg_target, args=args, kwargs=kwargs)
+
+    def __getattr__(self, name: str) -> object:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._cg_candidate.request("getattr", self._cg_target, name=name)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        self._cg_candidate.request("setattr", self._cg_target, name=name, value=value)
+
+    def _refuse(self, *_: object) -> bool:
+        raise TypeError(_OPAQUE)
+
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __bool__ = __len__ = __iter__ = __contains__ = (
+        _refuse
+    )
+    __index__ = __int__ = __float__ = __complex__ = _refuse
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<the solution's {self._cg_target!r}>"
+
+
+def judge(reply_fd: int, request_fd: int, request: dict) -> dict:
+    """Run the tests against the candidate on the other end of the pipes; return the verdict (plain data).
+
+    `request` (made by `colab_graphs.data.code_tests` from the dataset's test and question): ``test`` (source),
+    ``question`` (the question's definitions, one snippet each), ``entry_point``, ``from_solution`` (the names
+    the test uses that neither it, the question nor the builtins define), ``call_check`` (the test only
+    defines `check`), ``bind_candidate`` (the test uses `candidate` at module level), ``timeout_s``,
+    ``call_timeout_s``.
+    """
+    deadline = time.monotonic() + float(request["timeout_s"])
+    per_call = request.get("call_timeout_s")
+    candidate = _Candidate(
+        _Pipe(reply_fd, request_fd, judge=True), deadline, float(per_call) if per_call else None
+    )
+    try:
+        hello = candidate.hello()
+    except CandidateAbort as exc:
+        return {"passed": False, "reason": f"the code did not load: {exc}", "calls": 0}
+    if not hello.get("ready"):
+        return {
+            "passed": False,
+            "reason": f"the code did not load: {str(hello.get('error'))[:2000]}",
+            "calls": 0,
+        }
+    # The test runs as this process's __main__, so `unittest.main()` finds the test cases it defines.
+    main = type(sys)("__main__")
+    sys.modules["__main__"] = main
+    namespace = main.__dict__
+    namespace["__builtins__"] = builtins
+    for snippet in request["question"]:
+        try:
+            exec(compile(snippet, "question.py", "exec"), namespace)
+        except Exception:  # noqa: BLE001, S112 - a helper that cannot be defined is not one the test needs
+            continue
+    names = hello.get("names")
+    offered = {str(n) for n in names} if isinstance(names, list) else set()
+    entry = request.get("entry_point")
+    for name in (set(request["from_solution"]) & offered) | ({entry} if entry else set()):
+        namespace[name] = Handle(candidate, name)
+    if request.get("bind_candidate") and entry:
+        namespace["candidate"] = namespace[entry]
+    reason = _run_test(request, namespace, entry)
+    return {
+        "passed": reason == "" and not candidate.aborted,
+        "reason": candidate.aborted or reason,
+        "calls": candidate.calls,
+    }
+
+
+def _run_test(request: dict, namespace: dict, entry: str | None) -> str:
+    """Execute the test; "" when it completed, else why it failed."""
+    try:
+        exec(compile(request["test"], "test.py", "exec"), namespace)
+        if request.get("call_check"):
+            if entry is None:
+                return "the test defines check(candidate) and no function under test is known"
+            namespace["check"](namespace[entry])
+    except SystemExit as exc:  # the test's own exit (unittest.main): a clean one is a completed test
+        return "" if exc.code in (None, 0) else f"the test exited with {exc.code!r}"
+    except CandidateAbort as exc:
+        return str(exc)
+    except BaseException as exc:  # noqa: BLE001 - every way a test fails is a failed verdict
+        return _describe_failure(exc)
+    return ""
+
+
+def _describe_failure(exc: BaseException) -> str:
+    line = None
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "test.py":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    where = f" (test.py line {line})" if line else ""
+    return f"{type(exc).__name__}: {str(exc)[:500]}{where}"
+
+
+# --- the candidate's side -------------------------------------------------------------------------------------------
+
+
+def serve(solution_path: str, request_fd: int = 3, reply_fd: int = 4) -> None:
+    """Load the solution, say which callables it defines, then answer the judge's requests until it hangs up."""
+    pipe = _Pipe(request_fd, reply_fd, judge=False)
+    namespace: dict = {"__name__": "solution", "__file__": solution_path, "__builtins__": builtins}
+    try:
+        with open(solution_path, encoding="utf-8") as fh:
+            source = fh.read()
+        exec(compile(source, "solution.py", "exec"), namespace)
+    except BaseException as exc:  # noqa: BLE001 - any failure to load is reported, not raised
+        pipe.send({"ready": False, "error": _describe(exc)})
+        return
+    names = [n for n, v in list(namespace.items()) if callable(v) and not n.startswith("__")]
+    pipe.send({"ready": True, "names": names})
+    objects: dict[int, object] = {}
+
+    def handle(value: object) -> object:
+        if hasattr(type(value), "__next__") and hasattr(type(value), "__iter__"):
+            items = []
+            for item in value:  # type: ignore[attr-defined]
+                items.append(encode(item, handle))
+                if len(items) > _MAX_ITEMS:
+                    raise WireError(f"an iterator longer than {_MAX_ITEMS} items")
+            return {"iterator": items}
+        base = _plain_base(value)
+        if base is not None:
+            return encode(base(value), handle)
+        objects[len(objects)] = value
+        return {"ref": len(objects) - 1}
+
+    def resolve(number: int) -> object:
+        return objects[number]
+
+    while True:
+        try:
+            message = pipe.receive()
+        except (EOFError, OSError):
+            return
+        pipe.send(_answer(message, namespace, handle, resolve))
+
+
+def _answer(message: dict, namespace: dict, handle: object, resolve: object) -> dict:
+    try:
+        target = message["target"]
+        if isinstance(target, str) and target not in namespace:
+            raise NameError(f"name {target!r} is not defined")
+        obj = namespace[target] if isinstance(target, str) else resolve(target)  # type: ignore[operator]
+        op = message["op"]
+        if op == "getattr":
+            return {"value": encode(getattr(obj, message["name"]), handle)}
+        if op == "setattr":
+            setattr(obj, message["name"], decode(message["value"], resolve))
+            return {"value": None}
+        args = [decode(a, resolve) for a in message["args"]]
+        kwargs = decode(message["kwargs"], resolve)
+        value = obj(*args, **kwargs)  # type: ignore[operator, arg-type]
+        reply: dict = {"value": encode(value, handle)}
+        changed = {}
+        for position, (sent, arg) in enumerate(zip(message["args"], args, strict=True)):
+            if type(arg) in (list, dict, set, bytearray):
+                now = encode(arg, handle)
+                if now != sent:
+                    changed[str(position)] = now
+        if changed:
+            reply["changed"] = changed
+        return reply
+    except Exception as exc:  # noqa: BLE001 - the solution's exceptions go to the judge
+        types = [c.__name__ for c in type(exc).__mro__ if getattr(builtins, c.__name__, None) is c]
+        return {"error": {"types": types, "message": _message(exc)}}
+    except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt...: the run fails
+        return {"abort": type(exc).__name__}
+
+
+def _message(exc: BaseException) -> str:
+    try:
+        return str(exc)[:10_000]
+    except Exception:  # noqa: BLE001 - a message that cannot be printed is no message
+        return ""
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {_message(exc)[:2000]}"
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])

@@ -1,0 +1,78 @@
+"""What a user's app calls its members through during an app audit: the binding, and `MemberAbsent`.
+
+`colab_graphs.member_chat_model(NAME)` is a LangChain chat model that is a pool member, for auditing a user's
+own LangGraph app.
+
+A user's app calls its models wherever its nodes do (a supervisor, tool-using workers, a critic); written
+with `member_chat_model("coder")` instead of a provider's chat model, each of those calls goes through the
+call path as pool member "coder" (cached, shared in flight, traced, counted), and an audit can play the app
+once per coalition: `colab_graphs.run_audit(app, pool, data)` binds the pool, the client and the coalition
+around each run (`bind_members`), and a member outside the coalition follows its declared rule.
+
+Why a context variable and not LangGraph's run context (`context=`): LangGraph hands its context only to the
+nodes that ask for it (a `runtime` parameter), while a chat model is usually made once, at import time, and
+called from deep inside a node, a tool or a prebuilt agent that never sees the runtime. A `ContextVar` set
+around the app's `ainvoke` reaches every call the run makes: asyncio copies it into each task, and LangGraph
+copies it into the threads that run sync nodes (`run_in_executor` with `copy_context`); concurrent runs of
+different coalitions each see their own. It also leaves the app's own `context_schema` to the app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from colab_graphs.models.client import ModelClient
+from colab_graphs.pool import Pool
+from colab_graphs.trace import Trace
+
+AbsentRule = Literal["raise", "empty", "substitute"]
+
+
+class MemberAbsent(RuntimeError):
+    """A call to a pool member that is not in the coalition being played (rule "raise", the default).
+
+    An app may catch it to route around the member (a supervisor skipping that worker); an app that does not
+    catch it gives no answer for that coalition, which then scores as an empty answer.
+    """
+
+    def __init__(self, member: str, coalition: frozenset[str]):
+        present = ", ".join(sorted(coalition)) or "nobody"
+        super().__init__(f"member {member!r} is absent from this coalition (present: {present})")
+        self.member = member
+        self.coalition = coalition
+
+
+@dataclass(frozen=True)
+class MemberBinding:
+    """What a run's member chat models call through: the pool, the client, the coalition (None: the whole
+    pool), the trace to record calls in, a memo shared by the runs of one example, and the loop that runs
+    the calls (where sync `invoke`s from sync nodes are sent)."""
+
+    pool: Pool
+    client: ModelClient
+    coalition: frozenset[str] | None = None
+    trace: Trace | None = None
+    memo: dict[str, Any] | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+
+
+_binding: ContextVar[MemberBinding | None] = ContextVar("colab_graphs_member_binding", default=None)
+
+
+@contextlib.contextmanager
+def bind_members(binding: MemberBinding) -> Iterator[MemberBinding]:
+    """Make `binding` what member chat models call through, in this context and the tasks it starts."""
+    token = _binding.set(binding)
+    try:
+        yield binding
+    finally:
+        _binding.reset(token)
+
+
+def current_binding() -> MemberBinding | None:
+    return _binding.get()

@@ -1,0 +1,88 @@
+"""`MemberChatModel`: a pool member as a LangChain chat model (made by `colab_graphs.member_chat_model`).
+
+Where its calls go is decided at call time: the binding of the run (`colab_graphs.models.binding`, set by an
+app audit) gives the pool, client, coalition, trace and memo; without one, the pool and client it was made
+with.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from colab_graphs.models.binding import AbsentRule, MemberAbsent, current_binding
+from colab_graphs.models.chat_model import CallPathChatModel, Target
+from colab_graphs.models.client import ModelClient, default_client
+from colab_graphs.pool import Pool
+
+
+class MemberChatModel(CallPathChatModel):
+    """A pool member as a LangChain chat model; the pool and client come from the run (`bind_members`, set
+    by an app audit), else from the ones given here.
+
+    Attributes:
+        member_name: The pool member.
+        on_absent: What a call does when the member is not in the coalition being played: "raise"
+            `MemberAbsent` (the default), answer "empty" (an empty reply, no call), or "substitute" another
+            member (`substitute`, else the first present member in pool order; `MemberAbsent` if none is).
+        substitute: The member that answers instead, for on_absent="substitute".
+        pool, client: Used when no audit has bound any (running the app yourself).
+    """
+
+    member_name: str
+    on_absent: AbsentRule = "raise"
+    substitute: str | None = None
+    pool: Pool | None = Field(default=None, exclude=True, repr=False)
+    client: ModelClient | None = Field(default=None, exclude=True, repr=False)
+
+    @property
+    def _llm_type(self) -> str:
+        return "colab-graphs-member"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {"member": self.member_name, "on_absent": self.on_absent}
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
+        params = super()._get_ls_params(stop=stop, **kwargs)
+        params["ls_model_name"] = kwargs.get("model") or self.member_name
+        params["ls_provider"] = "colab_graphs"
+        return params
+
+    def _target(self, metadata: dict[str, Any] | None) -> Target:
+        binding = current_binding()
+        pool = binding.pool if binding is not None else self.pool
+        if pool is None:
+            raise RuntimeError(
+                f"member_chat_model({self.member_name!r}) has no pool: run the app through "
+                "colab_graphs.run_audit(app, pool, data), or give one: member_chat_model(NAME, pool=...)"
+            )
+        name = self._answering(pool, binding.coalition if binding is not None else None)
+        node = (metadata or {}).get("langgraph_node")
+        if binding is None:
+            return Target(self.client or default_client(), pool[name] if name else None, node=node)
+        member = pool[name] if name else None
+        return Target(binding.client, member, binding.trace, binding.memo, binding.loop, node)
+
+    def _answering(self, pool: Pool, coalition: frozenset[str] | None) -> str | None:
+        """The member that answers this call (None: nobody, an empty answer)."""
+        unknown = [m for m in (self.member_name, self.substitute) if m is not None and m not in pool]
+        if unknown:
+            raise ValueError(
+                f"member_chat_model: no member {', '.join(map(repr, unknown))} in the pool; members: "
+                f"{', '.join(pool.names)}"
+            )
+        if coalition is None or self.member_name in coalition:
+            return self.member_name
+        if self.on_absent == "empty":
+            return None
+        if self.on_absent == "substitute":
+            if self.substitute is not None:
+                if self.substitute in coalition:
+                    return self.substitute
+            else:
+                present = [m for m in pool.names if m in coalition]
+                if present:
+                    return present[0]
+        raise MemberAbsent(self.member_name, coalition)
