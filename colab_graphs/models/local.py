@@ -41,11 +41,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
+
 import colab_graphs._env  # noqa: F401  (offline settings before litellm / transformers load)
 from colab_graphs.models.engines import DTYPES, PROVIDER, get_engine, set_local_model, unload  # noqa: F401
 from colab_graphs.models.local_engine import GenerationRequest, GenerationResult, LocalEngine
 from colab_graphs.models.openai_api import SamplingParams
-from pydantic import Field
 
 DETAILS_KEY = "colab_graphs"
 
