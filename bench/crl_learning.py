@@ -18,9 +18,9 @@ Measured 2026-11-30 (2 shared CPU cores, load 8-13; 12 steps of 4 prompts x 4 ro
     sft      0.0 -> 0.75 / 0.75 / 0.44            0.40->0.92  0.17->0.83  0.15->0.31
 
 C-RL raises the system score where solo RL cannot move (by construction of the task: the policy's own
-correctness is always 0). Runs are not bit-reproducible: the policy engine batches the rollouts' turns by
-arrival time and batched float arithmetic differs in the last bits, so a seed's trajectory varies; seed 0's
-C-RL run above ended at 0.06, and two more runs of it at 0.44 and 0.63. Collaborative fine-tuning on
+correctness is always 0). Those runs were not reproducible (seed 0's C-RL run above ended at 0.06, and two
+more runs of it at 0.44 and 0.63) because nothing seeded the rollouts; since the config's `seed` seeds every
+rollout's sampling, a seed is one trajectory (tests/test_crl_seeds.py). Collaborative fine-tuning on
 successful rollouts does about as well as C-RL here: the behaviour is one marker token, which
 rejection-sampled SFT picks up as fast as GRPO. The eval after C-RL equals the policy seat's LOO (the
 collaborators alone score 0). tests/test_trainer.py runs the C-RL vs solo comparison as a slow test.

@@ -13,6 +13,8 @@
 # stage (c) times a model of exactly that shape with random weights.
 #
 # Stages, each with its own time limit; a failed stage is reported and the next one still runs:
+#   g. bench/gpu_check.py before anything is installed: the engine and the trainer's update on cuda with
+#      torch and transformers alone (bf16, memory per step, tokens/s; OUT/gpu_check/gpu_check.json);
 #   0. versions and nvidia-smi; an import smoke test of the whole `colab-graphs train` chain (fails fast);
 #   a. `colab-graphs train --config examples/train_tiny.yaml` with the policy on cuda (tiny-random, 8 steps);
 #   b. local engine: 16 concurrent requests batched vs one at a time (bench/local_batching.py, tiny-random);
@@ -27,7 +29,8 @@
 #   GPU_CHECK_SITE          where the wheels go (default /tmp/site); prepended to PYTHONPATH
 #   GPU_CHECK_WHL           wheel folder (default .whl); GPU_CHECK_SKIP_INSTALL=1 skips the install
 #   GPU_CHECK_EXTRA_PATH    further PYTHONPATH entries after the site (default none)
-#   GPU_CHECK_STAGES        stages to run (default "a b c d")
+#   GPU_CHECK_STAGES        stages to run after g and the smoke test (default "a b c d"; GPU_CHECK_SKIP_G=1
+#                           skips stage g)
 #   GPU_CHECK_MAX_STEPS     training steps per run (default: the config's, 8)
 #   GPU_CHECK_REQUESTS      concurrent requests in the batching stages (default 16)
 #   GPU_CHECK_DEADLINE_S    seconds after the start by which every stage must end (default 380): a stage's
@@ -105,6 +108,11 @@ stage() {
 
 : >"$LOG"
 : >"$WORK/status"
+if [ "${GPU_CHECK_SKIP_G:-0}" != 1 ]; then
+    # Before the wheels: what a machine with only torch and transformers runs (the script's own stage 4, the
+    # real trainer, runs here only if TRL, LiteLLM and LangGraph were already installed).
+    PYTHONPATH=$PWD${GPU_CHECK_EXTRA_PATH:+:$GPU_CHECK_EXTRA_PATH} stage g 200 $PY bench/gpu_check.py --out "$OUT/gpu_check"
+fi
 if [ "${GPU_CHECK_SKIP_INSTALL:-0}" != 1 ]; then
     log "installing $(ls "$WHL"/*.whl | wc -l) wheels from $WHL into $SITE"
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \

@@ -41,6 +41,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from gpu_check import GiB, memory_estimate  # bench/gpu_check.py: the formula, checked there against a GPU
+
 import colab_graphs._env  # noqa: F401  (process defaults before transformers / litellm load)
 from colab_graphs.trainers.config import config_from_dict
 from colab_graphs.trainers.pipeline import train
@@ -84,66 +86,6 @@ def start_vllm(python: str, model: str, url: str, memory: float) -> subprocess.P
             time.sleep(5)
     proc.terminate()
     raise TimeoutError(f"vllm serve {model} did not come up on {url}")
-
-
-GiB = 1024**3
-
-
-def memory_estimate(
-    config: dict,
-    pass_rows: int,
-    row_tokens: int,
-    rollouts: int,
-    lora_r: int | None = None,
-    checkpointing: bool = False,
-) -> dict[str, float]:
-    """GiB the trainer needs on the policy's device, from the policy's `config.json` (a Llama/Qwen-style
-    decoder).
-
-    Args:
-        config: the model's config.json as a dict.
-        pass_rows: segments per forward/backward pass (`per_device_train_batch_size`).
-        row_tokens: tokens of the longest segment (prompt + completion).
-        rollouts: rollouts generated at once (the engine's KV cache while the policy writes its turns).
-        lora_r: LoRA rank on every linear layer (None: all weights train).
-        checkpointing: gradient checkpointing (only each layer's input is kept, one layer recomputed).
-
-    The policy is held in fp32 (the trainer's master weights; bf16 is autocast): 4 bytes a weight, 4 a
-    gradient, 8 of AdamW state. Activations kept for the backward pass, per token and layer, in bf16: the
-    layer input and both norms' outputs, q/k/v and the attention output, and the MLP's four intermediate
-    tensors, i.e. 2 x (6 h + 2 kv + 4 I) bytes (attention by SDPA keeps no seq x seq matrix). TRL's fused
-    LM head never materialises the logits. The engine's KV cache is fp32: 2 x layers x kv x 4 bytes a token.
-
-    Example:
-        >>> qwen = {"hidden_size": 896, "num_hidden_layers": 24, "intermediate_size": 4864,
-        ...         "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936}
-        >>> round(memory_estimate(qwen, 8, 1250, 64)["activations"], 1)
-        11.2
-        >>> round(memory_estimate(qwen, 128, 1250, 64)["activations"])  # one pass over all segments
-        179
-    """
-    h, layers, inner = config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"]
-    head_dim = config.get("head_dim") or h // config["num_attention_heads"]
-    kv = config.get("num_key_value_heads", config["num_attention_heads"]) * head_dim
-    linears = [(h, h), (h, kv), (h, kv), (h, h), (h, inner), (h, inner), (inner, h)]
-    per_layer = sum(a * b for a, b in linears) + 2 * h
-    embeddings = config["vocab_size"] * h * (1 if config.get("tie_word_embeddings", True) else 2)
-    weights = embeddings + layers * per_layer + h
-    trainable = weights if lora_r is None else layers * lora_r * sum(a + b for a, b in linears)
-    tokens = pass_rows * row_tokens
-    layer_activations = 2 * (6 * h + 2 * kv + 4 * inner)
-    kept = (
-        tokens * (layers * 2 * h + layer_activations)
-        if checkpointing
-        else tokens * layers * layer_activations
-    )
-    return {
-        "weights": 4 * weights / GiB,
-        "gradients": 4 * trainable / GiB,
-        "optimizer": 8 * trainable / GiB,
-        "activations": kept / GiB,
-        "kv_cache": rollouts * row_tokens * 2 * layers * kv * 4 / GiB,
-    }
 
 
 def print_estimate(estimate: dict[str, float], budget: float) -> float:

@@ -52,6 +52,8 @@ class Call(BaseModel):
     prompt_token_ids: list[int] | None = None
     completion_token_ids: list[int] | None = None
     logprobs: list[float] | None = None
+    # Why generation ended ("stop", "length", ...) where the provider said; None where unknown.
+    finish_reason: str | None = None
 
 
 def _add_cost(total: float | None, cost: float | None) -> float | None:

@@ -122,3 +122,30 @@ def test_unscaled_replay_credit_is_an_unbiased_estimate_of_the_turns_advantage()
     for action in ("good", "bad"):
         mean = totals[action][0] / totals[action][1]
         assert mean == pytest.approx(q[action] - value, abs=0.04), action
+
+
+def test_batch_scale_takes_the_std_of_every_process_outcomes() -> None:
+    """`scale_rewards: batch` over two processes: each scales by the std of the whole batch (TRL's global
+    std), not by its own half's."""
+    from colab_graphs.trainers.credit import assign_credit, batch_outcomes, group_advantages
+
+    halves = [[Outcome(r) for r in (1.0, 0.0, 1.0, 1.0)], [Outcome(r) for r in (3.0, 0.0, 0.0, 0.0)]]
+    pooled = [x for half in halves for x in batch_outcomes(half, None)]  # what gather_object returns
+    whole = group_advantages([r.reward for half in halves for r in half], 4, "batch")
+    split = [a for half in halves for (a,) in assign_credit(half, 4, "uniform", None, "batch", pooled)]
+    assert split == pytest.approx(whole)
+    local = [a for half in halves for (a,) in assign_credit(half, 4, "uniform", None, "batch")]
+    assert local != pytest.approx(whole)  # each half's own std: a different step
+
+
+def test_batch_scale_of_replay_credit_pools_every_process_rollouts_and_re_runs() -> None:
+    from colab_graphs.trainers.credit import assign_credit, batch_outcomes
+
+    rollouts = [Outcome(1.0), Outcome(0.0)]
+    outcomes = {(0, 0): [0.0, 1.0], (1, 0): [0.0, 0.0]}
+    other_process = [5.0, 0.0, 5.0]
+    pooled = batch_outcomes(rollouts, outcomes) + other_process
+    advantages = assign_credit(rollouts, 2, "replay", outcomes, "batch", pooled)
+    mean = sum(pooled) / len(pooled)
+    std = math.sqrt(sum((x - mean) ** 2 for x in pooled) / (len(pooled) - 1))
+    assert advantages == [[pytest.approx((1.0 - 0.5) / std)], [0.0]]

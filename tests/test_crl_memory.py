@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from colab_graphs.trainers.grpo import batch_layout
+from colab_graphs.trainers.segments import batch_layout
 from tests.test_crl_multiprocess import train_one_step
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -158,19 +158,21 @@ def scripted_rollouts(examples: list) -> list:
             for t in range((2 * k + j) % 4)
         ]
         trace = Trace(example_id=example.id, protocol="scripted")
-        out.append(Rollout(example, trace, float((k + j) % 2), turns, None))
+        # Rewards 0-3 that differ between prompts: each process's half of the batch has its own std.
+        out.append(Rollout(example, trace, float((k + j) % 2 * (1 + k % 3)), turns, None))
     return out
 
 
 class ScriptedRunner:
     """A runner whose rollouts are `scripted_rollouts` (no model runs; the token ids are fixed)."""
 
-    async def arun(self, examples: list) -> list:
+    async def arun(self, examples: list, keys: list | None = None) -> list:
         return scripted_rollouts(examples)
 
 
 def train_one_step(rows: int, one_pass: bool = False, **settings: object) -> dict:
-    """One optimizer step of the tiny policy on scripted rollouts (G = 2, 8 prompts, 2 micro-steps).
+    """One optimizer step of the tiny policy on scripted rollouts (G = 2, 8 prompts, 2 micro-steps), rewards
+    scaled by the batch's std.
 
     `one_pass` trains each micro-batch in one forward/backward pass, whatever its size (the unbounded way).
 
@@ -198,6 +200,8 @@ def train_one_step(rows: int, one_pass: bool = False, **settings: object) -> dic
             "learning_rate": 1e-3,
             "use_cpu": True,
             "trl": {"max_grad_norm": 0.0},  # the raw gradient, not a clipped one
+            # TRL's batch std is the global batch's: the processes must pool their rewards to take one step.
+            "scale_rewards": "batch",
             **settings,
         }
     )

@@ -145,6 +145,18 @@ def test_seeded_sampling_repeats_and_ignores_batch_neighbours(tiny):
     assert together[-1].completion_ids == alone.completion_ids
 
 
+def test_a_negative_seed_does_not_draw_as_its_absolute_value(tiny):
+    """Python's random.Random(-5) repeats random.Random(5): a signed 64-bit seed must not."""
+    prompt = _prompts(tiny, 1)[0]
+    draws = [
+        tiny.generate_batch([GenerationRequest(prompt, max_tokens=12, temperature=1.0, seed=s)])[
+            0
+        ].completion_ids
+        for s in (5, -5)
+    ]
+    assert draws[0] != draws[1]
+
+
 def test_different_seeds_give_different_samples(tiny):
     prompt = _prompts(tiny, 1)[0]
     runs = {
@@ -167,30 +179,98 @@ def test_tiny_top_p_keeps_only_the_most_likely_token(tiny):
     assert nucleus.completion_ids == greedy.completion_ids
 
 
-def test_unseeded_rows_sample_in_one_draw_from_each_rows_own_distribution(tiny):
-    """Unseeded rows with the same settings share one batched draw; its frequencies are each row's softmax."""
+def _rows(tiny, n: int = 2, **settings):
+    from colab_graphs.models.local_engine import _Row
+
+    return [_Row(GenerationRequest([1], **settings), tiny) for _ in range(n)]
+
+
+LOGITS = [[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]]
+
+
+def _frequencies(tiny, draws: int = 4000, **settings):
+    """How often each token is drawn, per row, over `draws` batched draws of two rows with LOGITS."""
     import torch
 
-    from colab_graphs.models.local_engine import _Row, sample_together
+    from colab_graphs.models.local_engine import draw_tokens
 
-    def rows(**settings):
-        return [_Row(GenerationRequest([1], **settings), tiny) for _ in range(2)]
+    logits = torch.log(torch.tensor(LOGITS))
+    rows = _rows(tiny, **settings)
+    tokens = torch.tensor([draw_tokens(rows, logits)[0] for _ in range(draws)])
+    return [torch.bincount(tokens[:, r], minlength=3).float() / draws for r in range(2)]
 
-    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]]))
-    generator = torch.Generator().manual_seed(0)
-    draws = torch.stack([sample_together(rows(temperature=1.0), logits, generator) for _ in range(4000)])
-    for row, expected in enumerate(([0.7, 0.2, 0.1], [0.1, 0.1, 0.8])):
-        freq = torch.bincount(draws[:, row], minlength=3).float() / len(draws)
-        assert torch.allclose(freq, torch.tensor(expected), atol=0.03), (row, freq)
-    nucleus = torch.stack(
-        [sample_together(rows(temperature=1.0, top_p=0.75), logits, generator) for _ in range(200)]
+
+def test_each_row_of_a_batched_draw_samples_its_own_distribution(tiny):
+    import torch
+
+    for row, expected in zip(_frequencies(tiny, temperature=1.0), LOGITS, strict=True):
+        assert torch.allclose(row, torch.tensor(expected), atol=0.03), row
+
+
+def test_top_p_top_k_and_min_p_cut_each_row_before_it_samples(tiny):
+    nucleus = _frequencies(tiny, 300, temperature=1.0, top_p=0.75)
+    assert nucleus[0][2] == 0 and nucleus[1].tolist() == [0, 0, 1]  # row-wise nuclei: {0, 1} and {2}
+    top_one = _frequencies(tiny, 300, temperature=1.0, top_k=1)
+    assert [r.tolist() for r in top_one] == [[1, 0, 0], [0, 0, 1]]
+    floor = _frequencies(tiny, 300, temperature=1.0, min_p=0.2)  # drops p < 0.2 x the top token's
+    assert floor[0][2] == 0 and floor[1].tolist() == [0, 0, 1]
+
+
+def test_greedy_rows_take_the_argmax(tiny):
+    import torch
+
+    from colab_graphs.models.local_engine import draw_tokens
+
+    logits = torch.log(torch.tensor(LOGITS))
+    assert draw_tokens(_rows(tiny, temperature=0), logits)[0] == [0, 2]
+
+
+def test_repetition_penalty_lowers_tokens_already_seen(tiny):
+    import torch
+
+    from colab_graphs.models.local_engine import _Row, draw_tokens
+
+    logits = torch.log(torch.tensor([[0.5, 0.45, 0.05]]))
+    seen = _Row(
+        GenerationRequest([0], temperature=0, repetition_penalty=2.0), tiny
+    )  # token 0 is in the prompt
+    assert draw_tokens([seen], logits)[0] == [1]
+
+
+def test_processed_logprobs_are_those_of_the_distribution_sampled_from(tiny):
+    """At temperature 0.5 with top-p, a token's processed logprob is its log-probability after tempering,
+    cutting and renormalising; the raw logprob stays the model's own."""
+    import math
+
+    import torch
+
+    from colab_graphs.models.local_engine import _Row, draw_tokens
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
+    tempered = torch.softmax(logits[0] / 0.5, dim=-1)  # [0.658, 0.237, 0.105]
+    kept = tempered[:2] / tempered[:2].sum()  # top_p 0.8 keeps tokens 0 and 1
+    for mode, expected in (("processed", kept.log()), ("raw", torch.log(torch.tensor([0.5, 0.3])))):
+        for seed in range(20):
+            row = _Row(
+                GenerationRequest([1], temperature=0.5, top_p=0.8, seed=seed, logprobs_mode=mode), tiny
+            )
+            (token,), (logprob,), _ = draw_tokens([row], logits)
+            assert token in (0, 1)
+            assert logprob == pytest.approx(float(expected[token]), abs=1e-5), (mode, token)
+    assert math.isclose(float(kept.sum()), 1.0, abs_tol=1e-6)
+
+
+def test_out_of_range_sampling_settings_name_every_problem(tiny):
+    request = GenerationRequest([1], top_p=0.0, top_k=-1, min_p=2.0, repetition_penalty=0.0)
+    with pytest.raises(ValueError, match=r"top_p .*; top_k .*; min_p .*; repetition_penalty"):
+        tiny.generate_batch([request])
+
+
+def test_request_settings_reach_the_engine(tiny):
+    request = build_request(
+        tiny, QUESTION, {"top_k": 5, "min_p": 0.1, "repetition_penalty": 1.3, "seed": 4, "temperature": 0.7}
     )
-    assert set(nucleus[:, 0].tolist()) <= {0, 1} and set(nucleus[:, 1].tolist()) == {2}  # top_p row-wise
-    assert sample_together(rows(temperature=0), logits, generator).tolist() == [0, 2]
-    seeded = [_Row(GenerationRequest([1], temperature=1.0, seed=3), tiny), *rows(temperature=1.0)]
-    assert sample_together(seeded, torch.cat([logits, logits[:1]]), generator) is None  # own generator
-    mixed = [*rows(temperature=1.0), *rows(temperature=0.5)]
-    assert sample_together(mixed, torch.cat([logits, logits]), generator) is None
+    assert (request.top_k, request.min_p, request.repetition_penalty, request.seed) == (5, 0.1, 1.3, 4)
 
 
 def test_a_batched_draw_records_each_tokens_logprob(tiny):

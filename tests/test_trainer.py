@@ -97,6 +97,29 @@ def test_a_step_whose_rollouts_all_failed_is_an_error() -> None:
         check_rollouts([failed, failed])
 
 
+def test_failed_rollouts_and_truncated_turns_are_not_training_segments() -> None:
+    """A failed rollout's tokens would dilute the loss's token normaliser; a cut-off turn is masked only when
+    `mask_truncated_completions` asks (as TRL masks it)."""
+    from colab_graphs.data.example import Example
+    from colab_graphs.trace import Trace
+    from colab_graphs.trainers.grpo import training_segments
+    from colab_graphs.trainers.rollout import PolicyTurn, Rollout
+
+    def turn(truncated: bool) -> PolicyTurn:
+        return PolicyTurn(0, "s", 0, [1, 2], [3, 4], None, "x", truncated=truncated)
+
+    example = Example(id="1", input="What is 1 + 0?", answer="1")
+    ok, cut, failed = turn(False), turn(True), turn(False)
+    rollouts = [
+        Rollout(example, Trace(example_id="1", protocol="p"), 1.0, [ok, cut]),
+        Rollout(example, Trace(example_id="1", protocol="p", failed=True), None, [failed]),
+    ]
+    credit = [[0.5, 0.5], [0.0]]
+    assert training_segments(rollouts, credit) == [(ok, 0.5), (cut, 0.5)]
+    assert training_segments(rollouts, credit, mask_truncated=True) == [(ok, 0.5)]
+    assert training_segments(rollouts, None, 1.0, mask_truncated=True) == [(ok, 1.0)]  # sft keeps alike
+
+
 # --- a live system with the tiny policy seated ---------------------------------------------------------------
 
 
@@ -125,10 +148,7 @@ def live(tmp_path_factory: pytest.TempPathFactory):
         }
     )
     with system.scripted_server(config) as server:
-        pool = system.build_pool(config, server)
-        spec = system.build_spec(config, pool)
-        model, tokenizer = system.load_policy(config.policy_model, "cpu")
-        system.seat_policy(config, model, tokenizer)
+        pool, spec, model, tokenizer = system.seated_system(config, server, "cpu")
         client = ModelClient(CallCache(tmp_path_factory.mktemp("cache")))
         router = PolicyRouter(client, ["policy"], system.policy_overrides(config))
         loop = LoopThread.shared()
@@ -218,6 +238,37 @@ def test_generation_hook_trains_only_on_policy_tokens(trainer, live) -> None:
         for row, m in zip(batch["prompt_ids"], batch["prompt_mask"].bool(), strict=True)
     }
     assert prompts == {tuple(c.prompt_token_ids) for c in calls}
+
+
+@pytest.mark.slow
+def test_the_gpu_checks_update_is_the_trainers_loss_and_gradient(trainer, live) -> None:
+    """bench/gpu_check.py trains without TRL with its own `dapo_loss`: the same loss and gradient as
+    `CRLTrainer` on the same segment batch."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "bench" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    inputs = [{"prompt": e.input, "example_id": e.id} for e in live["examples"][:2] for _ in range(G)]
+    batch = trainer._generate_and_score_completions(inputs)
+    model = trainer.model
+
+    def loss_and_grad(compute) -> tuple[float, list]:  # noqa: ANN001
+        model.zero_grad(set_to_none=True)
+        loss = compute()
+        loss.backward()
+        grads = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+        model.zero_grad(set_to_none=True)
+        return float(loss.detach()), grads
+
+    trainer.pass_rows = batch["completion_ids"].size(0)  # one pass: the loss is the whole batch's
+    trainer.current_gradient_accumulation_steps = 1  # as the training loop sets it
+    theirs = loss_and_grad(lambda: trainer.compute_loss(model, batch))
+    mine = loss_and_grad(lambda: gpu_check.dapo_loss(model, batch, trainer.args.temperature))
+    assert mine[0] == pytest.approx(theirs[0], rel=1e-4, abs=1e-7)
+    assert len(mine[1]) == len(theirs[1]) and any(g.abs().max() > 0 for g in theirs[1])
+    for a, b in zip(mine[1], theirs[1], strict=True):
+        assert float((a - b).abs().max()) <= 1e-4 * max(float(b.abs().max()), 1e-8)
 
 
 @pytest.mark.slow
@@ -410,6 +461,22 @@ def test_training_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 2]
     assert (tmp_path / "run" / "checkpoints" / "checkpoint-2").is_dir()
+
+
+@pytest.mark.slow
+def test_a_resumed_run_logs_each_step_once(tmp_path: Path) -> None:
+    """Resuming from an earlier checkpoint trains its later steps again: their old lines go, in both logs."""
+    from colab_graphs.trainers.pipeline import train
+
+    settings = _checkpointed_run(tmp_path, max_steps=2)
+    train(config_from_dict(settings))
+    first = tmp_path / "run" / "checkpoints" / "checkpoint-1"
+    train(config_from_dict({**settings, "resume_from_checkpoint": str(first)}))
+    run = tmp_path / "run"
+    metrics = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    rollouts = Counter(json.loads(x)["step"] for x in (run / "rollouts.jsonl").read_text().splitlines())
+    assert metrics == [1, 2]
+    assert rollouts == {1: 2, 2: 2}  # one group of num_generations rollouts logged per step
 
 
 @pytest.mark.slow

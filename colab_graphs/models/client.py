@@ -407,6 +407,7 @@ class ModelClient:
         record.prompt_token_ids = result.prompt_token_ids
         record.completion_token_ids = result.completion_token_ids
         record.logprobs = result.logprobs
+        record.finish_reason = result.finish_reason
         if trace is not None:
             trace.calls.append(record)
         return result, record

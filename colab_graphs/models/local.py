@@ -41,6 +41,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
+
 import colab_graphs._env  # noqa: F401  (offline settings before litellm / transformers load)
 from colab_graphs.models.engines import DTYPES, PROVIDER, get_engine, set_local_model, unload  # noqa: F401
 from colab_graphs.models.local_engine import GenerationRequest, GenerationResult, LocalEngine
@@ -106,7 +108,16 @@ def build_request(
     Raises:
         ValueError: A sampling parameter of the wrong type or out of range, every one named.
     """
-    return sampling_request(engine.render(messages), SamplingParams.model_validate(params))
+    return sampling_request(engine.render(messages), MemberSampling.model_validate(params))
+
+
+class MemberSampling(SamplingParams):
+    """A pool member's sampling settings for the in-process engine: OpenAI's, and the engine's own `top_k`,
+    `min_p` and `repetition_penalty` (vLLM's names; `serve` refuses them, as OpenAI does)."""
+
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(None, gt=0, allow_inf_nan=False)
 
 
 def sampling_request(
@@ -129,6 +140,9 @@ def sampling_request(
         seed=seed,
         stop=params.stop_strings,
         top_logprobs=params.top_logprobs or 0,
+        top_k=getattr(params, "top_k", None) or 0,
+        min_p=getattr(params, "min_p", None) or 0.0,
+        repetition_penalty=getattr(params, "repetition_penalty", None) or 1.0,
     )
 
 

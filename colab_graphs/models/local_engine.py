@@ -2,12 +2,18 @@
 
 One :class:`LocalEngine` per loaded model. Requests are queued from any thread or event loop; a worker thread
 collects the requests that arrive within ``batch_wait_ms`` of the first one, left-pads them and decodes them
-together with a KV cache. Each row keeps its own sampling settings and its own ``torch.Generator``, so a
-request's tokens do not depend on what it was batched with: greedy rows (temperature 0) match batch-1
-generation in fp32, and seeded rows repeat exactly.
+together with a KV cache. Each row keeps its own sampling settings and its own random stream (a
+``random.Random`` seeded by the request's ``seed``, else from ``os.urandom``), and every step draws all rows'
+tokens at once from one uniform number per row (`draw_tokens`), so a request's tokens do not depend on what it
+was batched with: greedy rows (temperature 0) match batch-1 generation in fp32, and seeded rows repeat
+exactly, on any device (the stream is Python's, not a device generator's). A guided row
+(``allowed_tokens``) draws only among the tokens its guide allows.
 
-Logprobs are those of the model's own distribution (``log_softmax`` of the raw logits, before temperature
-and top-p), the OpenAI convention.
+Logprobs are those of the model's own distribution (``log_softmax`` of the raw logits, before repetition
+penalty, temperature and truncation), the OpenAI convention, unless the request asks for
+``logprobs_mode="processed"``: then each token's logprob in the distribution it was actually drawn from (after
+repetition penalty, temperature, top-k, min-p and top-p, renormalised), what a policy-gradient trainer's
+importance ratio compares against. A greedy row has no sampling distribution: it reports raw logprobs.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import contextlib
 import functools
 import os
 import queue
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -56,9 +63,15 @@ class GenerationRequest:
         max_tokens: Most new tokens to generate.
         temperature: 0 means greedy decoding.
         top_p: Nucleus sampling mass.
-        seed: Seed of this request's own generator; None draws a fresh one.
+        top_k: Sample among the k most likely tokens only (0: all).
+        min_p: Drop tokens less likely than ``min_p`` times the most likely one (0: none).
+        repetition_penalty: Divide the positive logits (multiply the negative ones) of every token already in
+            the prompt or the completion by this (1: none; the transformers/CTRL rule).
+        seed: Seed of this request's own random stream; None draws a fresh one.
         stop: Strings that end generation; the text is cut before the first one.
-        top_logprobs: Number of alternatives to report per position (0 for none).
+        top_logprobs: Number of alternatives to report per position (0 for none; always raw logprobs).
+        logprobs_mode: "raw" (the model's distribution) or "processed" (the distribution the token was drawn
+            from; see the module docstring).
         on_text: Called from the worker thread with each new piece of text (streaming).
         allowed_tokens: Guided decoding: called with the ids generated so far and the next-token logits,
             returns the ids this row may take next (the logprobs recorded stay the model's own).
@@ -68,9 +81,13 @@ class GenerationRequest:
     max_tokens: int = 256
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
     seed: int | None = None
     stop: Sequence[str] = ()
     top_logprobs: int = 0
+    logprobs_mode: str = "raw"
     on_text: Callable[[str], None] | None = None
     allowed_tokens: Callable[[list[int], Any], Sequence[int]] | None = None
 
@@ -93,8 +110,6 @@ class _Row:
     def __init__(
         self, req: GenerationRequest, engine: LocalEngine, eos_ids: frozenset[int] | None = None
     ) -> None:
-        import torch
-
         self.req = req
         self.eos_ids = frozenset(engine.eos_ids) if eos_ids is None else eos_ids
         # Text is needed per token only to find stop strings or to stream; otherwise decode once at the end.
@@ -107,35 +122,16 @@ class _Row:
         self.finish: str | None = None
         self.engine = engine
         seed = req.seed if req.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
-        self.generator = torch.Generator(device=engine.device).manual_seed(seed)
+        # random.Random seeds from |seed|: -5 and 5 would draw alike. Seeds are 64-bit (OpenAI's signed range,
+        # vLLM's unsigned one): taken modulo 2**64 every distinct seed in either range draws its own stream.
+        self.rng = random.Random(seed % 2**64)
 
-    def choose(self, logits: Any, logp: Any = None) -> int:
-        """Pick the next token from this row's fp32 logits and record its logprob.
-
-        ``logp`` is ``log_softmax(logits)`` when the caller computed it for the whole batch.
-        """
-        import torch
-
-        if logp is None:
-            logp = torch.log_softmax(logits, dim=-1)
-        if self.req.allowed_tokens is not None:
-            allowed = torch.tensor(
-                list(self.req.allowed_tokens(self.ids, logits)), dtype=torch.long, device=logits.device
-            )
-            logits = torch.full_like(logits, float("-inf")).index_copy_(-1, allowed, logits[allowed])
-        if self.req.temperature <= 0:
-            token = int(torch.argmax(logits))
-        else:
-            probs = torch.softmax(logits / self.req.temperature, dim=-1)
-            if self.req.top_p < 1.0:
-                sorted_p, order = torch.sort(probs, descending=True)
-                # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-                drop = torch.cumsum(sorted_p, dim=-1) - sorted_p >= self.req.top_p
-                sorted_p[drop] = 0.0
-                probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-            token = int(torch.multinomial(probs, 1, generator=self.generator))
-        self.record(token, float(logp[token]), logp)
-        return token
+    def choose(self, logits: Any) -> int:
+        """Pick the next token from this row's fp32 logits (one row, as `draw_tokens` picks for a batch) and
+        record it."""
+        tokens, picked, logp = draw_tokens([self], logits.unsqueeze(0))
+        self.record(tokens[0], picked[0], logp[0])
+        return tokens[0]
 
     def record(self, token: int, logprob: float, logp: Any) -> None:
         """Append the chosen token, its logprob and (when asked) the top alternatives from ``logp``."""
@@ -185,31 +181,94 @@ class _Row:
         )
 
 
-def sample_together(rows: Sequence[_Row], logits: Any, generator: Any) -> Any | None:
-    """Every row's next token from one batched draw, or None when the rows need drawing one by one.
+def check_request(req: GenerationRequest) -> None:
+    """Raise ValueError naming every sampling setting of `req` that is out of range."""
+    problems = []
+    if not req.prompt_ids:
+        problems.append("a generation request needs at least one prompt token")
+    if not 0 < req.top_p <= 1:
+        problems.append(f"top_p must be in (0, 1], got {req.top_p}")
+    if req.top_k < 0:
+        problems.append(f"top_k must be >= 0 (0: no top-k), got {req.top_k}")
+    if not 0 <= req.min_p <= 1:
+        problems.append(f"min_p must be in [0, 1], got {req.min_p}")
+    if req.repetition_penalty <= 0:
+        problems.append(f"repetition_penalty must be > 0 (1: none), got {req.repetition_penalty}")
+    if req.logprobs_mode not in ("raw", "processed"):
+        problems.append(f"logprobs_mode must be 'raw' or 'processed', got {req.logprobs_mode!r}")
+    if problems:
+        raise ValueError("; ".join(problems))
 
-    One draw serves rows that all decode greedily, or that all sample with the same temperature and top_p
-    and asked for no seed (a seeded request draws from its own generator, so its tokens do not depend on
-    what it was batched with). The distribution is each row's own either way; the batched draw saves the
-    per-row tensor calls that cost more than a small model's forward pass.
+
+def draw_tokens(rows: Sequence[_Row], logits: Any) -> tuple[list[int], list[float], Any]:
+    """Every row's next token from the batch's fp32 logits: (tokens, each token's logprob, raw logprobs).
+
+    A greedy row (temperature <= 0) takes the argmax of its (repetition-penalised) logits. A sampled row's
+    distribution is softmax(logits / temperature) cut by top-k, min-p and top-p, renormalised, and its token
+    is the inverse CDF of that distribution (in vocabulary order) at one uniform number drawn from the row's
+    own stream. Every operation is row-wise, so a row's token is a function of its own logits and its own
+    stream only: the same seed gives the same tokens whatever the row is batched with, and the draw is one
+    pass over the batch (per-row tensor calls cost more than a small model's forward pass). Reported logprobs
+    are the raw ones unless the row asked for ``logprobs_mode="processed"``.
     """
     import torch
 
     reqs = [r.req for r in rows]
-    if any(q.allowed_tokens is not None for q in reqs):
-        return None
-    if all(q.temperature <= 0 for q in reqs):
-        return torch.argmax(logits, dim=-1)
-    first = reqs[0]
-    if any(q.seed is not None or q.temperature != first.temperature or q.top_p != first.top_p for q in reqs):
-        return None
-    probs = torch.softmax(logits / first.temperature, dim=-1)
-    if first.top_p < 1.0:
-        sorted_p, order = torch.sort(probs, descending=True, dim=-1)
-        drop = torch.cumsum(sorted_p, dim=-1) - sorted_p >= first.top_p  # as _Row.choose, row-wise
-        sorted_p[drop] = 0.0
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    logp = torch.log_softmax(logits, dim=-1)  # row-wise: each row's values equal its batch-1 values
+    scores = logits
+    if any(q.repetition_penalty != 1.0 for q in reqs):
+        scores = logits.clone()
+        for i, row in enumerate(rows):
+            penalty = row.req.repetition_penalty
+            if penalty != 1.0:
+                seen = torch.tensor(sorted({*row.req.prompt_ids, *row.ids}), device=logits.device)
+                values = scores[i, seen]
+                scores[i, seen] = torch.where(values < 0, values * penalty, values / penalty)
+    for i, row in enumerate(rows):  # guided decoding: only the tokens the row's guide allows
+        if row.req.allowed_tokens is not None:
+            allowed = torch.tensor(
+                list(row.req.allowed_tokens(row.ids, logits[i])), dtype=torch.long, device=logits.device
+            )
+            if scores is logits:
+                scores = logits.clone()
+            scores[i] = torch.full_like(scores[i], float("-inf")).index_copy_(-1, allowed, scores[i][allowed])
+    tokens = torch.argmax(scores, dim=-1)
+    picked = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    sampled = [i for i, q in enumerate(reqs) if q.temperature > 0]
+    if sampled:
+        index = torch.tensor(sampled, device=logits.device)
+        temperature = torch.tensor([reqs[i].temperature for i in sampled], device=logits.device)
+        z = scores[index] / temperature.unsqueeze(-1)
+        for slot, i in enumerate(sampled):
+            k = reqs[i].top_k
+            if 0 < k < z.size(-1):
+                z[slot] = z[slot].masked_fill(z[slot] < torch.topk(z[slot], k).values[-1], float("-inf"))
+        probs = torch.softmax(z, dim=-1)
+        min_p = torch.tensor([reqs[i].min_p for i in sampled], device=logits.device)
+        if bool((min_p > 0).any()):
+            floor = min_p.unsqueeze(-1) * probs.max(dim=-1, keepdim=True).values
+            probs = probs.masked_fill(probs < floor, 0.0)
+        nucleus = [slot for slot, i in enumerate(sampled) if reqs[i].top_p < 1.0]
+        if nucleus:
+            cut = torch.tensor(nucleus, device=logits.device)
+            top_p = torch.tensor([reqs[sampled[s]].top_p for s in nucleus], device=logits.device)
+            sorted_p, order = torch.sort(probs[cut], descending=True, dim=-1)
+            # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+            sorted_p[torch.cumsum(sorted_p, dim=-1) - sorted_p >= top_p.unsqueeze(-1)] = 0.0
+            probs[cut] = torch.zeros_like(sorted_p).scatter_(-1, order, sorted_p)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+        cdf = torch.cumsum(probs, dim=-1)
+        total = cdf[:, -1:].contiguous()
+        u = torch.tensor([[rows[i].rng.random()] for i in sampled], dtype=cdf.dtype, device=logits.device)
+        drawn = torch.searchsorted(cdf, u * total, right=True)
+        # u * total may round up to the total itself: that draw belongs to the last token with mass.
+        drawn = torch.where(drawn >= cdf.size(-1), torch.searchsorted(cdf, total), drawn).squeeze(-1)
+        tokens[index] = drawn
+        processed = torch.log(probs.gather(-1, drawn.unsqueeze(-1)).squeeze(-1))
+        raw = logp[index].gather(-1, drawn.unsqueeze(-1)).squeeze(-1)
+        modes = torch.tensor([reqs[i].logprobs_mode == "processed" for i in sampled], device=logits.device)
+        picked[index] = torch.where(modes, processed, raw)
+    return tokens.tolist(), picked.tolist(), logp
 
 
 class LocalEngine:
@@ -256,21 +315,10 @@ class LocalEngine:
         self.lock = threading.Lock()
         self._rendered: dict[tuple, tuple[Any, tuple[int, ...]]] = {}
         self._render_lock = threading.Lock()
-        self._generator_obj: Any = None  # draws for unseeded rows sampled together (see sample_together)
 
     @property
     def device(self) -> Any:
         return self.model.device
-
-    @property
-    def _generator(self) -> Any:
-        import torch
-
-        device = self.device
-        if self._generator_obj is None or self._generator_obj.device != device:
-            seed = int.from_bytes(os.urandom(8), "little") >> 1
-            self._generator_obj = torch.Generator(device=device).manual_seed(seed)
-        return self._generator_obj
 
     @property
     def eos_ids(self) -> set[int]:
@@ -424,8 +472,7 @@ class LocalEngine:
         import torch
 
         for req in requests:
-            if not req.prompt_ids:
-                raise ValueError("a generation request needs at least one prompt token")
+            check_request(req)
         with self.lock, torch.inference_mode(), decoding_threads():
             self.batches_run += 1
             eos_ids = frozenset(self.eos_ids)
@@ -457,21 +504,10 @@ class LocalEngine:
             next_pos = positions[:, -1:] + 1
             length = width
             while True:
-                # One log_softmax for the batch (row-wise, so each row's values equal its batch-1 values).
-                logps = torch.log_softmax(logits, dim=-1)
-                drawn = sample_together([rows[i] for i in active], logits, self._generator)
-                if drawn is None:
-                    tokens = []
-                    for slot, idx in enumerate(active):
-                        token = rows[idx].choose(logits[slot], logps[slot])
-                        rows[idx].update(token)
-                        tokens.append(token)
-                else:
-                    tokens = drawn.tolist()
-                    picked = logps.gather(-1, drawn.unsqueeze(-1)).squeeze(-1).tolist()
-                    for slot, idx in enumerate(active):
-                        rows[idx].record(tokens[slot], picked[slot], logps[slot])
-                        rows[idx].update(tokens[slot])
+                tokens, picked, logps = draw_tokens([rows[i] for i in active], logits)
+                for slot, idx in enumerate(active):
+                    rows[idx].record(tokens[slot], picked[slot], logps[slot])
+                    rows[idx].update(tokens[slot])
                 keep = [slot for slot, idx in enumerate(active) if rows[idx].finish is None]
                 if not keep:
                     break

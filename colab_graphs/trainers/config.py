@@ -36,6 +36,9 @@ VLLM_REFUSAL = (
     "instead, as pool members (model: hosted_vllm/NAME, api_base: http://HOST:PORT/v1), and remove "
     "use_vllm from the config"
 )
+GENERATION_KWARGS = ("top_k", "top_p", "min_p", "repetition_penalty")
+"""The `generation_kwargs` keys the in-process policy engine honours (they override the fields of the same
+name); any other key is refused."""
 GRPO_DEFAULTS: dict[str, Any] = {
     "num_generations": 4,
     "per_device_train_batch_size": 4,
@@ -63,6 +66,16 @@ GRPO_NOTES = {
     "max_completion_length": "C-RL: the most tokens per policy turn (caps the seat's max_tokens).",
     "temperature": "C-RL: the policy's sampling temperature in rollouts (reward=sft trains at 1.0).",
     "top_p": "C-RL: the policy's nucleus sampling mass in rollouts.",
+    "top_k": "C-RL: the policy samples among its k most likely tokens in rollouts (0: all).",
+    "min_p": "C-RL: the policy drops tokens below min_p x the top token's probability in rollouts.",
+    "repetition_penalty": "C-RL: applied to the policy's logits in rollouts (the transformers rule).",
+    "generation_kwargs": "C-RL: only top_k, top_p, min_p and repetition_penalty (the policy engine's).",
+    "mask_truncated_completions": "C-RL: policy turns cut off at max_completion_length are left out of the loss.",
+    "scale_rewards": "C-RL: batch takes the std over every process's rollouts (and replays), as TRL does.",
+    "seed": (
+        "C-RL: also seeds every rollout's sampling (policy and sampled collaborators), drawn from the step, "
+        "the prompt, the generation and the call: one seed, one run; two arms with one seed share draws."
+    ),
     "loss_type": "C-RL accepts dapo or cispo (both normalise by the policy tokens of the whole batch).",
     "save_steps": "C-RL: 0 (the default) writes no checkpoints, only the final policy.",
     "use_vllm": "Refused: the policy generates in process; serve the collaborators with vLLM as pool members.",
@@ -226,6 +239,26 @@ class CRLFields:
             bad("eval_size" if self.eval_size < 0 else "save_steps", "must be >= 0")
         if not 0 < self.top_p <= 1:
             bad("top_p", f"must be in (0, 1], got {self.top_p}")
+        if self.top_k is not None and self.top_k < 0:
+            bad("top_k", f"must be >= 0 (0: no top-k filtering), got {self.top_k}")
+        if self.min_p is not None and not 0 <= self.min_p <= 1:
+            bad("min_p", f"must be in [0, 1], got {self.min_p}")
+        if self.repetition_penalty <= 0:
+            bad("repetition_penalty", f"must be > 0 (1: none), got {self.repetition_penalty}")
+        unsupported = sorted(set(self.generation_kwargs or {}) - set(GENERATION_KWARGS))
+        if unsupported:
+            bad(
+                "generation_kwargs",
+                f"the policy generates with the package's own engine, not transformers' generate: it takes "
+                f"{', '.join(GENERATION_KWARGS)} here; {', '.join(map(repr, unsupported))} cannot be honoured "
+                "(set temperature and max_completion_length as fields of their own)",
+            )
+        if self.chat_template_kwargs:
+            bad(
+                "chat_template_kwargs",
+                "the graph's prompts are rendered with the policy's chat template as the seat sends them; "
+                "extra template arguments are not supported",
+            )
         if self.temperature <= 0 and self.reward != "sft":
             bad("temperature", "GRPO needs sampled rollouts: temperature must be > 0")
         if self.scripted_members and self.policy_member in self.scripted_members:

@@ -31,6 +31,10 @@ the G rollouts and all their re-runs pooled (`scale="batch"`: pooled over the ba
 Falling back to the batch std (or 1) only when the group std is ~0, as first proposed, leaves the blow-up for
 a group std that is small but not ~0 (continuous rewards), and mixes two scales in one batch; pooling uses
 every outcome the replays paid for and needs no threshold.
+
+Several processes: groups are whole per process, so group statistics are local; `scale_rewards: batch` is
+the std of the *global* batch, as TRL takes it, so each process hands `assign_credit` every process's
+outcomes (`batch_outcomes`, gathered by the trainer) as `pooled`.
 """
 
 from __future__ import annotations
@@ -52,12 +56,22 @@ def _std(values: Sequence[float]) -> float:
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
-def reward_scales(rewards: Sequence[float | None], group_size: int, scale: str = "group") -> list[float]:
-    """The denominator of each rollout's advantage: group std, batch std, or 1 (`scale="none"`), plus EPS."""
+def reward_scales(
+    rewards: Sequence[float | None],
+    group_size: int,
+    scale: str = "group",
+    pooled: Sequence[float] | None = None,
+) -> list[float]:
+    """The denominator of each rollout's advantage: group std, batch std, or 1 (`scale="none"`), plus EPS.
+
+    `pooled`: for `scale="batch"`, the rewards of the whole batch over all processes (TRL's global std);
+    None: this batch's own.
+    """
     if scale == "none":
         return [1.0] * len(rewards)
     if scale == "batch":
-        return [_std([r for r in rewards if r is not None]) + EPS] * len(rewards)
+        values = pooled if pooled is not None else [r for r in rewards if r is not None]
+        return [_std(values) + EPS] * len(rewards)
     if scale != "group":
         raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}")
     out = []
@@ -67,9 +81,15 @@ def reward_scales(rewards: Sequence[float | None], group_size: int, scale: str =
     return out
 
 
-def group_advantages(rewards: Sequence[float | None], group_size: int, scale: str = "group") -> list[float]:
+def group_advantages(
+    rewards: Sequence[float | None],
+    group_size: int,
+    scale: str = "group",
+    pooled: Sequence[float] | None = None,
+) -> list[float]:
     """Uniform credit: the group-relative advantage of each rollout (groups are consecutive runs of
     `group_size`). A failed rollout (reward None) is left out of its group's statistics and gets 0.
+    `pooled` as in `reward_scales`.
 
     Example:
         >>> [round(a, 3) for a in group_advantages([1.0, 0.0, 0.0, 1.0], 2, scale="none")]
@@ -77,7 +97,7 @@ def group_advantages(rewards: Sequence[float | None], group_size: int, scale: st
     """
     if group_size < 1 or len(rewards) % group_size:
         raise ValueError(f"{len(rewards)} rewards do not split into groups of {group_size}")
-    scales = reward_scales(rewards, group_size, scale)
+    scales = reward_scales(rewards, group_size, scale, pooled)
     out = []
     for start in range(0, len(rewards), group_size):
         chunk = rewards[start : start + group_size]
@@ -105,6 +125,7 @@ def replay_scales(
     replayed: Sequence[Sequence[float | None]],
     group_size: int,
     scale: str = "group",
+    pooled: Sequence[float] | None = None,
 ) -> list[float]:
     """The replay denominator of each rollout: the std of all outcomes observed from its prompt, pooled.
 
@@ -113,6 +134,8 @@ def replay_scales(
         replayed: per rollout, the rewards of all its re-runs (every turn, every resample).
         group_size: G.
         scale: "group" (pool per prompt), "batch" (pool over the batch) or "none" (1).
+        pooled: for "batch", every outcome of the whole batch over all processes (`batch_outcomes` of each
+            process, gathered); None: this batch's own.
 
     Example:
         >>> # Four rollouts that all scored 1: the group std is 0, the replays' outcomes still set a scale.
@@ -123,6 +146,8 @@ def replay_scales(
         return [1.0] * len(rewards)
     if scale not in ("group", "batch"):
         raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}")
+    if scale == "batch" and pooled is not None:
+        return [_std(pooled)] * len(rewards)
     width = len(rewards) if scale == "batch" else group_size
     out = []
     for start in range(0, len(rewards), width):
@@ -136,6 +161,59 @@ def replay_scales(
     return out
 
 
+Outcomes = dict[tuple[int, int], list[float | None]]
+"""(rollout, turn) -> the rewards of that turn's re-runs (replay credit)."""
+
+
+async def replay_outcomes(runner: RolloutRunner, rollouts: Sequence[Rollout], samples: int) -> Outcomes:
+    """Re-run every policy turn of every rollout that did not fail `samples` times; their rewards."""
+    import asyncio
+
+    jobs = [(i, t, turn) for i, r in enumerate(rollouts) if not r.failed for t, turn in enumerate(r.turns)]
+    results = await asyncio.gather(*(runner.areplay(rollouts[i], turn, samples) for i, _, turn in jobs))
+    return {(i, t): [x.reward for x in replays] for (i, t, _), replays in zip(jobs, results, strict=True)}
+
+
+def batch_outcomes(rollouts: Sequence[Rollout], outcomes: Outcomes | None) -> list[float]:
+    """Every outcome this batch observed (the rewards, and the re-runs' with replay credit): what
+    `scale_rewards: batch` pools, gathered over processes."""
+    values = [r.reward for r in rollouts if r.reward is not None]
+    values += [x for resampled in (outcomes or {}).values() for x in resampled if x is not None]
+    return values
+
+
+def assign_credit(
+    rollouts: Sequence[Rollout],
+    group_size: int,
+    credit: str = "uniform",
+    outcomes: Outcomes | None = None,
+    scale: str = "group",
+    pooled: Sequence[float] | None = None,
+) -> list[list[float]]:
+    """The advantage of every policy turn of every rollout (`[rollout][turn]`), from the rollouts' rewards
+    and, for "replay", their turns' re-run `outcomes` (`replay_outcomes`). `pooled`: for `scale="batch"`,
+    `batch_outcomes` over all processes (None: this batch's own)."""
+    scale = {True: "group", False: "none"}.get(scale, scale)  # type: ignore[call-overload]
+    rewards = [r.reward for r in rollouts]
+    if credit == "uniform":
+        uniform = group_advantages(rewards, group_size, scale, pooled)
+        return [[uniform[i]] * len(r.turns) for i, r in enumerate(rollouts)]
+    if credit != "replay":
+        raise ValueError(f"credit must be 'uniform' or 'replay', got {credit!r}")
+    outcomes = outcomes or {}
+    uniform = group_advantages(rewards, group_size, scale, pooled)
+    replayed: list[list[float | None]] = [[] for _ in rollouts]
+    for (i, _), resampled in outcomes.items():
+        replayed[i].extend(resampled)
+    scales = replay_scales(rewards, replayed, group_size, scale, pooled)
+    out = [[0.0] * len(r.turns) for r in rollouts]
+    for (i, t), resampled in outcomes.items():
+        value = replay_advantage(rollouts[i].reward, resampled, scales[i])  # type: ignore[arg-type]
+        # Every re-run failed: nothing is known about this turn alone, so it keeps its rollout's credit.
+        out[i][t] = uniform[i] if value is None else value
+    return out
+
+
 async def turn_advantages(
     runner: RolloutRunner,
     rollouts: Sequence[Rollout],
@@ -144,7 +222,7 @@ async def turn_advantages(
     samples: int = 2,
     scale: str = "group",
 ) -> list[list[float]]:
-    """The advantage of every policy turn of every rollout (`[rollout][turn]`).
+    """The advantage of every policy turn of every rollout (`[rollout][turn]`), in one process.
 
     Args:
         runner: what re-runs the system (needed by `replay`).
@@ -154,31 +232,7 @@ async def turn_advantages(
         samples: K, re-runs per turn for "replay".
         scale: "group", "batch" or "none" (as TRL's `scale_rewards`).
     """
-    import asyncio
-
-    rewards = [r.reward for r in rollouts]
-    uniform = group_advantages(rewards, group_size, scale)
-    if credit == "uniform":
-        return [[uniform[i]] * len(r.turns) for i, r in enumerate(rollouts)]
-    if credit != "replay":
+    if credit not in ("uniform", "replay"):
         raise ValueError(f"credit must be 'uniform' or 'replay', got {credit!r}")
-    jobs = [
-        (i, t, runner.areplay(r, turn, samples))
-        for i, r in enumerate(rollouts)
-        if not r.failed
-        for t, turn in enumerate(r.turns)
-    ]
-    results = await asyncio.gather(*(job for _, _, job in jobs))
-    outcomes: dict[tuple[int, int], list[float | None]] = {
-        (i, t): [x.reward for x in replays] for (i, t, _), replays in zip(jobs, results, strict=True)
-    }
-    replayed: list[list[float | None]] = [[] for _ in rollouts]
-    for (i, _), resampled in outcomes.items():
-        replayed[i].extend(resampled)
-    scales = replay_scales(rewards, replayed, group_size, scale)
-    out = [[0.0] * len(r.turns) for r in rollouts]
-    for (i, t), resampled in outcomes.items():
-        value = replay_advantage(rollouts[i].reward, resampled, scales[i])  # type: ignore[arg-type]
-        # Every re-run failed: nothing is known about this turn alone, so it keeps its rollout's credit.
-        out[i][t] = uniform[i] if value is None else value
-    return out
+    outcomes = await replay_outcomes(runner, rollouts, samples) if credit == "replay" else None
+    return assign_credit(rollouts, group_size, credit, outcomes, scale)

@@ -30,13 +30,10 @@ schedule, clipping, precision, LoRA, gradient accumulation, checkpoints and proc
 
 from __future__ import annotations
 
-import contextlib
 import json
-import math
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +43,10 @@ from trl import GRPOTrainer
 from colab_graphs.data.example import Example
 from colab_graphs.log import RolloutRecord
 from colab_graphs.trainers.baselines import sft_turns
-from colab_graphs.trainers.credit import turn_advantages
+from colab_graphs.trainers.credit import Outcomes, assign_credit, batch_outcomes, replay_outcomes
+from colab_graphs.trainers.evaluate import eval_mode
 from colab_graphs.trainers.rollout import LoopThread, PolicyTurn, Rollout, RolloutRunner, check_rollouts
+from colab_graphs.trainers.segments import batch_layout, row_passes, segment_batch
 
 TRL_VERSION = "1.16.0"
 OBJECTIVES = ("grpo", "sft")
@@ -64,114 +63,32 @@ def system_reward(
     return list(system_reward) if system_reward is not None else [None] * len(prompts)
 
 
-@contextlib.contextmanager
-def eval_mode(model: torch.nn.Module) -> Iterator[None]:
-    """Generate without dropout, and with a KV cache even when gradient checkpointing is on."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
+def training_segments(
+    rollouts: Sequence[Rollout],
+    credit: Sequence[Sequence[float]] | None,
+    sft_min_reward: float = 1.0,
+    mask_truncated: bool = False,
+) -> list[tuple[PolicyTurn, float]]:
+    """The (turn, weight) segments a generation batch trains on: each turn's credit (GRPO), or 1 for the
+    turns SFT keeps (`credit` None).
 
-
-@dataclass(frozen=True)
-class BatchLayout:
-    """How one process's generation batch is cut: `rows` rows in all (segments, then padding rows), trained
-    in passes of `pass_rows` rows."""
-
-    rows: int
-    pass_rows: int
-
-
-def batch_layout(most_segments: int, steps_per_generation: int, max_pass_rows: int) -> BatchLayout:
-    """The layout every process uses, from the largest segment count of any process.
-
-    Each of the `steps_per_generation` micro-batches gets the same number of passes of the same size, at
-    most `max_pass_rows`, with as little padding as that allows.
-
-    Example:
-        >>> batch_layout(10, 1, 4)  # 10 segments, passes of at most 4: three passes of 4
-        BatchLayout(rows=12, pass_rows=4)
-        >>> batch_layout(9, 1, 8)  # two passes of 5 waste less than a pass of 8 and one of 1
-        BatchLayout(rows=10, pass_rows=5)
-        >>> batch_layout(0, 2, 4)  # no segment anywhere: one empty row per micro-batch
-        BatchLayout(rows=2, pass_rows=1)
+    A failed rollout's turns are not segments: they carry no credit, and their tokens must not dilute the
+    loss's normaliser (the policy tokens of the batch). With `mask_truncated` (TRL's
+    `mask_truncated_completions`) neither are turns cut off at the token limit: TRL masks them out of the
+    loss and its token count alike.
     """
-    per_step = max(1, math.ceil(most_segments / steps_per_generation))
-    passes = math.ceil(per_step / max_pass_rows)
-    pass_rows = math.ceil(per_step / passes)
-    return BatchLayout(steps_per_generation * passes * pass_rows, pass_rows)
-
-
-def segment_batch(
-    segments: Sequence[tuple[PolicyTurn, float]], pad_id: int, rows: int | None = None, device: Any = "cpu"
-) -> dict[str, torch.Tensor]:
-    """Pad policy segments into TRL's batch layout (prompts left-padded, completions right-padded).
-
-    Rows are added (all-masked, advantage 0) up to `rows` (default: one row per segment, at least one).
-    `num_items_in_batch` is this batch's count of policy tokens; `CRLTrainer` replaces it by the count over
-    all processes.
-    """
-    out = [(list(t.prompt_ids), list(t.completion_ids), float(a)) for t, a in segments]
-    if rows is not None and rows < len(out):
-        raise ValueError(f"{len(out)} segments do not fit in {rows} rows")
-    while len(out) < max(rows or 0, 1):
-        out.append(([pad_id], [pad_id], None))  # type: ignore[arg-type]
-    p_len = max(len(p) for p, _, _ in out)
-    c_len = max(len(c) for _, c, _ in out)
-    prompt_ids = torch.full((len(out), p_len), pad_id, dtype=torch.long)
-    prompt_mask = torch.zeros((len(out), p_len), dtype=torch.long)
-    completion_ids = torch.full((len(out), c_len), pad_id, dtype=torch.long)
-    completion_mask = torch.zeros((len(out), c_len), dtype=torch.long)
-    advantages = torch.zeros(len(out))
-    for i, (p, c, a) in enumerate(out):
-        prompt_ids[i, p_len - len(p) :] = torch.tensor(p)
-        prompt_mask[i, p_len - len(p) :] = 1
-        completion_ids[i, : len(c)] = torch.tensor(c)
-        if a is not None:
-            completion_mask[i, : len(c)] = 1
-            advantages[i] = a
-        else:
-            prompt_mask[i] = 0
-            prompt_mask[i, -1] = 1  # one attended token keeps the padding row's softmax finite
-    batch = {
-        "prompt_ids": prompt_ids,
-        "prompt_mask": prompt_mask,
-        "completion_ids": completion_ids,
-        "completion_mask": completion_mask,
-        "advantages": advantages,
-    }
-    batch = {k: v.to(device) for k, v in batch.items()}
-    batch["num_items_in_batch"] = completion_mask.sum().to(device)
-    return batch
-
-
-_COMPLETION_SHAPED = ("completion_ids", "completion_mask", "old_per_token_logps", "ref_per_token_logps")
-
-
-def row_passes(batch: dict[str, Any], size: int) -> list[dict[str, Any]]:
-    """`batch` cut into passes of `size` rows, each without the columns that are padding in all its rows.
-
-    Scalars (`num_items_in_batch`) are shared. Dropping padding columns changes no loss: prompts are
-    left-padded and completions right-padded, and rotary position encodings see only relative positions.
-    """
-    n = batch["completion_ids"].size(0)
-    passes = []
-    for start in range(0, n, size):
-        piece = {
-            k: v[start : start + size] if isinstance(v, torch.Tensor) and v.dim() > 0 else v
-            for k, v in batch.items()
-        }
-        prompt_len = max(1, int(piece["prompt_mask"].sum(1).max()))
-        completion_len = max(1, int(piece["completion_mask"].sum(1).max()))
-        for key in ("prompt_ids", "prompt_mask"):
-            piece[key] = piece[key][:, -prompt_len:]
-        for key in _COMPLETION_SHAPED:
-            if piece.get(key) is not None:
-                piece[key] = piece[key][:, :completion_len]
-        passes.append(piece)
-    return passes
+    if credit is None:
+        pairs = [(t, 1.0) for t in sft_turns(rollouts, sft_min_reward)]
+    else:
+        pairs = [
+            (t, a)
+            for r, advs in zip(rollouts, credit, strict=True)
+            if not r.failed
+            for t, a in zip(r.turns, advs, strict=True)
+        ]
+    if mask_truncated:
+        pairs = [(t, a) for t, a in pairs if not t.truncated]
+    return pairs
 
 
 def rollout_summaries(rollouts: Sequence[Rollout]) -> list[dict[str, float | None]]:
@@ -287,7 +204,12 @@ class CRLTrainer(GRPOTrainer):
                 )
         examples = [self.examples[i] for i in ids]
         with eval_mode(self.model):
-            rollouts, credit, seconds = self.loop.run(self._rollouts_and_credit(examples, group))
+            rollouts, outcomes, seconds = self.loop.run(
+                self._rollouts_and_replays(examples, self.rollout_keys(len(examples), group), group)
+            )
+        started = time.perf_counter()
+        credit = self._credit(rollouts, outcomes, group)
+        seconds["credit"] += time.perf_counter() - started
         segments = self._segments(rollouts, credit)
         device = self.accelerator.device
         rows = None
@@ -310,35 +232,52 @@ class CRLTrainer(GRPOTrainer):
             )
         return batch
 
-    async def _rollouts_and_credit(
-        self, examples: list[Example], group: int
-    ) -> tuple[list[Rollout], list[list[float]] | None, dict[str, float]]:
-        """Run the rollouts and assign credit in one trip to the rollout loop (each trip costs a thread hop)."""
+    def rollout_keys(self, rollouts: int, group: int) -> list[tuple]:
+        """Each rollout's seed key for this generation batch: (step, prompt, generation), the prompt counted
+        across processes (see `colab_graphs.trainers.rollout` on seeds)."""
+        prompts = rollouts // group
+        offset = self.accelerator.process_index * prompts
+        step = self.state.global_step
+        return [
+            ("step", step, "prompt", offset + i // group, "generation", i % group) for i in range(rollouts)
+        ]
+
+    async def _rollouts_and_replays(
+        self, examples: list[Example], keys: list[tuple], group: int
+    ) -> tuple[list[Rollout], Outcomes | None, dict[str, float]]:
+        """Run the rollouts, and replay credit's re-runs, in one trip to the rollout loop (each trip costs a
+        thread hop)."""
         started = time.perf_counter()
-        rollouts = await self.runner.arun(examples)
+        rollouts = await self.runner.arun(examples, keys)
         check_rollouts(rollouts)
         generated = time.perf_counter()
-        credit = None
-        if self.objective == "grpo":
-            credit = await turn_advantages(
-                self.runner, rollouts, group, self.credit, self.replay_samples, self.args.scale_rewards
-            )
+        outcomes = None
+        if self.objective == "grpo" and self.credit == "replay":
+            outcomes = await replay_outcomes(self.runner, rollouts, self.replay_samples)
         return (
             rollouts,
-            credit,
+            outcomes,
             {"generation": generated - started, "credit": time.perf_counter() - generated},
         )
+
+    def _credit(
+        self, rollouts: list[Rollout], outcomes: Outcomes | None, group: int
+    ) -> list[list[float]] | None:
+        """Each policy turn's advantage (GRPO), or None (SFT); `scale_rewards: batch` pools the outcomes of
+        every process, as TRL takes the batch std over the global batch."""
+        if self.objective != "grpo":
+            return None
+        pooled = None
+        if self.args.scale_rewards == "batch":
+            from accelerate.utils import gather_object
+
+            pooled = gather_object(batch_outcomes(rollouts, outcomes))
+        return assign_credit(rollouts, group, self.credit, outcomes, self.args.scale_rewards, pooled)
 
     def _segments(
         self, rollouts: list[Rollout], credit: list[list[float]] | None
     ) -> list[tuple[PolicyTurn, float]]:
-        if credit is None:  # sft: the turns of rollouts that succeeded, each weighted alike
-            return [(t, 1.0) for t in sft_turns(rollouts, self.sft_min_reward)]
-        return [
-            (t, a)
-            for r, advs in zip(rollouts, credit, strict=True)
-            for t, a in zip(r.turns, advs, strict=True)
-        ]
+        return training_segments(rollouts, credit, self.sft_min_reward, self.args.mask_truncated_completions)
 
     def _record(
         self,

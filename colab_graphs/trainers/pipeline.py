@@ -103,14 +103,21 @@ def _checkpoint(checkpoint: str | bool | None, checkpoints: Path) -> Path | None
     return Path(str(checkpoint))
 
 
-def _trim_metrics(path: Path, folder: Path | None) -> None:
-    """On resume (from `folder`), keep the metric lines up to its step; otherwise start the file afresh."""
+def _trim_log(path: Path, folder: Path | None) -> None:
+    """On resume (from `folder`), keep the lines of a per-step log up to its step (the steps after it run
+    again); otherwise start the file afresh. Lines a kill left torn are dropped."""
     if folder is None:
         path.write_text("", encoding="utf-8")
         return
     step = int(folder.name.rsplit("-", 1)[-1])
     if path.exists():
-        keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+        keep = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                if json.loads(line)["step"] <= step:
+                    keep.append(line)
+            except (ValueError, KeyError, TypeError):
+                continue
         path.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
 
 
@@ -147,15 +154,13 @@ def train(config: TrainConfig, on_step: Callable[[dict[str, Any]], None] | None 
     split = system.load_split(config)
     loop = LoopThread.shared()
     with system.scripted_server(config) as server:
-        pool = system.build_pool(config, server)
-        spec = system.build_spec(config, pool)
-        model, tokenizer = system.load_policy(config.policy_model, str(processes.device))
-        system.seat_policy(config, model, tokenizer)
+        pool, spec, model, tokenizer = system.seated_system(config, server, str(processes.device))
         cache = None if config.no_cache else CallCache(config.cache_dir)
         client = ModelClient(cache, max_concurrency=config.max_concurrency)
-        router = PolicyRouter(client, [config.policy_member], system.policy_overrides(config))
+        policy = [config.policy_member]
+        router = PolicyRouter(client, policy, system.policy_overrides(config), config.seed, "train")
         eval_router = PolicyRouter(
-            client, [config.policy_member], system.policy_overrides(config, config.eval_temperature)
+            client, policy, system.policy_overrides(config, config.eval_temperature), config.seed, "eval"
         )
 
         def run_eval(name: str) -> dict[str, Any] | None:
@@ -171,6 +176,7 @@ def train(config: TrainConfig, on_step: Callable[[dict[str, Any]], None] | None 
                 config.scorer,
                 processes,
             )
+            result["split"] = split.sizes()
             if main:
                 (out / f"eval_{name}.json").write_text(json.dumps(result, indent=2) + "\n")
             return result
@@ -180,7 +186,8 @@ def train(config: TrainConfig, on_step: Callable[[dict[str, Any]], None] | None 
         runner = RolloutRunner(rollout_spec, pool, router, config.scorer)
         metrics_path = out / "metrics.jsonl"
         if main:
-            _trim_metrics(metrics_path, resume)
+            for log in (metrics_path, out / "rollouts.jsonl"):
+                _trim_log(log, resume)
         policy, steps = _train_policy(
             config, model, tokenizer, runner, split.train, loop, metrics_path, out, on_step, resume
         )
@@ -190,8 +197,8 @@ def train(config: TrainConfig, on_step: Callable[[dict[str, Any]], None] | None 
             info = {
                 "config": dataclasses.asdict(config),
                 "steps": steps,
-                "eval_before": before,
-                "eval_after": after,
+                "eval_before": _brief(before),
+                "eval_after": _brief(after),
             }
             export_policy(policy, tokenizer, folder, info)
         processes.wait_for_everyone()
@@ -202,8 +209,9 @@ def train(config: TrainConfig, on_step: Callable[[dict[str, Any]], None] | None 
         "policy_member": config.policy_member,
         "steps": steps,
         "processes": processes.num_processes,
-        "eval_before": before,
-        "eval_after": after,
+        "split": split.sizes(),
+        "eval_before": _brief(before),
+        "eval_after": _brief(after),
         "policy": str(folder),
         "calls": client.stats.as_dict(),
         "wall_s": round(time.perf_counter() - started, 3),
@@ -213,15 +221,22 @@ def train(config: TrainConfig, on_step: Callable[[dict[str, Any]], None] | None 
     return summary
 
 
+def _brief(result: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An evaluation without its per-example lines (those are in `eval_*.json`)."""
+    return None if result is None else {k: v for k, v in result.items() if k != "examples"}
+
+
 def _train_policy(
     config, model, tokenizer, runner, examples, loop, metrics_path: Path, out: Path, on_step, resume
 ):  # noqa: ANN001, ANN202
     """GRPO (`reward: system | solo`) or SFT (`reward: sft`) through `CRLTrainer`; (policy, steps)."""
     from datasets import Dataset
+    from transformers import set_seed
 
     from colab_graphs.trainers import system
     from colab_graphs.trainers.grpo import CRLTrainer
 
+    set_seed(config.seed)  # LoRA's initial weights are drawn before TRL's Trainer seeds itself
     trainer = CRLTrainer(
         runner=runner,
         examples={e.id: e for e in examples},

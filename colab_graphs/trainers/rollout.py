@@ -4,15 +4,31 @@ The policy is an in-process model served as ``local/<name>`` by :mod:`colab_grap
 holds the trainer's own model object, so every rollout generates with the current weights). Its calls go
 through a `PolicyRouter`:
 
-- policy calls use a client **without cache**, each with a fresh `sample` index (a rollout counter), so no
-  call is ever served from a cache or shared with a concurrent identical request (single-flight): the G
-  rollouts of a prompt are G independent samples, and no step sees an older policy's answer. That client
+- policy calls use a client **without cache**, each with its own seeded `sample` index, so no call is ever
+  served from a cache or shared with a concurrent identical request (single-flight): the G rollouts of a
+  prompt are G independent samples, and no step sees an older policy's answer. That client
   (`InProcessPolicyClient`) hands `local/` requests straight to the provider's batching engine instead of
   through LiteLLM's dispatch: same request building, same tokens, less overhead per turn;
 - every other member's call goes through the normal call path (cache -> single-flight -> limits -> LiteLLM).
 
+**Seeds.** Every sampled call of a rollout gets a sample index, and a seed, drawn from the config's `seed`
+and where the call stands (`call_seed`): the rollout's key (in training: the step, the prompt's position in
+the step and the rollout's index in its group; a replay adds the forked turn and the re-run), the member,
+the seat, how many calls that seat made before in the rollout, and the protocol's own sample index. So the
+same config repeats its run, and two runs with one seed (two arms of a comparison) draw the same random
+numbers wherever they make the same call: the same tokens where their inputs are the same. A collaborator
+that samples (temperature above 0, or unset: its provider's default) gets a distinct seeded sample per
+rollout, cached under that index (a rerun of the config is served from the cache); a greedy collaborator
+keeps sample 0, one answer per request, shared across rollouts. The seed reaches the provider where it takes
+one (`local/` models, OpenAI-compatible servers such as vLLM); a member with its own `seed` gets its seed
+plus the sample index (the call path's rule). Outside a rollout (the before/after evaluation) a call's seed is
+drawn from its request instead, and collaborators keep their sample index (0: one answer per request, shared
+by the coalitions an evaluation plays, as an audit shares it, and by the evaluations before and after).
+
 Each policy call recorded in a trace carries the exact ``prompt_token_ids`` / ``completion_token_ids`` /
-``logprobs`` the engine produced: one `PolicyTurn`, i.e. one training segment (prompt, completion).
+``logprobs`` the engine produced: one `PolicyTurn`, i.e. one training segment (prompt, completion). The
+logprobs are those of the distribution each token was drawn from (temperature, top-k, min-p, top-p and
+repetition penalty applied: the engine's ``logprobs_mode="processed"``), not the model's untempered one.
 
 `ReplayClient` re-runs a recorded rollout from one policy turn: calls whose request is unchanged are served
 from the recorded trace, the forked turn is resampled, and everything downstream of it runs live.
@@ -22,10 +38,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
+import hashlib
 import itertools
+import json
 import threading
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -37,6 +57,52 @@ from colab_graphs.spec import GraphSpec
 from colab_graphs.trace import Call, Trace, Usage
 
 T = TypeVar("T")
+
+ROLLOUT_KEY: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("crl_rollout_key", default=None)
+"""The key of the rollout whose graph run is making the current call (None outside a rollout)."""
+_CALL_ORDER: contextvars.ContextVar[tuple[Iterator[int], dict[int, int]] | None] = contextvars.ContextVar(
+    "crl_call_order", default=None
+)
+"""The current rollout's calls in the order they started: a trace lists calls as they finish, and parallel
+calls finish in whatever order the machine's timing gives; the order they start in is the graph's."""
+
+
+def _started() -> int | None:
+    order = _CALL_ORDER.get()
+    return next(order[0]) if order is not None else None
+
+
+def _note(record: Call, started: int | None) -> None:
+    order = _CALL_ORDER.get()
+    if order is not None and started is not None:
+        order[1][id(record)] = started
+
+
+def call_seed(seed: int, *parts: Any) -> int:
+    """A 48-bit number drawn from `seed` and `parts` (SHA-256 of their JSON): a call's sample index and seed.
+
+    48 bits stay exact in JSON readers that hold numbers as doubles and leave room for a member's own seed
+    to be added (the call path gives a seeded member seed + sample).
+
+    Example:
+        >>> call_seed(0, "step", 1) == call_seed(0, "step", 1) != call_seed(1, "step", 1)
+        True
+    """
+    text = json.dumps([seed, *parts], default=str, separators=(",", ":"))
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:6], "big")
+
+
+@functools.cache
+def accepts_seed(model: str) -> bool:
+    """Whether a call to `model` may carry a `seed` (local models and providers LiteLLM sends it to)."""
+    if model.startswith("local/"):
+        return True
+    try:
+        import litellm
+
+        return "seed" in (litellm.get_supported_openai_params(model=model) or [])
+    except Exception:  # noqa: BLE001 - a model LiteLLM cannot place gets no seed, only its sample index
+        return False
 
 
 class LoopThread:
@@ -100,8 +166,10 @@ class InProcessPolicyClient(ModelClient):
         try:
             engine = get_engine(model)
             params = {k: v for k, v in kwargs.items() if k not in ("model", "messages")}
+            request = build_request(engine, kwargs["messages"], params)
+            request.logprobs_mode = "processed"  # what the tokens were drawn from (see the module docstring)
             with engine.expecting(-1):  # this rollout waits on the engine now: the batch need not wait for it
-                result = await engine.agenerate(build_request(engine, kwargs["messages"], params))
+                result = await engine.agenerate(request)
         except Exception as exc:  # noqa: BLE001 - reported as a failed call, like any upstream failure
             self.stats.failed += 1
             raise CallError("local", f"{type(exc).__name__}: {exc}", member.name, 1) from None
@@ -120,11 +188,12 @@ class InProcessPolicyClient(ModelClient):
             prompt_token_ids=list(result.prompt_ids),
             completion_token_ids=list(result.completion_ids),
             logprobs=list(result.logprobs),
+            finish_reason=result.finish_reason,
         )
 
 
 class PolicyRouter:
-    """The call path of a rollout: policy calls uncached with fresh sample indices, others the normal way.
+    """The call path of a rollout: policy calls uncached, every sampled call seeded (see the module docstring).
 
     Duck-types `ModelClient.complete`, so a compiled graph's runtime can use it.
 
@@ -132,16 +201,27 @@ class PolicyRouter:
         client: the normal call path for the collaborators (usually with a `CallCache`).
         policy_members: names of the members the policy plays.
         policy_overrides: generation settings forced on policy calls (temperature, top_p, max_tokens cap).
+        seed: the run's seed (the training config's `seed`).
+        stream: a name that separates this router's draws from another's with the same seed (training and
+            evaluation).
     """
 
-    def __init__(self, client: ModelClient, policy_members: Sequence[str], policy_overrides: dict[str, Any]):
+    def __init__(
+        self,
+        client: ModelClient,
+        policy_members: Sequence[str],
+        policy_overrides: dict[str, Any],
+        seed: int = 0,
+        stream: str = "train",
+    ):
         self.client = client
         self.policy_client = InProcessPolicyClient(
             None, max_concurrency=client.max_concurrency, retries=client.retries
         )
         self.policy_members = frozenset(policy_members)
         self.policy_overrides = dict(policy_overrides)
-        self._samples = itertools.count(1)
+        self.seed = seed
+        self.stream = stream
 
     @property
     def max_concurrency(self) -> int:
@@ -156,28 +236,60 @@ class PolicyRouter:
         return self.client.canonical_request(member, messages)[0]["messages"]
 
     async def complete(self, member: Member, messages: list[dict[str, Any]], **call: Any) -> CallResult:
-        """Call `member` (keywords as `ModelClient.complete`); policy calls get the policy overrides and a
-        never-repeated sample index."""
-        client, call = self._route(member, call)
-        return await client.complete(member, messages, **call)
+        """Call `member` (keywords as `ModelClient.complete`); policy calls get the policy overrides, and
+        every sampled call its seeded sample index."""
+        return (await self.complete_recorded(member, messages, **call))[0]
 
     async def complete_recorded(
         self, member: Member, messages: list[dict[str, Any]], **call: Any
     ) -> tuple[CallResult, Call]:
         """`complete`, also returning the call's trace record (as `ModelClient.complete_recorded`)."""
-        client, call = self._route(member, call)
-        return await client.complete_recorded(member, messages, **call)
+        started = _started()
+        client, call = self._route(member, messages, call)
+        result, record = await client.complete_recorded(member, messages, **call)
+        _note(record, started)
+        return result, record
 
-    def _route(self, member: Member, call: dict[str, Any]) -> tuple[ModelClient, dict[str, Any]]:
-        if member.name not in self.policy_members:
-            return self.client, call
+    def _route(
+        self, member: Member, messages: list[dict[str, Any]], call: dict[str, Any]
+    ) -> tuple[ModelClient, dict[str, Any]]:
         overrides = call.get("overrides") or {}
-        merged = {**overrides, **self.policy_overrides}
-        cap = self.policy_overrides.get("max_tokens")
-        asked = overrides.get("max_tokens") or member.settings.get("max_tokens")
-        if cap is not None and asked is not None:
-            merged["max_tokens"] = min(int(cap), int(asked))
-        return self.policy_client, {**call, "sample": next(self._samples), "overrides": merged}
+        policy = member.name in self.policy_members
+        if policy:
+            merged = {**overrides, **self.policy_overrides}
+            cap = self.policy_overrides.get("max_tokens")
+            asked = overrides.get("max_tokens") or member.settings.get("max_tokens")
+            if cap is not None and asked is not None:
+                merged["max_tokens"] = min(int(cap), int(asked))
+            overrides = merged
+        else:
+            temperature = {**member.settings, **overrides}.get("temperature")
+            if temperature is not None and float(temperature) <= 0:
+                return self.client, call  # greedy: one answer per request, shared by every rollout
+        key = ROLLOUT_KEY.get()
+        if key is None:  # outside a rollout: the request itself says which draw this is
+            position: tuple = ("request", member.name, call.get("seat"), call.get("sample", 0), messages)
+        else:
+            position = self._position(key, member, call)
+        drawn = call_seed(self.seed, self.stream, *position)
+        # The call path gives a seeded member seed + sample. A drawn sample index with seed 0 makes the seed
+        # the index; a collaborator outside a rollout keeps its sample index (one answer per request, shared
+        # as an audit shares it) and gets the drawn number as its seed.
+        sample, seed = (drawn, 0) if policy or key is not None else (call.get("sample", 0), drawn)
+        if {**member.settings, **overrides}.get("seed") is None and accepts_seed(
+            str(member.settings.get("model", ""))
+        ):
+            overrides = {**overrides, "seed": seed}
+        routed = {**call, "sample": sample, "overrides": overrides}
+        return (self.policy_client if policy else self.client), routed
+
+    @staticmethod
+    def _position(key: tuple, member: Member, call: dict[str, Any]) -> tuple:
+        """Where a rollout's call stands: the rollout, the member, the seat and its earlier calls, the
+        protocol's sample index."""
+        seat, trace = call.get("seat"), call.get("trace")
+        occurrence = sum(1 for c in trace.calls if c.seat == seat) if trace is not None else 0
+        return (*key, member.name, seat, occurrence, call.get("sample", 0))
 
 
 @dataclass
@@ -190,8 +302,11 @@ class PolicyTurn:
         occurrence: how many earlier calls that seat made in the rollout (loops visit a seat again).
         prompt_ids: exact prompt tokens the policy saw (its chat template applied).
         completion_ids: exact tokens it generated (the only tokens that carry loss).
-        logprobs: sampling logprobs of `completion_ids`.
+        logprobs: logprobs of `completion_ids` in the distribution each was drawn from (see the module
+            docstring).
         text: the completion text.
+        truncated: generation stopped at the token limit (`mask_truncated_completions` leaves such turns
+            out of the loss).
     """
 
     index: int
@@ -201,17 +316,20 @@ class PolicyTurn:
     completion_ids: list[int]
     logprobs: list[float] | None
     text: str
+    truncated: bool = False
 
 
 @dataclass
 class Rollout:
-    """One run of the system on one example with the policy seated."""
+    """One run of the system on one example with the policy seated; `key` seeds its calls (see the module
+    docstring)."""
 
     example: Example
     trace: Trace
     reward: float | None
     turns: list[PolicyTurn] = field(default_factory=list)
     policy_score: float | None = None
+    key: tuple = ()
 
     @property
     def failed(self) -> bool:
@@ -267,6 +385,7 @@ def policy_turns(trace: Trace, policy_members: Sequence[str]) -> list[PolicyTurn
                 completion_ids=list(call.completion_token_ids),
                 logprobs=list(call.logprobs) if call.logprobs is not None else None,
                 text=call.completion or "",
+                truncated=call.finish_reason == "length",
             )
         )
     return turns
@@ -323,6 +442,7 @@ class ReplayClient:
     @staticmethod
     def _serve(recorded: Call, trace: Trace | None) -> tuple[CallResult, Call]:
         record = recorded.model_copy(update={"cached": True})
+        _note(record, _started())
         if trace is not None:
             trace.calls.append(record)
         result = CallResult(
@@ -336,6 +456,7 @@ class ReplayClient:
             prompt_token_ids=recorded.prompt_token_ids,
             completion_token_ids=recorded.completion_token_ids,
             logprobs=recorded.logprobs,
+            finish_reason=recorded.finish_reason,
         )
         return result, record
 
@@ -358,6 +479,7 @@ class RolloutRunner:
         self.router = router
         self.scorer = scorer
         self.graph = compile_graph(spec, pool, router.client, fuse=True)
+        self._batches = itertools.count()
 
     def _scorer_for(self, example: Example):  # noqa: ANN202
         from colab_graphs.runner import resolve_scorer
@@ -371,9 +493,12 @@ class RolloutRunner:
         models = {str(self.pool[m].settings.get("model", "")) for m in self.router.policy_members}
         return [get_engine(m) for m in sorted(models) if m.startswith("local/")]
 
-    async def _run(self, example: Example, client: Any) -> Rollout:
+    async def _run(self, example: Example, client: Any, key: tuple) -> Rollout:
         from colab_graphs.runner import run_example
 
+        ROLLOUT_KEY.set(key)  # this task's own context: the calls of this rollout, and only they, see it
+        order: dict[int, int] = {}
+        _CALL_ORDER.set((itertools.count(), order))
         # While this rollout runs, the policy engine may expect a request from it: the G x B rollouts of a
         # step reach their policy turns at slightly different times (their collaborators answer one by one),
         # and one batch of all their turns costs one pass per decoding step instead of one per batch.
@@ -381,19 +506,42 @@ class RolloutRunner:
             for engine in self._policy_engines():
                 hints.enter_context(engine.expecting(1))
             outcome = await run_example(self.graph, self.spec, self.pool, client, example, self.scorer)
+        outcome.trace.calls.sort(key=lambda c: order.get(id(c), len(order)))  # stable: failed calls last
         turns = policy_turns(outcome.trace, sorted(self.router.policy_members))
         policy_score = None
         if turns and not outcome.failed:
             verdict = await apply_scorer(self._scorer_for(example), turns[-1].text, example)
             policy_score = verdict.value
         reward = None if outcome.failed else float(outcome.score or 0.0)
-        return Rollout(example, outcome.trace, reward, turns, policy_score)
+        return Rollout(example, outcome.trace, reward, turns, policy_score, key)
 
-    async def arun(self, examples: Sequence[Example]) -> list[Rollout]:
-        """One rollout per entry of `examples` (repeat an example G times for a GRPO group), concurrently."""
-        return list(await asyncio.gather(*(self._run(e, self.router) for e in examples)))
+    async def arun(self, examples: Sequence[Example], keys: Sequence[tuple] | None = None) -> list[Rollout]:
+        """One rollout per entry of `examples` (repeat an example G times for a GRPO group), concurrently.
+
+        `keys` name each rollout for its seeds (the trainer passes (step, prompt, generation) positions);
+        by default the n-th batch this runner runs keys its rollouts ("batch", n, i).
+        """
+        if keys is None:
+            batch = next(self._batches)
+            keys = [("batch", batch, i) for i in range(len(examples))]
+        if len(keys) != len(examples):
+            raise ValueError(f"{len(keys)} rollout keys for {len(examples)} examples")
+        runs = (self._task(e, self.router, tuple(k)) for e, k in zip(examples, keys, strict=True))
+        return list(await asyncio.gather(*runs))
 
     async def areplay(self, rollout: Rollout, turn: PolicyTurn, samples: int) -> list[Rollout]:
-        """`samples` re-runs of `rollout` with `turn` resampled and the rest of the system re-run after it."""
+        """`samples` re-runs of `rollout` with `turn` resampled and the rest of the system re-run after it
+        (re-run k keyed as the rollout, the turn and k)."""
         client = ReplayClient(self.router, rollout.trace, (turn.seat, turn.occurrence))
-        return list(await asyncio.gather(*(self._run(rollout.example, client) for _ in range(samples))))
+        return list(
+            await asyncio.gather(
+                *(
+                    self._task(rollout.example, client, (*rollout.key, "replay", turn.index, k))
+                    for k in range(samples)
+                )
+            )
+        )
+
+    def _task(self, example: Example, client: Any, key: tuple) -> asyncio.Task[Rollout]:
+        # A task per rollout runs in a copy of the current context, so its key stays its own.
+        return asyncio.ensure_future(self._run(example, client, key))

@@ -28,28 +28,76 @@ POLICY_PREFIX = "crl-policy-"
 
 @dataclass
 class Split:
+    """Training and held-out examples; no held-out input is a training input (`normalised_input`)."""
+
     train: list[Example]
     eval: list[Example]
+    held_out_duplicates: int = 0
+    """Held-out candidates dropped because an earlier held-out example has the same input."""
+    train_removed: int = 0
+    """Training examples dropped because a held-out example has the same input."""
+
+    def sizes(self) -> dict[str, int]:
+        """What `summary.json` and `eval_*.json` report of the split."""
+        return {
+            "train": len(self.train),
+            "held_out": len(self.eval),
+            "held_out_duplicates_dropped": self.held_out_duplicates,
+            "train_removed_as_held_out": self.train_removed,
+        }
+
+
+def normalised_input(example: Example) -> str:
+    """What makes two examples the same question: the input, case-folded, with whitespace collapsed."""
+    return " ".join(str(example.input).casefold().split())
+
+
+def held_out(candidates: list[Example], size: int | None) -> tuple[list[Example], int]:
+    """The first `size` (None: all) candidates with distinct inputs, and how many duplicates were skipped."""
+    seen: set[str] = set()
+    kept, skipped = [], 0
+    for example in candidates:
+        if size is not None and len(kept) == size:
+            break
+        key = normalised_input(example)
+        if key in seen:
+            skipped += 1
+            continue
+        seen.add(key)
+        kept.append(example)
+    return kept, skipped
 
 
 def load_split(config: TrainConfig) -> Split:
-    """Training and held-out examples (held out: `eval_data`, else the last `eval_size` of `data`)."""
+    """Training and held-out examples, with no input in both.
+
+    Held out: `eval_data` (its first `eval_size` distinct inputs; 0: all), else the last `eval_size` distinct
+    inputs of `data`. Training: the rest of `data`, without any example whose input is held out (generated
+    tasks repeat questions: the built-in arithmetic has 81 single-digit sums). Inputs are compared after
+    `normalised_input`.
+    """
     from colab_graphs.data.loaders import load_examples
 
     try:
         examples = load_examples(config.data, limit=config.limit)
         if config.eval_data is not None:
-            held = load_examples(config.eval_data, limit=config.eval_size or None)
+            held, duplicates = held_out(load_examples(config.eval_data), config.eval_size or None)
+        elif config.eval_size:
+            held, duplicates = held_out(examples[::-1], config.eval_size)
+            held.reverse()
+            examples = examples[: len(examples) - len(held) - duplicates]
         else:
-            cut = len(examples) - config.eval_size
-            examples, held = examples[:cut], examples[cut:]
+            held, duplicates = [], 0
     except (ValueError, FileNotFoundError, KeyError, ImportError) as err:
         raise ConfigError(f"data: {err}") from None
-    if not examples:
+    inputs = {normalised_input(e) for e in held}
+    train = [e for e in examples if normalised_input(e) not in inputs]
+    if not train:
         raise ConfigError(
-            f"data: no training examples left in {config.data!r} (eval_size={config.eval_size})"
+            f"data: no training examples left in {config.data!r} (eval_size={config.eval_size}; inputs "
+            "that are held out are not trained on)"
         )
-    return Split(examples, held)
+    return Split(train, held, duplicates, len(examples) - len(train))
 
 
 @contextlib.contextmanager
@@ -162,10 +210,28 @@ def seat_policy(config: TrainConfig, model: Any, tokenizer: Any) -> None:
     set_local_model(f"{POLICY_PREFIX}{config.policy_member}", model, tokenizer)
 
 
+def seated_system(config: TrainConfig, server: Any = None, device: str | None = None) -> tuple[Any, ...]:
+    """(pool, spec, model, tokenizer): the system `config` describes, with its initial policy loaded on
+    `device` and served as the policy member."""
+    pool = build_pool(config, server)
+    spec = build_spec(config, pool)
+    model, tokenizer = load_policy(config.policy_model, device)
+    seat_policy(config, model, tokenizer)
+    return pool, spec, model, tokenizer
+
+
 def policy_overrides(config: TrainConfig, temperature: float | None = None) -> dict[str, Any]:
-    """Generation settings forced on policy calls (TRL's logprobs assume the same temperature)."""
-    return {
+    """Generation settings forced on policy calls (TRL's logprobs assume the same temperature): the config's
+    sampling fields, and the sampling keys of `generation_kwargs` (`config.GENERATION_KWARGS`)."""
+    settings = {
         "temperature": config.temperature if temperature is None else temperature,
         "top_p": config.top_p,
+        "top_k": config.top_k or 0,
+        "min_p": config.min_p or 0.0,
+        "repetition_penalty": config.repetition_penalty,
+        **(config.generation_kwargs or {}),
         "max_tokens": config.max_completion_length,
     }
+    if temperature is not None:
+        settings["temperature"] = temperature
+    return settings
