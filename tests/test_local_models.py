@@ -145,6 +145,18 @@ def test_seeded_sampling_repeats_and_ignores_batch_neighbours(tiny):
     assert together[-1].completion_ids == alone.completion_ids
 
 
+def test_a_negative_seed_does_not_draw_as_its_absolute_value(tiny):
+    """Python's random.Random(-5) repeats random.Random(5): a signed 64-bit seed must not."""
+    prompt = _prompts(tiny, 1)[0]
+    draws = [
+        tiny.generate_batch([GenerationRequest(prompt, max_tokens=12, temperature=1.0, seed=s)])[
+            0
+        ].completion_ids
+        for s in (5, -5)
+    ]
+    assert draws[0] != draws[1]
+
+
 def test_different_seeds_give_different_samples(tiny):
     prompt = _prompts(tiny, 1)[0]
     runs = {

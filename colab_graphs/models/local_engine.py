@@ -118,7 +118,9 @@ class _Row:
         self.finish: str | None = None
         self.engine = engine
         seed = req.seed if req.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
-        self.rng = random.Random(seed)
+        # random.Random seeds from |seed|: -5 and 5 would draw alike. Seeds are 64-bit (OpenAI's signed range,
+        # vLLM's unsigned one): taken modulo 2**64 every distinct seed in either range draws its own stream.
+        self.rng = random.Random(seed % 2**64)
 
     def choose(self, logits: Any) -> int:
         """Pick the next token from this row's fp32 logits (one row, as `draw_tokens` picks for a batch) and
