@@ -4,9 +4,10 @@ The system (`bench/crl_judge.py:judge`): two teammates, the embedded default's S
 (a step-by-step tutor) and `quick` (answers with a number only), both greedy, answer a built-in arithmetic
 question; the task extracts their answers; the trained `policy` (SmolLM2-135M-Instruct from the zoo, offline,
 with a LoRA adapter) reads the two answers, unnamed ("Teammate 1: 42 / Teammate 2: 17"), and writes the final
-one. On this task `careful` is right about half the time and `quick` almost never; the untrained judge mostly
-repeats one of them or writes its own. What the system needs of the policy is to trust the right teammate;
-what solo RL trains is the policy's own arithmetic.
+one. On the 150 held-out questions `careful` alone is right on 0.37 and `quick` on 0.11, at least one of them
+on 0.38 (the most a judge that only copies can score), exactly one on 42; the untrained judge copies `quick`
+half the time (0.51) and the right teammate on 14 of those 42. What the system needs of the policy is to trust
+the right teammate; what solo RL trains is the policy's own arithmetic.
 
 Every arm starts from the same policy and takes the same `--steps` optimizer updates of 2 prompts x 4
 rollouts (temperature 0.7), with the same optimizer, schedule, clipping, LoRA (r 16) and seed: one
@@ -32,9 +33,11 @@ same weights) and after each run:
 Intervals are 95% bootstrap intervals over held-out questions (2,000 resamples; each question's value
 averaged over the seeds), and for the difference of two arms the paired bootstrap of that difference.
 
-    python bench/crl_compare.py --steps 12 --eval-size 150 --seeds 0 1 2 --out runs/crl_compare
+    python bench/crl_compare.py --steps 12 --eval-size 150 --seeds 0 1 2 --out runs/crl_compare \
+        --figure docs/images/crl-compare.png
 
-Writes OUT/compare.json (resumable: a rerun adds the runs it lacks), OUT/crl_compare.png, OUT/table.md.
+Writes OUT/compare.json (resumable: a rerun adds the runs it lacks), OUT/summary.json, OUT/table.md and
+OUT/crl_compare.png (and `--figure`). About 25 min a seed for the four arms on 2 quiet cores.
 """
 
 from __future__ import annotations
@@ -131,6 +134,8 @@ def behaviour(rows: list[dict], examples: dict[str, Example], protocol: str) -> 
                 "own": float(not follows["careful"] and not follows["quick"]),
                 "decisive": float(decisive),
                 "follows_right": float(decisive and follows["careful" if right["careful"] else "quick"]),
+                "careful_right": float(right["careful"]),
+                "quick_right": float(right["quick"]),
             }
         )
     return out
@@ -146,6 +151,21 @@ def bootstrap(values: list[float], seed: int = 0) -> tuple[float, float, float]:
     return float(data.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
 
 
+def teammates(rows: list[dict]) -> dict[str, Any]:
+    """What the judge has to work with on the held-out questions (one protocol's rows, before training: the
+    teammates are greedy, so every arm sees the same answers): each teammate alone, either one right (the most
+    a judge that only copies can score), and how many questions have exactly one right teammate."""
+    either = [max(x["careful_right"], x["quick_right"]) for x in rows]
+    return {
+        "careful": bootstrap([x["careful_right"] for x in rows]),
+        "quick": bootstrap([x["quick_right"] for x in rows]),
+        "either": bootstrap(either),
+        "only_careful": sum(x["careful_right"] > x["quick_right"] for x in rows),
+        "only_quick": sum(x["quick_right"] > x["careful_right"] for x in rows),
+        "n": len(rows),
+    }
+
+
 def per_question(runs: list[dict], key: str, protocol: str) -> list[float]:
     """Each held-out question's `key`, averaged over the runs (seeds) given."""
     tables = [r[protocol] for r in runs]
@@ -157,6 +177,11 @@ def decisive_rate(runs: list[dict], protocol: str) -> tuple[float, float, float]
     keep = [i for i, x in enumerate(runs[0][protocol]) if x["decisive"]]
     values = per_question(runs, "follows_right", protocol)
     return bootstrap([values[i] for i in keep])
+
+
+def held_out_rows(path: Path) -> list[dict]:
+    """The per-question rows of an `eval_before.json` / `eval_after.json`."""
+    return json.loads(path.read_text())["examples"]
 
 
 # --- the protocol the policy was not trained in -------------------------------------------------------------
@@ -209,7 +234,7 @@ def summarise(report: dict) -> dict[str, Any]:
             entry[protocol] = measures
         out[arm] = entry
     for arm in arms[1:]:
-        for base in ("solo", "before"):
+        for base in ("solo", "sft", "before"):
             if base == arm or base not in groups:
                 continue
             for protocol in SEATS:
@@ -220,26 +245,61 @@ def summarise(report: dict) -> dict[str, Any]:
                 out[arm][protocol][f"minus_{base}"] = bootstrap(
                     [a - b for a, b in zip(mine, theirs, strict=True)]
                 )
+    if "careful_right" in report["before"]["judge"][0]:
+        out["before"]["teammates"] = teammates(report["before"]["judge"])
     return out
 
 
 def table(summary: dict, n: int) -> str:
-    """The README table: the judge protocol, then mixture-of-agents."""
+    """The README tables: what the teammates score; each arm in the judge protocol and in mixture-of-agents;
+    the paired differences of the system score."""
     fmt = lambda m: f"{m[0]:.3f} [{m[1]:.3f}, {m[2]:.3f}]"  # noqa: E731
+    signed = lambda m: f"{m[0]:+.3f} [{m[1]:+.3f}, {m[2]:+.3f}]"  # noqa: E731
     lines = [
-        f"held-out n = {n} (unseen), means over seeds with 95% bootstrap intervals over questions",
+        f"Held-out n = {n} questions never trained on; an arm's value is the mean over its seeds, with the 95% "
+        "bootstrap interval over questions (each question's value averaged over the seeds).",
         "",
-        "| arm | seeds | system (judge) | LOO of the judge | judge follows the right teammate | copies careful / quick / own "
-        "| system minus solo RL | system (MoA, untrained protocol) | LOO (MoA) |",
-        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    mates = summary["before"].get("teammates")
+    if mates:
+        lines += [
+            f"Teammates alone (greedy, the same answers for every arm): careful {fmt(mates['careful'])}, quick "
+            f"{fmt(mates['quick'])}, at least one right {fmt(mates['either'])}; exactly one right on "
+            f"{mates['only_careful'] + mates['only_quick']} questions (careful {mates['only_careful']}, quick "
+            f"{mates['only_quick']}).",
+            "",
+        ]
+    lines += [
+        "| arm | seeds | system (judge) | per seed | LOO of the judge | follows the right teammate "
+        "| copies careful / quick / own | system (MoA, not trained in) | LOO (MoA) | follows right (MoA) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm, s in summary.items():
         j, m = s["judge"], s["mixture_of_agents"]
-        minus = fmt(j["minus_solo"]) if "minus_solo" in j else ""
+        seeds = ",".join(str(x) for x in s["seeds"] if x is not None) or "-"
+        per_seed = " / ".join(f"{x:.3f}" for x in j["score_by_seed"])
         lines.append(
-            f"| {arm} | {','.join(str(x) for x in s['seeds'] if x is not None) or '-'} | {fmt(j['score'])} | "
-            f"{fmt(j['loo'])} | {fmt(j['follows_right'])} | {j['copies_careful'][0]:.2f} / "
-            f"{j['copies_quick'][0]:.2f} / {j['own'][0]:.2f} | {minus} | {fmt(m['score'])} | {fmt(m['loo'])} |"
+            f"| {arm} | {seeds} | {fmt(j['score'])} | {per_seed} | {signed(j['loo'])} | {fmt(j['follows_right'])} "
+            f"| {j['copies_careful'][0]:.2f} / {j['copies_quick'][0]:.2f} / {j['own'][0]:.2f} "
+            f"| {fmt(m['score'])} | {signed(m['loo'])} | {fmt(m['follows_right'])} |"
+        )
+    lines += [
+        "",
+        "Paired differences of the system score (the same questions; the LOO differences are the same numbers, "
+        "every arm's system without the judge being the same):",
+        "",
+        "| arm | minus before (judge) | minus solo RL (judge) | minus SFT (judge) | minus before (MoA) "
+        "| minus solo RL (MoA) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for arm, s in summary.items():
+        if arm == "before":
+            continue
+        j, m = s["judge"], s["mixture_of_agents"]
+        cell = lambda d, key: signed(d[key]) if key in d else ""  # noqa: E731
+        lines.append(
+            f"| {arm} | {cell(j, 'minus_before')} | {cell(j, 'minus_solo')} | {cell(j, 'minus_sft')} "
+            f"| {cell(m, 'minus_before')} | {cell(m, 'minus_solo')} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -280,6 +340,14 @@ def plot(report: dict, summary: dict, path: Path) -> None:
         [("judge", "score", "system score"), ("judge", "loo", "LOO of the judge")],
         "judge protocol (trained)",
     )
+    mates = summary["before"].get("teammates")
+    if mates:  # what copying one teammate scores, and the most copying the right one could
+        for key, style, label in (
+            ("careful", ":", "careful alone"),
+            ("either", "--", "either teammate right"),
+        ):
+            axes[0].axhline(mates[key][0], color="black", ls=style, lw=0.8, label=label)
+        axes[0].legend(fontsize=7)
     bars(
         axes[1],
         [
@@ -293,19 +361,19 @@ def plot(report: dict, summary: dict, path: Path) -> None:
         [("mixture_of_agents", "score", "system score"), ("mixture_of_agents", "loo", "LOO of the policy")],
         "mixture-of-agents (not trained in)",
     )
-    for run in report["runs"]:
-        rewards = [x["system_reward"] for x in run["metrics"]]
-        smooth = [
-            sum(rewards[max(0, i - 3) : i + 1]) / len(rewards[max(0, i - 3) : i + 1])
-            for i in range(len(rewards))
+
+    def smooth(values: list[float]) -> list[float]:
+        return [
+            sum(values[max(0, i - 3) : i + 1]) / len(values[max(0, i - 3) : i + 1])
+            for i in range(len(values))
         ]
-        axes[3].plot(
-            range(1, len(smooth) + 1),
-            smooth,
-            lw=1,
-            color=f"C{list(ARMS).index(run['arm'])}",
-            label=run["arm"] if run["seed"] == report["runs"][0]["seed"] else None,
-        )
+
+    for k, arm in enumerate(a for a in ARMS if any(r["arm"] == a for r in report["runs"])):
+        curves = [[x["system_reward"] for x in r["metrics"]] for r in report["runs"] if r["arm"] == arm]
+        for curve in curves:
+            axes[3].plot(range(1, len(curve) + 1), smooth(curve), lw=0.6, alpha=0.35, color=f"C{k}")
+        mean = [sum(c[i] for c in curves) / len(curves) for i in range(min(map(len, curves)))]
+        axes[3].plot(range(1, len(mean) + 1), smooth(mean), lw=2, color=f"C{k}", label=f"{arm} (seed mean)")
     axes[3].set_xlabel("policy update")
     axes[3].set_title(f"rollout reward (4-step mean, T={TEMPERATURE}; solo: alone)", fontsize=10)
     axes[3].legend(fontsize=7)
@@ -324,6 +392,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--out", type=Path, default=Path("runs/crl_compare"))
+    parser.add_argument(
+        "--figure", type=Path, help="also write the figure here (README's: docs/images/crl-compare.png)"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     saved = args.out / "compare.json"
@@ -344,14 +415,14 @@ def main() -> None:
             )
             folder = Path(config.output_dir)
             if report["before"] is None:
-                rows = json.loads((folder / "eval_before.json").read_text())["examples"]
+                rows = held_out_rows(folder / "eval_before.json")
                 moa = transfer(args.policy, args, held, seed, args.out / "cache")
                 report["before"] = {
                     "judge": behaviour(rows, examples, "judge"),
                     "mixture_of_agents": behaviour(moa, examples, "mixture_of_agents"),
                     "split": summary["split"],
                 }
-            rows = json.loads((folder / "eval_after.json").read_text())["examples"]
+            rows = held_out_rows(folder / "eval_after.json")
             moa = transfer(str(folder / "policy"), args, held, seed, args.out / "cache")
             run = {
                 "arm": arm,
@@ -365,11 +436,18 @@ def main() -> None:
             report["runs"].append(run)
             print(json.dumps({k: run[k] for k in ("arm", "seed", "steps", "wall_s")}), flush=True)
             saved.write_text(json.dumps(report) + "\n")
+    first = report["runs"][0]
+    if "careful_right" not in report["before"]["judge"][0]:  # a compare.json from before that column
+        rows = held_out_rows(args.out / f"{first['arm']}-{first['seed']}" / "eval_before.json")
+        report["before"]["judge"] = behaviour(rows, examples, "judge")
+        saved.write_text(json.dumps(report) + "\n")
     result = summarise(report)
     (args.out / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
     text = table(result, len(held))
     (args.out / "table.md").write_text(text)
     plot(report, result, args.out / "crl_compare.png")
+    if args.figure:
+        plot(report, result, args.figure)
     print(text)
 
 
