@@ -45,6 +45,7 @@ def test_on_progress_sees_every_play_of_an_audit_and_the_calls_so_far(pool) -> N
         client=ModelClient(None),
         on_progress=seen.append,
         progress=False,
+        play_every_coalition=True,  # (else a vote's game is computed from the leave-one-out plays' answers)
     )
     plays = (len(report.coalitions) + len(report.players)) * len(
         DATA
