@@ -7,7 +7,7 @@ Not run in CI or on CPU. What it does:
    rollouts) against the GPU memory left beside the vLLM servers, and stops before any work when it does
    not fit (`--force` goes on anyway);
 2. optionally starts one `vllm serve` per collaborator (`--vllm-python` names the Python of a separate
-   environment that has vLLM; vLLM cannot share the trainer's environment, see FIELD_NOTES), else expects
+   environment that has vLLM; vLLM cannot share the trainer's environment, see docs/platform.md), else expects
    OpenAI-compatible servers at the `--collaborator` URLs;
 3. for each `--reward` (default: system, then solo), trains the policy seated in `--protocol` (default a
    2-round debate) on `--data` with GRPO (bf16, the policy generating in process with its live weights),
