@@ -8,6 +8,9 @@ functions that use them, so importing this package stays quick.
     >>> report = cg.run_audit(my_langgraph_app, "pool.yaml", "gsm8k", limit=50)  # doctest: +SKIP
 """
 
+# Process defaults before anything imports litellm or transformers (see _env): a library user's first call
+# must not block on litellm's price-table download where there is no network.
+import colab_graphs._env  # noqa: F401
 from colab_graphs.aggregators import get_aggregator, get_router
 from colab_graphs.api import (
     Progress,
