@@ -128,4 +128,29 @@ def setting_problems(values: Mapping[str, Any], kind: str = "settings") -> tuple
             continue
         if isinstance(value, str) and not isinstance(checked, str):
             out[field] = checked
+    if kind == "settings":
+        problems += _url_credential_problems(out)
     return out, problems
+
+
+def _url_credential_problems(settings: Mapping[str, Any]) -> list[str]:
+    """A user:password@ in a member's URL: LiteLLM's providers send an Authorization header of their own
+    (measured: OpenAI-compatible ones with or without a key, Ollama's without one), and its HTTP transport
+    refuses credentials in the URL beside it, so every call failed, after its retries, with "Cannot combine
+    AUTHORIZATION header with ... credentials encoded in URL"."""
+    from urllib.parse import urlsplit
+
+    problems = []
+    for field in ("api_base", "base_url"):
+        url = settings.get(field)
+        try:
+            has_userinfo = isinstance(url, str) and urlsplit(url).username is not None
+        except ValueError:
+            continue
+        if has_userinfo:
+            problems.append(
+                f"{field}: credentials in the URL (user:password@host) cannot be sent (the HTTP client refuses "
+                "them beside the Authorization header every request carries); give the credential as api_key, "
+                "or as an Authorization header in extra_headers"
+            )
+    return problems

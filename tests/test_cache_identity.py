@@ -156,15 +156,16 @@ def test_a_cache_written_before_identity_is_not_served(servers, tmp_path, caplog
 
 def test_identity_holds_the_endpoint_without_its_secrets() -> None:
     from colab_graphs.models.identity import cache_identity
+    from colab_graphs.pool import Member
 
-    member = Pool.from_dict(
-        {
-            "a": {
-                "model": "openai/a",
-                "api_base": "HTTPS://user:pw-0123456789@Host.Example:443/v1/?key=k-0123456789",
-            }
-        }
-    )["a"]
+    # (built directly: a pool file with credentials in a URL is refused at load, they cannot be sent)
+    member = Member(
+        name="a",
+        settings={
+            "model": "openai/a",
+            "api_base": "HTTPS://user:pw-0123456789@Host.Example:443/v1/?key=k-0123456789",
+        },
+    )
     assert cache_identity(member) == "endpoint:https://host.example/v1"
     hosted = Pool.from_dict({"a": {"model": "anthropic/claude-x", "api_key": "k"}})["a"]
     assert cache_identity(hosted) == "provider:anthropic"

@@ -258,6 +258,25 @@ def test_settings_of_the_wrong_type_fail_the_load_naming_file_member_and_every_f
     assert "max_tokens: 'lots'" in message and "seed: 'x'" in message
 
 
+def test_credentials_in_an_api_base_fail_the_load_without_printing_them(tmp_path) -> None:
+    # LiteLLM's HTTP transport refuses them beside its own Authorization header: every call failed, 7 attempts.
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(
+        "models:\n  ada: {model: openai/ada, api_base: 'http://me:hunter2@127.0.0.1:9/v1', api_key: sk-x}\n"
+    )
+    result = invoke("run", "--protocol", "solo", "--pool", pool, "--data", ARC)
+    message = said(result)
+    assert result.exit_code == 2
+    assert (
+        f"{pool}: member 'ada': api_base: credentials in the URL" in message
+        and "give the credential" in message
+    )
+    assert "hunter2" not in message
+    pool.write_text("models:\n  bob: {model: ollama_chat/bob, api_base: 'http://me:hunter2@127.0.0.1:9'}\n")
+    result = invoke("run", "--protocol", "solo", "--pool", pool, "--data", ARC)
+    assert result.exit_code == 2 and "member 'bob': api_base: credentials in the URL" in said(result)
+
+
 # --- a dead endpoint -----------------------------------------------------------------------------------------
 
 

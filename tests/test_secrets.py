@@ -3,8 +3,8 @@
 One member sits behind a provider that answers every request with a 400 quoting the request line (query string
 included) and every header it was sent; its pool entry carries a secret in each place a pool can hold one: an
 `api_key` read from `${ENV}`, `extra_headers` and `headers` values, an `api_base` whose `?key=` is read from
-the environment; another member's `api_base` carries a password as userinfo (the HTTP client refuses to send
-it beside a key, and says so). A run, an audit and a study over real ARC records write everything they write; every
+the environment (a password as URL userinfo cannot be sent at all: the pool refuses it at load, without
+printing it, tests/test_owned_files.py). A run, an audit and a study over real ARC records write everything they write; every
 file under their folders and the call cache, what the CLI printed, and what the viewer serves are searched for
 every secret value.
 """
@@ -34,8 +34,7 @@ ENV = {
     "CG_SECRET_HEADER": "hk-SECRET-header-1a2b3c4d",
 }
 EXTRA_HEADER = "hdr-SECRET-extra-7f3a9c2e"
-PASSWORD = "pw-SECRET-userinfo-0a1b2c"
-SECRETS = [*ENV.values(), EXTRA_HEADER, PASSWORD]
+SECRETS = [*ENV.values(), EXTRA_HEADER]
 
 
 def steady_replies() -> dict[str, str]:
@@ -60,11 +59,6 @@ def leaky_workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
                     "api_key": "${CG_SECRET_API_KEY}",
                     "extra_headers": {"X-Team-Token": EXTRA_HEADER},
                     "headers": {"X-Org-Token": "${CG_SECRET_HEADER}"},
-                },
-                "gated": {
-                    "model": "openai/gated",
-                    "api_base": f"http://analyst:{PASSWORD}@{host}",
-                    "api_key": "${CG_SECRET_API_KEY}",
                 },
                 "steady": {
                     "model": "openai/steady",
@@ -143,7 +137,6 @@ def test_an_echoing_provider_leaks_no_secret_into_any_output(leaky_workspace) ->
 
     header = json.loads((ws / "run" / "log.jsonl").read_text().splitlines()[0])
     assert header["pool"]["leaky"]["api_base"].endswith("?key=[REDACTED]")
-    assert header["pool"]["gated"]["api_base"].startswith("http://[REDACTED]@")
 
     viewer = ViewerServer(ws).start()
     try:
