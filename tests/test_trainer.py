@@ -390,6 +390,49 @@ def test_cli_train_tiny_writes_metrics_and_a_loadable_policy(tmp_path: Path) -> 
     assert (out / "policy" / "config.json").is_file()
 
 
+HOLDER = """
+import sys, time
+from colab_graphs.files import OutLock
+with OutLock(sys.argv[1], "colab-graphs train (the first)"):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_training_into_a_folder_another_process_writes_is_refused_before_any_work(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from typer.testing import CliRunner
+
+    from colab_graphs.cli.app import _register_optional_commands, app
+
+    _register_optional_commands()
+    out = tmp_path / "run"
+    first = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout is not None and first.stdout.readline() == "held\n"
+        result = CliRunner().invoke(
+            app,
+            [
+                "train",
+                "--config",
+                str(ROOT / "examples/train_tiny.yaml"),
+                "--max-steps",
+                "1",
+                "--out",
+                str(out),
+            ],
+        )
+    finally:
+        first.kill()
+        first.wait()
+    said = " ".join(result.output.split())  # (the terminal wraps lines)
+    assert result.exit_code == 5, result.output
+    assert f"is being written by pid {first.pid}" in said and "(colab-graphs train (the first))" in said
+    assert sorted(p.name for p in out.iterdir()) == [".colab-graphs.lock"]  # nothing of the second run
+
+
 @pytest.mark.slow
 def test_sft_objective_is_the_kept_completions_token_cross_entropy(live) -> None:
     import torch

@@ -72,6 +72,7 @@ def train(
         raise typer.Exit(0)
     if config is None:
         fail("--config is required (see examples/train_tiny.yaml)")
+    from colab_graphs.files import FolderBusy
     from colab_graphs.trainers.config import ConfigError, load_config
     from colab_graphs.trainers.rollout import RolloutError
 
@@ -89,6 +90,9 @@ def train(
         summary = run_training(cfg, on_step=_print_step)
     except ConfigError as err:
         fail(str(err))
+        raise
+    except FolderBusy as err:  # another training writes that folder
+        fail(str(err), code=FolderBusy.exit_code)
         raise
     except RolloutError as err:
         fail(f"{err} (check the pool: are the collaborators' servers up?)", code=1)

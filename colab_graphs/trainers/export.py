@@ -11,6 +11,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from colab_graphs.files import atomic_write_text
+from colab_graphs.redaction import hide_secrets
+
 MANIFEST = "colab_graphs_policy.json"
 
 
@@ -31,5 +34,5 @@ def export_policy(model: Any, tokenizer: Any, folder: str | Path, info: dict[str
     model.config.use_cache = True
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
-    (folder / MANIFEST).write_text(json.dumps(info or {}, indent=2, default=str) + "\n", encoding="utf-8")
+    atomic_write_text(folder / MANIFEST, hide_secrets(json.dumps(info or {}, indent=2, default=str) + "\n"))
     return folder

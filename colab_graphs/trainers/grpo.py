@@ -42,6 +42,7 @@ from trl import GRPOTrainer
 
 from colab_graphs.data.example import Example
 from colab_graphs.log import RolloutRecord
+from colab_graphs.redaction import hide_secrets
 from colab_graphs.trainers.baselines import sft_turns
 from colab_graphs.trainers.credit import Outcomes, assign_credit, batch_outcomes, replay_outcomes
 from colab_graphs.trainers.evaluate import eval_mode
@@ -317,7 +318,7 @@ class CRLTrainer(GRPOTrainer):
             for i, r in enumerate(rollouts)
         ]  # fmt: skip
         with open(self.rollouts_path, "a", encoding="utf-8") as fh:
-            fh.write("".join(line + "\n" for line in lines))
+            fh.write(hide_secrets("".join(line + "\n" for line in lines)))
 
     def _extra_logps(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Old-policy logps when a generation batch spans several updates; reference logps when beta > 0."""
@@ -421,6 +422,6 @@ class CRLTrainer(GRPOTrainer):
         self._step_started = now
         if self.metrics_path is not None:
             with open(self.metrics_path, "a", encoding="utf-8") as fh:
-                fh.write(json.dumps(line, default=float) + "\n")
+                fh.write(hide_secrets(json.dumps(line, default=float) + "\n"))
         if self.on_log is not None:
             self.on_log(line)

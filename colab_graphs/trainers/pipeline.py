@@ -42,6 +42,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import colab_graphs._env  # noqa: F401  (offline settings before transformers / litellm load)
+from colab_graphs.files import atomic_write_text, holding
+from colab_graphs.redaction import hide_secrets
 from colab_graphs.trainers.config import ConfigError, grpo_values
 
 if TYPE_CHECKING:
@@ -136,6 +138,25 @@ def train(config: TrainConfig, on_step: Callable[[dict[str, Any]], None] | None 
         config: the training config.
         on_step: called with each step's metrics line (as written to `metrics.jsonl`), on the main process.
     """
+    config.validate()
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    resume = _checkpoint(config.resume_from_checkpoint, out / "checkpoints")  # a missing one fails first
+    processes = _processes(config)
+    # Two trainings into one folder would interleave their logs and checkpoints: the main process holds the
+    # folder's lock (the other processes of an `accelerate launch` are its own).
+    with holding(out if processes.is_main_process else None, "colab_graphs.train"):
+        return _train(config, out, resume, processes, on_step)
+
+
+def _train(
+    config: TrainConfig,
+    out: Path,
+    resume: Path | None,
+    processes: Any,
+    on_step: Callable[[dict[str, Any]], None] | None,
+) -> dict[str, Any]:
+    """`train`'s work, with the output folder held."""
     from colab_graphs.models.cache import CallCache
     from colab_graphs.models.client import ModelClient
     from colab_graphs.trainers import system
@@ -143,13 +164,7 @@ def train(config: TrainConfig, on_step: Callable[[dict[str, Any]], None] | None 
     from colab_graphs.trainers.export import export_policy
     from colab_graphs.trainers.rollout import LoopThread, PolicyRouter, RolloutRunner
 
-    config.validate()
     started = time.perf_counter()
-    out = Path(config.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    checkpoints = out / "checkpoints"
-    resume = _checkpoint(config.resume_from_checkpoint, checkpoints)  # a missing one fails before any work
-    processes = _processes(config)
     main = processes.is_main_process
     split = system.load_split(config)
     loop = LoopThread.shared()
@@ -178,7 +193,7 @@ def train(config: TrainConfig, on_step: Callable[[dict[str, Any]], None] | None 
             )
             result["split"] = split.sizes()
             if main:
-                (out / f"eval_{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+                _write_json(out / f"eval_{name}.json", result)
             return result
 
         before = run_eval("before") if config.eval_before else None
@@ -217,8 +232,14 @@ def train(config: TrainConfig, on_step: Callable[[dict[str, Any]], None] | None 
         "wall_s": round(time.perf_counter() - started, 3),
     }
     if main:
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        _write_json(out / "summary.json", summary)
     return summary
+
+
+def _write_json(path: Path, value: Any) -> None:
+    """Write a result file whole or not at all, without the registered secrets (a collaborator that echoes
+    its key into a reply would otherwise put it in eval_*.json)."""
+    atomic_write_text(path, hide_secrets(json.dumps(value, indent=2) + "\n"))
 
 
 def _brief(result: dict[str, Any] | None) -> dict[str, Any] | None:
