@@ -129,22 +129,35 @@ def setting_problems(values: Mapping[str, Any], kind: str = "settings") -> tuple
         if isinstance(value, str) and not isinstance(checked, str):
             out[field] = checked
     if kind == "settings":
-        problems += _url_credential_problems(out)
+        problems += _url_problems(out)
     return out, problems
 
 
-def _url_credential_problems(settings: Mapping[str, Any]) -> list[str]:
-    """A user:password@ in a member's URL: LiteLLM's providers send an Authorization header of their own
-    (measured: OpenAI-compatible ones with or without a key, Ollama's without one), and its HTTP transport
-    refuses credentials in the URL beside it, so every call failed, after its retries, with "Cannot combine
-    AUTHORIZATION header with ... credentials encoded in URL"."""
+# Providers that append their route to `api_base` as text (OpenAI's SDK: `{api_base}/chat/completions`).
+_APPENDING_PROVIDERS = ("openai/", "hosted_vllm/", "text-completion-openai/")
+
+
+def _url_problems(settings: Mapping[str, Any]) -> list[str]:
+    """URLs that cannot work, each of which used to fail every call of the member at run time:
+
+    - a user:password@ in the URL: LiteLLM's providers send an Authorization header of their own (measured:
+      OpenAI-compatible ones with or without a key, Ollama's without one), and its HTTP transport refuses
+      credentials in the URL beside it ("Cannot combine AUTHORIZATION header with ... credentials encoded in
+      URL", after every retry);
+    - a query string (``?key=...``) on an OpenAI-compatible member: the client appends its route after it
+      (``/v1?key=.../chat/completions``), so the server sees ``POST /v1`` and answers 404.
+    """
     from urllib.parse import urlsplit
 
+    model = str(settings.get("model", ""))
     problems = []
     for field in ("api_base", "base_url"):
         url = settings.get(field)
+        if not isinstance(url, str):
+            continue
         try:
-            has_userinfo = isinstance(url, str) and urlsplit(url).username is not None
+            parts = urlsplit(url)
+            has_userinfo = parts.username is not None
         except ValueError:
             continue
         if has_userinfo:
@@ -152,5 +165,11 @@ def _url_credential_problems(settings: Mapping[str, Any]) -> list[str]:
                 f"{field}: credentials in the URL (user:password@host) cannot be sent (the HTTP client refuses "
                 "them beside the Authorization header every request carries); give the credential as api_key, "
                 "or as an Authorization header in extra_headers"
+            )
+        if parts.query and model.startswith(_APPENDING_PROVIDERS):
+            problems.append(
+                f"{field}: a query string (?{parts.query.split('=')[0]}=...) cannot be sent: the OpenAI client "
+                "appends /chat/completions after it and the server sees another path; give a key as api_key, or "
+                "as a header in extra_headers"
             )
     return problems

@@ -277,6 +277,16 @@ def test_credentials_in_an_api_base_fail_the_load_without_printing_them(tmp_path
     assert result.exit_code == 2 and "member 'bob': api_base: credentials in the URL" in said(result)
 
 
+def test_a_query_string_in_an_openai_compatible_api_base_fails_the_load(tmp_path) -> None:
+    # The client appended /chat/completions after it: every call was a 404 for POST /v1.
+    pool = tmp_path / "pool.yaml"
+    pool.write_text("models:\n  ada: {model: openai/ada, api_base: 'http://127.0.0.1:9/v1?key=k-12345678'}\n")
+    result = invoke("run", "--protocol", "solo", "--pool", pool, "--data", ARC)
+    message = said(result)
+    assert result.exit_code == 2 and "member 'ada': api_base: a query string (?key=...)" in message
+    assert "k-12345678" not in message
+
+
 # --- a dead endpoint -----------------------------------------------------------------------------------------
 
 

@@ -2,8 +2,8 @@
 
 One member sits behind a provider that answers every request with a 400 quoting the request line (query string
 included) and every header it was sent; its pool entry carries a secret in each place a pool can hold one: an
-`api_key` read from `${ENV}`, `extra_headers` and `headers` values, an `api_base` whose `?key=` is read from
-the environment (a password as URL userinfo cannot be sent at all: the pool refuses it at load, without
+`api_key` read from `${ENV}`, `extra_headers` and `headers` values, another member's `api_base` whose `?key=` is
+read from the environment (a password as URL userinfo cannot be sent at all: the pool refuses it at load, without
 printing it, tests/test_owned_files.py). A run, an audit and a study over real ARC records write everything they write; every
 file under their folders and the call cache, what the CLI printed, and what the viewer serves are searched for
 every secret value.
@@ -55,10 +55,14 @@ def leaky_workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
             "models": {
                 "leaky": {
                     "model": "openai/leaky",
-                    "api_base": f"http://{host}?key=${{CG_SECRET_QUERY_KEY}}",
+                    "api_base": f"http://{host}",
                     "api_key": "${CG_SECRET_API_KEY}",
                     "extra_headers": {"X-Team-Token": EXTRA_HEADER},
                     "headers": {"X-Org-Token": "${CG_SECRET_HEADER}"},
+                },
+                "queried": {  # (an OpenAI-compatible member cannot take a query string: refused at load)
+                    "model": "ollama_chat/queried",
+                    "api_base": f"http://{host}?key=${{CG_SECRET_QUERY_KEY}}",
                 },
                 "steady": {
                     "model": "openai/steady",
@@ -120,7 +124,8 @@ def test_an_echoing_provider_leaks_no_secret_into_any_output(leaky_workspace) ->
     assert echoed and all("rejected POST" in e and "x-team-token: [redacted]" in e.lower() for e in echoed), (
         echoed
     )
-    assert all(re.search(r"key=(\[REDACTED\]|\$\{CG_SECRET_QUERY_KEY\})", e) for e in echoed), echoed
+    queried = [r["error"] for r in log if r["type"] == "call" and r["member"] == "queried" and r.get("error")]
+    assert queried and all(re.search(r"rejected POST /v1\?(key=)?\[?REDACTED", e) for e in queried), queried
 
     written = [p for p in ws.rglob("*") if p.is_file() and p.suffix not in (".yaml",)]
     names = {p.name for p in written}
@@ -136,7 +141,7 @@ def test_an_echoing_provider_leaks_no_secret_into_any_output(leaky_workspace) ->
         assert_no_secret(path.read_bytes(), str(path))
 
     header = json.loads((ws / "run" / "log.jsonl").read_text().splitlines()[0])
-    assert header["pool"]["leaky"]["api_base"].endswith("?key=[REDACTED]")
+    assert header["pool"]["queried"]["api_base"].endswith("?key=[REDACTED]")
 
     viewer = ViewerServer(ws).start()
     try:
