@@ -86,9 +86,9 @@ def test_a_capped_audit_stops_before_its_cap_and_resumes_to_the_uncapped_report(
     cap = needed // 3
     done = audit_cli(pool, data, tmp_path / "capped", tmp_path / "cache", "--max-calls", cap)
     assert done.returncode == 4, done.stderr
-    assert 0 < len(server.requests) <= cap
+    assert 0 < len(server.chat_requests) <= cap
     partial = read_report(tmp_path / "capped")
-    assert partial.cap["calls"] == len(server.requests)
+    assert partial.cap["calls"] == len(server.chat_requests)
     assert partial.partial and partial.cap["cap"] == "max_calls" and partial.examples_planned == len(examples)
     assert partial.n_examples < len(examples) and partial.calls.made <= cap
     assert "partial" in done.stdout and "partial" in (tmp_path / "capped" / "report.md").read_text().lower()
@@ -100,7 +100,7 @@ def test_a_capped_audit_stops_before_its_cap_and_resumes_to_the_uncapped_report(
     assert not resumed.partial
     assert contributions(resumed) == contributions(full)
     assert resumed.calls.made == resumed.calls.unique == needed
-    assert len(server.requests) == needed and set(server.request_counts().values()) == {1}
+    assert len(server.chat_requests) == needed and set(server.request_counts().values()) == {1}
 
 
 def test_max_cost_stops_before_the_cost_would_pass_it(arun, server, examples, tmp_path):
@@ -148,8 +148,8 @@ def test_a_capped_sampled_audit_resumes_to_the_uncapped_estimate(
     assert full.shapley_estimator == "stratified" and full.stopped == "budget"
     server.reset()
     first = audit("capped", "cache", max_calls=full.calls.unique // 2)
-    assert first.partial and len(server.requests) <= full.calls.unique // 2
+    assert first.partial and len(server.chat_requests) <= full.calls.unique // 2
     resumed = audit("capped", "cache")
     assert not resumed.partial
     assert contributions(resumed) == contributions(full)
-    assert set(server.request_counts().values()) == {1} and len(server.requests) == full.calls.unique
+    assert set(server.request_counts().values()) == {1} and len(server.chat_requests) == full.calls.unique

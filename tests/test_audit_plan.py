@@ -88,7 +88,7 @@ def test_a_dry_run_writes_the_plan_and_sends_no_request(server, pool_for, exampl
                "--no-plots", "--cache-dir", tmp_path / "cache", "--out", tmp_path / "out")  # fmt: skip
     assert done.returncode == 0, done.stderr
     report = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert report["calls"]["made"] == len(server.requests) <= plan["calls_max"]
+    assert report["calls"]["made"] == len(server.chat_requests) <= plan["calls_max"]
 
 
 def test_a_dry_run_table_of_a_vote_is_the_calls_the_run_then_makes(server, pool_for, examples, tmp_path):
@@ -106,7 +106,7 @@ def test_a_dry_run_table_of_a_vote_is_the_calls_the_run_then_makes(server, pool_
     done = cli(*args, "--no-plots")
     assert done.returncode == 0, done.stderr
     report = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert report["calls"]["made"] == len(server.requests) == plan["calls"]
+    assert report["calls"]["made"] == len(server.chat_requests) == plan["calls"]
     assert {m: p["calls"] for m, p in plan["per_member"].items()} == {
         m: u["calls"] for m, u in report["usage"].items()
     }
@@ -120,7 +120,7 @@ def test_the_plan_of_a_fixed_protocol_is_exactly_the_calls_the_audit_makes(
     spec = build_protocol(protocol, MEMBERS, **params)
     plan = plan_of(spec, pool, examples, CallCache(tmp_path / "c"), method="exact")
     report = run(arun, spec, pool, examples, CallCache(tmp_path / "c"), method="exact")
-    assert plan.calls == report.calls.unique == report.calls.made == len(server.requests)
+    assert plan.calls == report.calls.unique == report.calls.made == len(server.chat_requests)
     assert plan.cached == 0 and plan.calls_max is None
     assert {m: p.calls for m, p in plan.per_member.items()} == {m: u.calls for m, u in report.usage.items()}
 
@@ -131,9 +131,9 @@ def test_the_plan_counts_the_calls_the_cache_holds_as_free(arun, server, pool_fo
     run(arun, spec, pool, examples[:2], CallCache(tmp_path / "c"))  # half the records' calls are cached
     plan = plan_of(spec, pool, examples, CallCache(tmp_path / "c"))
     assert plan.cached == len(MEMBERS) * 2 and plan.calls == len(MEMBERS) * len(examples)
-    before = len(server.requests)
+    before = len(server.chat_requests)
     report = run(arun, spec, pool, examples, CallCache(tmp_path / "c"))
-    assert report.calls.made == len(server.requests) - before == plan.to_make
+    assert report.calls.made == len(server.chat_requests) - before == plan.to_make
 
 
 def test_the_plan_of_a_debate_bounds_the_calls_the_audit_makes(arun, server, pool_for, examples, tmp_path):
@@ -145,7 +145,7 @@ def test_the_plan_of_a_debate_bounds_the_calls_the_audit_makes(arun, server, poo
     # Round 1: one call per member and record, shared by every coalition; round 2: at most one per seat run.
     round_two_runs = sum(len(c.members) for c in report.coalitions) * len(examples)
     assert plan.calls_max == len(MEMBERS) * len(examples) + round_two_runs
-    assert report.calls.unique == report.calls.made == len(server.requests) <= plan.calls_max
+    assert report.calls.unique == report.calls.made == len(server.chat_requests) <= plan.calls_max
 
 
 def test_the_plan_prices_calls_from_litellm_s_price_map(server, examples, tmp_path):
@@ -177,7 +177,7 @@ def test_a_sampled_plan_is_bounded_by_its_budget_in_calls_and_the_run_stays_with
     assert plan.estimator == "stratified" and plan.calls_max == budget
     report = run(arun, spec, pool, examples, CallCache(tmp_path / "c"), method="sampled", budget=budget)
     assert report.shapley_estimator == "stratified" and report.stopped == "budget"
-    assert report.calls.unique == len(server.requests) <= budget
+    assert report.calls.unique == len(server.chat_requests) <= budget
     assert report.sampling_error is not None and len(report.coalitions) > plan.coalitions
 
 

@@ -458,6 +458,11 @@ class ScriptedServer:
         with self._lock:
             return list(self._records)
 
+    @property
+    def chat_requests(self) -> list[RequestRecord]:
+        """The chat-completion requests received so far (the calls; not a client's `GET /models` pre-flight)."""
+        return [r for r in self.requests if r.path.endswith("/chat/completions")]
+
     def request_counts(self, successful_only: bool = False) -> collections.Counter[RequestKey]:
         """How many times each canonical chat request was received.
 
