@@ -137,6 +137,36 @@ def test_the_cli_audits_an_app_file_and_a_rerun_makes_no_call(
     assert rerun["shapley"] == report["shapley"] and rerun["calls"]["made"] == 0
 
 
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        (
+            ["--method", "exact", "--dry-run"],
+            "--dry-run plans a protocol's calls; an app's graph is its own code",
+        ),
+        (["--method", "sampled", "--budget", "500"], "an app's calls cannot be counted before it runs"),
+    ],
+)
+def test_an_app_audit_refuses_a_plan_of_its_calls_before_any_call(tmp_path, options, said):
+    pool_file = tmp_path / "pool.yaml"  # (a dead endpoint: nothing may be called)
+    pool_file.write_text(
+        "".join(
+            ["models:\n"]
+            + [
+                f"  {m}: {{model: openai/{m}, api_base: 'http://127.0.0.1:9/v1', api_key: sk-test}}\n"
+                for m in ("solver", "critic")
+            ]
+        )
+    )
+    _register_optional_commands()
+    args = ["audit", "--app", f"{EXAMPLES}/react_critic_app.py:app", "--pool", str(pool_file), "--data"]
+    args += [str(EXAMPLES / "calculator_questions.jsonl"), "--out", str(tmp_path / "out"), "--no-preflight"]
+    result = CliRunner().invoke(cli, [*args, *options])
+    assert result.exit_code == 2, result.output
+    assert said in " ".join(result.output.split())
+    assert not (tmp_path / "out" / "report.json").exists()
+
+
 def tiny_app(*models: Any):
     """An app with one node that asks each model in turn and answers with the last reply that says something."""
     from langgraph.graph import START, StateGraph
