@@ -24,7 +24,7 @@ import difflib
 import inspect
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Literal, TypeVar
@@ -137,6 +137,7 @@ def protocol(
     max_members: int | None = None,
     requires: Sequence[str] = (),
     independent_replies: bool = False,
+    fit: Callable[..., Awaitable[Any]] | None = None,
 ) -> Callable[[F], F]:
     """Register a protocol builder `(members, **params) -> GraphSpec` under `name`.
 
@@ -144,7 +145,9 @@ def protocol(
     (the `Args:` section of its docstring), so `colab-graphs protocols` can list them and `-P key=value` is
     parsed to the parameter's type. `independent_replies` declares that no member's reply depends on the
     coalition (every seat's prompt depends on the example alone, no seat reads another's output), so an audit
-    may compute every coalition's value from the members' answers (`colab_graphs.audit.answers`).
+    may compute every coalition's value from the members' answers (`colab_graphs.audit.answers`). `fit` is
+    the protocol's fit step, run on each coalition's spec before it compiles (`colab_graphs.fitting`: an
+    `async step(spec, pool, *, client, scorer) -> Fitted`); None when the protocol runs as built.
     """
     if family not in FAMILIES:
         raise ValueError(f"protocol {name!r}: family must be one of {FAMILIES}")
@@ -165,6 +168,7 @@ def protocol(
             max_members=max_members,
             requires=list(requires),
             independent_replies=independent_replies,
+            fit=fit,
             params=params,
             param_docs=param_docs(fn),
         )

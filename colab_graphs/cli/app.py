@@ -116,7 +116,7 @@ def run(
         progress.update(task, advance=1, status=f"score {mean:.3f}  failed {failed}")
 
     async def fit_and_run():
-        from colab_graphs.protocols.fitting import fit_coalition
+        from colab_graphs.fitting import fit_coalition
 
         # A protocol whose coalition is fitted first (a weight merge, a search on dev) runs as fitted.
         fitted = await fit_coalition(spec, the_pool, client=client, scorer=scorer)
@@ -166,7 +166,7 @@ def protocols(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list.")] = False,
 ) -> None:
     """List the built-in protocols with their family and parameters."""
-    from colab_graphs.protocols.registry import list_protocols
+    from colab_graphs.protocol_registry import list_protocols
 
     infos = list_protocols()
     if as_json:

@@ -94,9 +94,9 @@ def resolve_protocol(
     params: dict[str, Any],
     pool: Pool | None = None,
 ) -> GraphSpec:
-    """The GraphSpec a command runs (`colab_graphs.protocols.resolve`); a problem is a usage error."""
-    from colab_graphs.protocols.resolve import ProtocolError
-    from colab_graphs.protocols.resolve import resolve_protocol as resolve
+    """The GraphSpec a command runs (`colab_graphs.resolve`); a problem is a usage error."""
+    from colab_graphs.resolve import ProtocolError
+    from colab_graphs.resolve import resolve_protocol as resolve
     from colab_graphs.spec import SpecError
 
     try:

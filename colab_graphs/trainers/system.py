@@ -150,7 +150,7 @@ def build_pool(config: TrainConfig, server: Any = None) -> Pool:
 def build_spec(config: TrainConfig, pool: Pool) -> GraphSpec:
     """The system's protocol over the pool (resolved as the CLI resolves it: a router's `descriptions` come
     from the pool's members); the policy member must hold at least one seat."""
-    from colab_graphs.protocols.resolve import ProtocolError, resolve_protocol
+    from colab_graphs.resolve import ProtocolError, resolve_protocol
     from colab_graphs.spec import Seat, SpecError
 
     where = "graph" if config.graph else "protocol"
@@ -176,7 +176,7 @@ def build_spec(config: TrainConfig, pool: Pool) -> GraphSpec:
 
 def solo_spec(config: TrainConfig, pool: Pool) -> GraphSpec:
     """The policy answering alone (the `reward: solo` baseline and its individual strength)."""
-    from colab_graphs.protocols.registry import build_protocol
+    from colab_graphs.protocol_registry import build_protocol
 
     return build_protocol("solo", pool.names, member=config.policy_member)
 

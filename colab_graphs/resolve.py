@@ -16,7 +16,7 @@ from typing import Any
 
 from colab_graphs.builder import GraphBuilder
 from colab_graphs.pool import Pool
-from colab_graphs.protocols.registry import build_protocol, get_protocol
+from colab_graphs.protocol_registry import build_protocol, get_protocol
 from colab_graphs.registry import registry_find
 from colab_graphs.spec import GraphSpec
 
