@@ -10,8 +10,6 @@ policy member if it is still missing.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -98,26 +96,6 @@ def load_split(config: TrainConfig) -> Split:
             "that are held out are not trained on)"
         )
     return Split(train, held, duplicates, len(examples) - len(train))
-
-
-@contextlib.contextmanager
-def scripted_server(config: TrainConfig) -> Iterator[Any]:
-    """A ScriptedServer for `scripted_members` (testing feature), or None; stopped on exit."""
-    if not config.scripted_members:
-        yield None
-        return
-    from colab_graphs.testing.scripts import member_from_config
-    from colab_graphs.testing.server import ScriptedServer
-
-    try:
-        members = {
-            name: member_from_config(spec, f"scripted_members.{name}")
-            for name, spec in config.scripted_members.items()
-        }
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-    with ScriptedServer(members) as server:
-        yield server
 
 
 def build_pool(config: TrainConfig, server: Any = None) -> Pool:
