@@ -41,6 +41,7 @@ class ProtocolInfo:
     fit: Callable[..., Awaitable[Any]] | None = None  # the fit step (`colab_graphs.fitting.FitStep`)
     params: dict[str, Any] = field(default_factory=dict)
     param_docs: dict[str, str] = field(default_factory=dict)
+    source: str = ""  # where the builder is defined (`colab_graphs.registry.source_of`)
 
     @classmethod
     def of(cls, info: RegistryInfo) -> ProtocolInfo:

@@ -51,18 +51,43 @@ class PluginError(RuntimeError):
     """A plugin entry point could not be loaded; the message names it."""
 
 
+class NameClash(ValueError):
+    """Two sources register one (kind, name); the message names both."""
+
+
 _entries: dict[tuple[str, str], RegistryInfo] = {}
 _plugins_loaded = False
 _plugins_lock = threading.RLock()
 
 
-def registry_add(kind: Kind, name: str, obj: Any, **metadata: Any) -> RegistryInfo:
-    """Register `obj` under (`kind`, `name`), replacing an earlier one of the same name."""
+def registry_add(
+    kind: Kind, name: str, obj: Any, *, source: str | None = None, **metadata: Any
+) -> RegistryInfo:
+    """Register `obj` under (`kind`, `name`).
+
+    Names are global across plugins, so a plugin cannot silently replace a built-in or another plugin's entry:
+    a name already registered from another source is a `NameClash` naming both. The same source registering
+    again (a module imported twice, a user graph file loaded again) replaces its own entry. `source` is where
+    `obj` is defined (default: its module and qualified name; an instance's class).
+    """
     if kind not in KINDS:
         raise ValueError(f"unknown registry kind {kind!r}; kinds: {', '.join(KINDS)}")
-    info = RegistryInfo(kind, name, obj, metadata)
+    source = source or source_of(obj)
+    earlier = _entries.get((kind, name))
+    if earlier is not None and earlier.metadata["source"] != source:
+        raise NameClash(
+            f"{kind} {name!r} is registered twice: by {earlier.metadata['source']} and by {source}; "
+            "rename one (names are shared by every plugin)"
+        )
+    info = RegistryInfo(kind, name, obj, {**metadata, "source": source})
     _entries[(kind, name)] = info
     return info
+
+
+def source_of(obj: Any) -> str:
+    """Where `obj` is defined: `module.qualname` of a function or class, of an instance's class otherwise."""
+    defined = obj if hasattr(obj, "__qualname__") else type(obj)
+    return f"{defined.__module__}.{defined.__qualname__}"
 
 
 def load_plugins() -> None:

@@ -6,7 +6,7 @@ import contextlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
@@ -18,7 +18,7 @@ class UsageError(typer.BadParameter):
     pass
 
 
-def fail(message: str, code: int = 2) -> None:
+def fail(message: str, code: int = 2) -> NoReturn:
     """Print `message` (secrets redacted: an error may quote a provider that echoed a key) and exit."""
     from rich.console import Console
     from rich.markup import escape
@@ -61,7 +61,6 @@ def load_pool(path: Path | None) -> Pool:
         return Pool.from_yaml(path)
     except PoolError as err:
         fail(str(err))
-        raise
 
 
 def load_data(
@@ -81,7 +80,6 @@ def load_data(
         examples = load_examples(source, limit=limit, shuffle_seed=seed, split=split, scorer=scorer)
     except (ValueError, FileNotFoundError, ImportError, KeyError) as err:
         fail(str(err))
-        raise
     if not examples:
         fail(f"{source}: no examples")
     return examples
@@ -103,7 +101,6 @@ def resolve_protocol(
         return resolve(protocol, members, params, graph=graph, pool=pool)
     except (ProtocolError, SpecError) as err:
         fail(str(err))
-        raise
 
 
 def make_client(
@@ -117,7 +114,6 @@ def make_client(
         cache = None if no_cache else CallCache(cache_dir)
     except CacheError as err:
         fail(str(err))
-        raise
     client = ModelClient(cache, max_concurrency=max_concurrency, preflight=preflight, **kwargs)
     freeze_startup_heap()
     return client

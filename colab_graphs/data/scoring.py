@@ -13,7 +13,7 @@ from typing import Any
 
 from colab_graphs.data.example import Example
 from colab_graphs.data.tasks import Score, ScorerFn, ScorerTask, TaskType, TaskView
-from colab_graphs.registry import registry_add, registry_lookup, registry_names
+from colab_graphs.registry import registry_add, registry_lookup, registry_names, source_of
 
 __all__ = [
     "Score",
@@ -33,9 +33,10 @@ __all__ = [
 MOCO_TASK_TYPES = {"coding": "code", "multiple_choice": "multiple_choice", "f1_match": "f1"}
 
 
-def register_task(task: TaskType) -> TaskType:
-    """Register a task type under its `name` (replacing one of the same name)."""
-    registry_add("scorer", task.name, task)
+def register_task(task: TaskType, *, source: str | None = None) -> TaskType:
+    """Register a task type under its `name`; a name another source registered is a `NameClash` naming both
+    (`colab_graphs.registry.registry_add`). `source`: where it is defined (default: the task's class)."""
+    registry_add("scorer", task.name, task, source=source)
     return task
 
 
@@ -43,7 +44,7 @@ def register_scorer(name: str) -> Callable[[ScorerFn], ScorerFn]:
     """Register a plain scorer function under `name` (decorator); it extracts answers as short text."""
 
     def decorate(fn: ScorerFn) -> ScorerFn:
-        register_task(ScorerTask(name, fn))
+        register_task(ScorerTask(name, fn), source=source_of(fn))
         return fn
 
     return decorate
