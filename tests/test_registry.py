@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from colab_graphs.cli.app import app
+from colab_graphs.data.scoring import register_scorer
 from colab_graphs.protocol_registry import get_protocol
 from colab_graphs.registry import NameClash, aggregator, registry_lookup
 from colab_graphs.resolve import load_module
@@ -36,6 +37,20 @@ def test_registering_a_built_in_name_again_is_an_error_naming_both_sources():
     message = str(raised.value)
     assert "aggregator 'vote'" in message
     assert "colab_graphs.aggregators." in message and f"{__name__}." in message
+
+
+def test_a_scorer_under_a_built_in_tasks_name_is_an_error_naming_the_task_and_the_function():
+    registry_lookup("scorer", "numeric")  # scorers come with the built-in plugin
+
+    with pytest.raises(NameClash) as raised:
+
+        @register_scorer("numeric")
+        def my_numeric(output, example):
+            return 1.0
+
+    message = str(raised.value)
+    assert "scorer 'numeric'" in message
+    assert "colab_graphs.data.tasks.NumericTask" in message and f"{__name__}." in message
 
 
 def test_a_refused_registration_leaves_the_earlier_entry_in_place():

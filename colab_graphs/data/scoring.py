@@ -33,9 +33,10 @@ __all__ = [
 MOCO_TASK_TYPES = {"coding": "code", "multiple_choice": "multiple_choice", "f1_match": "f1"}
 
 
-def register_task(task: TaskType, *, source: str | None = None) -> TaskType:
+def register_task(task: TaskType) -> TaskType:
     """Register a task type under its `name`; a name another source registered is a `NameClash` naming both
-    (`colab_graphs.registry.registry_add`). `source`: where it is defined (default: the task's class)."""
+    (`colab_graphs.registry.registry_add`). The source is the task's class, or a plain scorer's function."""
+    source = source_of(task.fn) if isinstance(task, ScorerTask) else None
     registry_add("scorer", task.name, task, source=source)
     return task
 
@@ -44,7 +45,7 @@ def register_scorer(name: str) -> Callable[[ScorerFn], ScorerFn]:
     """Register a plain scorer function under `name` (decorator); it extracts answers as short text."""
 
     def decorate(fn: ScorerFn) -> ScorerFn:
-        register_task(ScorerTask(name, fn), source=source_of(fn))
+        register_task(ScorerTask(name, fn))
         return fn
 
     return decorate
