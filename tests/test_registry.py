@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from colab_graphs.cli.app import app
 from colab_graphs.data.scoring import register_scorer
-from colab_graphs.protocol_registry import get_protocol
+from colab_graphs.protocol_registry import build_protocol, get_protocol
 from colab_graphs.registry import NameClash, aggregator, registry_lookup
 from colab_graphs.resolve import load_module
 
@@ -21,8 +21,8 @@ def graph_file(path: Path, name: str, function: str) -> Path:
         f"@protocol({name!r}, family='basic', description='a one-seat protocol')\n"
         f"def {function}(members, prompt: str = '{{input}}'):\n"
         f"    b = GraphBuilder({name!r}, members=members)\n"
-        "    b.seat('only', member=members[0], prompt=prompt)\n"
-        "    return b.build()\n"
+        "    b.seat('only', member=members[0], prompt=prompt, writes='answer')\n"
+        "    return b.chain('only').output('answer').build()\n"
     )
     return path
 
@@ -100,3 +100,30 @@ def test_a_plugin_that_takes_a_registered_name_fails_to_load_naming_itself_and_b
     message = str(raised.value)
     assert "plugin 'clashing' (clashing_plugin)" in message
     assert "colab_graphs.aggregators.vote" in message and "clashing_plugin.vote" in message
+
+
+def test_a_fit_step_declared_in_the_registration_is_what_fit_coalition_runs():
+    import asyncio
+
+    from colab_graphs import GraphBuilder, Pool, protocol
+    from colab_graphs.fitting import Fitted, fit_coalition, fit_step_of
+    from colab_graphs.models.client import ModelClient
+
+    async def fit_by_name(spec, pool, *, client, scorer=None):
+        return Fitted(spec.model_copy(update={"description": "fitted"}), {"members": list(spec.members)})
+
+    @protocol(
+        "fitted_in_the_registry", family="basic", description="a fitted one-seat protocol", fit=fit_by_name
+    )
+    def fitted(members, prompt: str = "{input}"):
+        b = GraphBuilder("fitted_in_the_registry", members=members)
+        b.seat("only", member=members[0], prompt=prompt, writes="answer")
+        return b.chain("only").output("answer").build()
+
+    spec = build_protocol("fitted_in_the_registry", ["a"])
+    assert fit_step_of(spec) is fit_by_name
+    done = asyncio.run(
+        fit_coalition(spec, Pool.from_dict({"a": {"model": "openai/a"}}), client=ModelClient(None))
+    )
+    assert done is not None and done.spec.description == "fitted" and done.record == {"members": ["a"]}
+    assert fit_step_of(build_protocol("majority_vote", ["a"])) is None
