@@ -41,7 +41,7 @@ from colab_graphs.data.scoring import view_for  # noqa: E402
 from colab_graphs.models.cache import CallCache  # noqa: E402
 from colab_graphs.models.client import ModelClient  # noqa: E402
 from colab_graphs.pool import Pool  # noqa: E402
-from colab_graphs.protocols.registry import build_protocol  # noqa: E402
+from colab_graphs.protocol_registry import build_protocol  # noqa: E402
 from colab_graphs.testing import ScriptedServer, arithmetic_solver  # noqa: E402
 
 

@@ -55,7 +55,7 @@ from colab_graphs.data.builtin import builtin_task
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
-from colab_graphs.protocols.registry import build_protocol
+from colab_graphs.protocol_registry import build_protocol
 from colab_graphs.runner import run_dataset
 
 ACCURACIES = [0.85, 0.75, 0.65, 0.55, 0.45, 0.35, 0.6, 0.5]

@@ -195,7 +195,7 @@ def transfer(
     from colab_graphs.models.client import ModelClient
     from colab_graphs.models.local import set_local_model
     from colab_graphs.pool import Pool
-    from colab_graphs.protocols.registry import build_protocol
+    from colab_graphs.protocol_registry import build_protocol
     from colab_graphs.trainers.evaluate import evaluate
     from colab_graphs.trainers.rollout import LoopThread, PolicyRouter
 

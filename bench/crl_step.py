@@ -107,6 +107,7 @@ def crl(steps: int, out: Path, tokens: int, policy: str = "tiny-random") -> Any:
 
     from colab_graphs.data.builtin import builtin_task
     from colab_graphs.models.client import ModelClient
+    from colab_graphs.testing.server import server_for_configs
     from colab_graphs.trainers import system
     from colab_graphs.trainers.config import config_from_dict
     from colab_graphs.trainers.grpo import CRLTrainer
@@ -116,7 +117,7 @@ def crl(steps: int, out: Path, tokens: int, policy: str = "tiny-random") -> Any:
     config = config_from_dict({**_settings(out, tokens, policy), "max_steps": steps})
     examples = builtin_task("arithmetic", n=64)
     recorder = step_times()
-    with system.scripted_server(config) as server:
+    with server_for_configs(config.scripted_members, "scripted_members") as server:
         pool = system.build_pool(config, server)
         spec = system.build_spec(config, pool)
         model, tokenizer = system.load_policy(config.policy_model, "cpu")

@@ -43,7 +43,7 @@ from colab_graphs.defaults import DEFAULT_POOL
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
-from colab_graphs.protocols.registry import build_protocol
+from colab_graphs.protocol_registry import build_protocol
 from colab_graphs.runner import run_dataset
 
 TASKS = {"humaneval": 320, "arc_challenge": 64, "gsm8k": 160}  # source -> max_tokens

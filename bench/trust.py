@@ -63,7 +63,7 @@ def dead_endpoint_seconds(preflight: bool) -> tuple[float, str]:
     from colab_graphs.data.example import Example
     from colab_graphs.models.client import ModelClient
     from colab_graphs.pool import Pool
-    from colab_graphs.protocols.registry import build_protocol
+    from colab_graphs.protocol_registry import build_protocol
     from colab_graphs.testing import ScriptedServer
 
     with socket.socket() as s:

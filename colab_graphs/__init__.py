@@ -39,7 +39,7 @@ from colab_graphs.models.binding import MemberAbsent
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import CallError, ModelClient
 from colab_graphs.pool import Member, Pool, PoolError
-from colab_graphs.protocols.registry import build_protocol, get_protocol, list_protocols
+from colab_graphs.protocol_registry import build_protocol, get_protocol, list_protocols
 from colab_graphs.registry import aggregator, protocol, router
 from colab_graphs.runner import run_dataset
 from colab_graphs.spec import END, START, Aggregate, GraphSpec, LogitSeat, Seat, SpecError

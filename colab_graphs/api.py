@@ -244,7 +244,7 @@ def as_spec(
     """The GraphSpec to run over `pool`: a spec as given, a graph reference (``file.py:NAME``) or a name."""
     if isinstance(protocol, GraphSpec):
         return protocol
-    from colab_graphs.protocols.resolve import resolve_protocol
+    from colab_graphs.resolve import resolve_protocol
 
     graph = protocol if protocol and ":" in protocol else None
     return resolve_protocol(
@@ -282,7 +282,7 @@ async def arun(
     progress: bool | None = None,
 ) -> RunResult:
     """Run a protocol over a dataset (what `colab-graphs run` does); writes the run outputs under `out`."""
-    from colab_graphs.protocols.fitting import fit_coalition
+    from colab_graphs.fitting import fit_coalition
     from colab_graphs.runner import run_dataset
 
     the_pool = as_pool(pool)

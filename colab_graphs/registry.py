@@ -24,7 +24,7 @@ import difflib
 import inspect
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Literal, TypeVar
@@ -51,18 +51,43 @@ class PluginError(RuntimeError):
     """A plugin entry point could not be loaded; the message names it."""
 
 
+class NameClash(ValueError):
+    """Two sources register one (kind, name); the message names both."""
+
+
 _entries: dict[tuple[str, str], RegistryInfo] = {}
 _plugins_loaded = False
 _plugins_lock = threading.RLock()
 
 
-def registry_add(kind: Kind, name: str, obj: Any, **metadata: Any) -> RegistryInfo:
-    """Register `obj` under (`kind`, `name`), replacing an earlier one of the same name."""
+def registry_add(
+    kind: Kind, name: str, obj: Any, *, source: str | None = None, **metadata: Any
+) -> RegistryInfo:
+    """Register `obj` under (`kind`, `name`).
+
+    Names are global across plugins, so a plugin cannot silently replace a built-in or another plugin's entry:
+    a name already registered from another source is a `NameClash` naming both. The same source registering
+    again (a module imported twice, a user graph file loaded again) replaces its own entry. `source` is where
+    `obj` is defined (default: its module and qualified name; an instance's class).
+    """
     if kind not in KINDS:
         raise ValueError(f"unknown registry kind {kind!r}; kinds: {', '.join(KINDS)}")
-    info = RegistryInfo(kind, name, obj, metadata)
+    source = source or source_of(obj)
+    earlier = _entries.get((kind, name))
+    if earlier is not None and earlier.metadata["source"] != source:
+        raise NameClash(
+            f"{kind} {name!r} is registered twice: by {earlier.metadata['source']} and by {source}; "
+            "rename one (names are shared by every plugin)"
+        )
+    info = RegistryInfo(kind, name, obj, {**metadata, "source": source})
     _entries[(kind, name)] = info
     return info
+
+
+def source_of(obj: Any) -> str:
+    """Where `obj` is defined: `module.qualname` of a function or class, of an instance's class otherwise."""
+    defined = obj if hasattr(obj, "__qualname__") else type(obj)
+    return f"{defined.__module__}.{defined.__qualname__}"
 
 
 def load_plugins() -> None:
@@ -137,6 +162,7 @@ def protocol(
     max_members: int | None = None,
     requires: Sequence[str] = (),
     independent_replies: bool = False,
+    fit: Callable[..., Awaitable[Any]] | None = None,
 ) -> Callable[[F], F]:
     """Register a protocol builder `(members, **params) -> GraphSpec` under `name`.
 
@@ -144,7 +170,9 @@ def protocol(
     (the `Args:` section of its docstring), so `colab-graphs protocols` can list them and `-P key=value` is
     parsed to the parameter's type. `independent_replies` declares that no member's reply depends on the
     coalition (every seat's prompt depends on the example alone, no seat reads another's output), so an audit
-    may compute every coalition's value from the members' answers (`colab_graphs.audit.answers`).
+    may compute every coalition's value from the members' answers (`colab_graphs.audit.answers`). `fit` is
+    the protocol's fit step, run on each coalition's spec before it compiles (`colab_graphs.fitting`: an
+    `async step(spec, pool, *, client, scorer) -> Fitted`); None when the protocol runs as built.
     """
     if family not in FAMILIES:
         raise ValueError(f"protocol {name!r}: family must be one of {FAMILIES}")
@@ -165,6 +193,7 @@ def protocol(
             max_members=max_members,
             requires=list(requires),
             independent_replies=independent_replies,
+            fit=fit,
             params=params,
             param_docs=param_docs(fn),
         )

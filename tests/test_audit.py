@@ -35,7 +35,7 @@ from colab_graphs.data.example import Example
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
-from colab_graphs.protocols.registry import build_protocol
+from colab_graphs.protocol_registry import build_protocol
 from colab_graphs.testing import ScriptedServer, answer_key, arithmetic_solver
 
 pytestmark = pytest.mark.integration

@@ -22,7 +22,7 @@ from colab_graphs.data.scoring import view_for
 from colab_graphs.data.tasks import NumericTask, TaskView
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient
-from colab_graphs.protocols.registry import build_protocol
+from colab_graphs.protocol_registry import build_protocol
 
 MEMBERS = ["m1", "m2", "m3", "m4"]
 NUMERIC = Example(id="q", input="How many?", answer="3")

@@ -24,7 +24,7 @@ from colab_graphs.data.loaders import load_examples
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
-from colab_graphs.protocols.registry import build_protocol
+from colab_graphs.protocol_registry import build_protocol
 
 pytestmark = pytest.mark.integration
 

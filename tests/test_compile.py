@@ -43,7 +43,7 @@ def test_compiled_graph_is_a_langgraph_object(scripted_server, pool_for) -> None
 def test_compiled_graphs_describe_their_input_and_output_as_json_schema(fuse: bool) -> None:
     # Pydantic builds these schemas from the state TypedDict; with typing.TypedDict it refuses on Python < 3.12.
     from colab_graphs.pool import Pool
-    from colab_graphs.protocols.registry import build_protocol
+    from colab_graphs.protocol_registry import build_protocol
 
     pool = Pool.from_dict(
         {"a": {"model": "openai/a"}, "b": {"model": "openai/b"}, "c": {"model": "openai/c"}}

@@ -9,7 +9,7 @@ from langgraph.graph import END, START, StateGraph
 
 from colab_graphs.compile import compile_graph
 from colab_graphs.models.client import ModelClient
-from colab_graphs.protocols.registry import build_protocol
+from colab_graphs.protocol_registry import build_protocol
 from colab_graphs.testing.scripts import arithmetic_solver
 from tests.conftest import server_pool
 

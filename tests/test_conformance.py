@@ -28,7 +28,7 @@ from colab_graphs.data.example import DatasetError, Example
 from colab_graphs.data.loaders import load_examples
 from colab_graphs.data.scoring import view_for
 from colab_graphs.models.client import ModelClient
-from colab_graphs.protocols.registry import build_protocol, list_protocols
+from colab_graphs.protocol_registry import build_protocol, list_protocols
 from colab_graphs.runner import run_dataset
 from colab_graphs.testing.scripts import last_user_text
 

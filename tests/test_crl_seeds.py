@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from colab_graphs.data.example import Example
+from colab_graphs.testing.server import server_for_configs
 from colab_graphs.trainers import system
 from colab_graphs.trainers.config import ConfigError, config_from_dict
 from colab_graphs.trainers.rollout import LoopThread, PolicyRouter, RolloutRunner
@@ -155,7 +156,7 @@ def live(tmp_path_factory: pytest.TempPathFactory):
     from colab_graphs.models.client import ModelClient
 
     config = config_from_dict(_settings(tmp_path_factory.mktemp("live") / "run"))
-    with system.scripted_server(config) as server:
+    with server_for_configs(config.scripted_members, "scripted_members") as server:
         pool, spec, model, _ = system.seated_system(config, server, "cpu")
         client = ModelClient(CallCache(tmp_path_factory.mktemp("cache")))
 

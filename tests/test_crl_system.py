@@ -78,7 +78,7 @@ def _evaluate(spec, pool, examples, scorer="numeric") -> dict:  # noqa: ANN001
 def test_the_policy_seats_loo_and_solo_score_are_the_audits(scripted_server) -> None:
     from colab_graphs.audit.run import play_audit
     from colab_graphs.data.builtin import builtin_task
-    from colab_graphs.protocols.registry import build_protocol
+    from colab_graphs.protocol_registry import build_protocol
 
     server = scripted_server(
         {

@@ -36,7 +36,7 @@ from colab_graphs.data.builtin import builtin_task
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
-from colab_graphs.protocols.registry import build_protocol
+from colab_graphs.protocol_registry import build_protocol
 from colab_graphs.runner import run_dataset
 from colab_graphs.testing import ScriptedServer, arithmetic_solver
 

@@ -17,7 +17,7 @@ from colab_graphs.coalition import restrict
 from colab_graphs.compile import FUSED_NODE, DirectGraph, compile_direct, compile_graph, fusion_levels
 from colab_graphs.data.example import Example
 from colab_graphs.models.client import CallError, ModelClient
-from colab_graphs.protocols.registry import build_protocol, list_protocols
+from colab_graphs.protocol_registry import build_protocol, list_protocols
 from colab_graphs.runner import run_example
 from colab_graphs.testing.scripts import Member, echo
 from tests.conftest import server_pool

@@ -1,10 +1,21 @@
 """Layers and cycles, read from the source: every import of every module, function-local imports included.
 
-The core (spec, builder, coalition, compile, pool, trace, runner, registry, models/, data/, ...) stands on its
-own: it imports nothing from the upper layers (protocols/, audit/, study/, trainers/, cli/, viewer/). The upper
-layers use the core. `colab_graphs.builtins` (the package's own plugin, loaded through the registry's entry
-point) and the public API module are where the layers meet. No module imports, at any depth, a module that
-imports it back.
+The core (spec, builder, coalition, fitting, compile, pool, trace, runner, the registry with protocol_registry
+and resolve, models/, data/, log/, testing/, ...) stands on its own: it imports nothing from the upper layers.
+Above it, each layer may import only the layers below it (`LAYERS`, lowest first):
+
+- core: what every layer runs on; the protocol machinery (registry, resolution, the fit stage) is here, so no
+  layer needs the protocol library to look up, build or fit a protocol.
+- audit: the coalition game and its estimators, over any spec the core builds.
+- study, trainers: each runs audits (a study audits many systems; the trainer's held-out evaluation is the
+  policy seat's leave-one-out, a coalition game); neither imports the other.
+- protocols: the built-in protocol library, a leaf; its trained methods use the trainers (SFT and GRPO).
+- surfaces: the CLI, the viewer, the public API (`colab_graphs`, `colab_graphs.api`) and `colab_graphs.builtins`
+  (the package's own plugin, loaded through the registry's entry point: the one module that imports the
+  protocol library).
+
+No arrow runs back up, no package imports (at any depth) a package that imports it back, and no module imports
+a module that imports it back.
 """
 
 from __future__ import annotations
@@ -17,6 +28,14 @@ import networkx as nx
 ROOT = Path(__file__).resolve().parents[1] / "colab_graphs"
 UPPER = ("protocols", "audit", "study", "trainers", "cli", "viewer")
 MEETING_POINTS = {"colab_graphs", "colab_graphs.builtins", "colab_graphs.api"}
+# The package layers, lowest first (the module docstring says why): a package imports its own layer or below.
+LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"core"}),
+    frozenset({"audit"}),
+    frozenset({"study", "trainers"}),
+    frozenset({"protocols"}),
+    frozenset({"cli", "viewer", "api", "builtins", "colab_graphs"}),
+)
 
 
 def module_name(path: Path) -> str:
@@ -59,6 +78,57 @@ def import_graph() -> nx.DiGraph:
 def layer(module: str) -> str:
     parts = module.split(".")
     return parts[1] if len(parts) > 1 and parts[1] in UPPER else "core"
+
+
+def package(module: str) -> str:
+    """The package a module belongs to, as `LAYERS` names it: the core is one package."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "colab_graphs"
+    if parts[1] in UPPER or parts[1] in ("api", "builtins"):
+        return parts[1]
+    return "core"
+
+
+def rank(name: str) -> int:
+    return next(i for i, members in enumerate(LAYERS) if name in members)
+
+
+def package_graph() -> nx.DiGraph:
+    graph = nx.DiGraph()
+    for src, dst in import_graph().edges:
+        graph.add_node(package(src))
+        if package(src) != package(dst):
+            graph.add_edge(package(src), package(dst), via=f"{src} -> {dst}")
+    return graph
+
+
+def test_every_package_has_a_layer():
+    assert [p for p in package_graph() if not any(p in layer for layer in LAYERS)] == []
+
+
+def test_no_import_runs_back_up_a_layer():
+    graph = import_graph()
+    bad = sorted(f"{src} -> {dst}" for src, dst in graph.edges if rank(package(src)) < rank(package(dst)))
+    assert bad == []
+
+
+def test_no_package_imports_a_package_that_imports_it_back():
+    graph = package_graph()
+    cycles = [
+        [graph.edges[a, b]["via"] for a, b in zip(c, [*c[1:], c[0]], strict=True)]
+        for c in nx.simple_cycles(graph)
+    ]
+    assert cycles == []
+
+
+def test_only_the_builtins_plugin_imports_the_protocol_library():
+    importers = {
+        src
+        for src, dst in import_graph().edges
+        if package(dst) == "protocols" and package(src) != "protocols"
+    }
+    assert importers == {"colab_graphs.builtins"}
 
 
 def test_the_core_imports_nothing_from_the_upper_layers():

@@ -26,7 +26,7 @@ from colab_graphs.log import (
 )
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient
-from colab_graphs.protocols.registry import build_protocol
+from colab_graphs.protocol_registry import build_protocol
 from colab_graphs.runner import run_dataset
 from colab_graphs.testing import ScriptedServer
 from colab_graphs.trace import Call, Trace, Usage

@@ -16,8 +16,8 @@ from colab_graphs.compile import compile_graph
 from colab_graphs.data.example import Example
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
+from colab_graphs.protocol_registry import build_protocol, get_protocol
 from colab_graphs.protocols.logit import LogitPoolError, check_pool_supports
-from colab_graphs.protocols.registry import build_protocol, get_protocol
 from colab_graphs.runner import run_dataset
 
 TINY = "tiny-random"

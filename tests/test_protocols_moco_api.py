@@ -22,12 +22,12 @@ from colab_graphs.cli.app import app
 from colab_graphs.coalition import restrict
 from colab_graphs.compile import compile_graph
 from colab_graphs.data.loaders import load_examples
+from colab_graphs.fitting import fit_coalition
 from colab_graphs.logit_pool import LogitPoolError
 from colab_graphs.models.client import ModelClient
+from colab_graphs.protocol_registry import build_protocol, list_protocols
 from colab_graphs.protocols import dev_fit
 from colab_graphs.protocols.api_mentor import chosen_option
-from colab_graphs.protocols.fitting import fit_coalition
-from colab_graphs.protocols.registry import build_protocol, list_protocols
 from colab_graphs.runner import run_dataset
 from colab_graphs.testing.scripts import last_user_text
 

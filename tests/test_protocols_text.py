@@ -23,7 +23,7 @@ from colab_graphs.coalition import restrict
 from colab_graphs.data.example import Example
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
-from colab_graphs.protocols.registry import build_protocol, list_protocols
+from colab_graphs.protocol_registry import build_protocol, list_protocols
 from colab_graphs.protocols.text_structured import pairwise_rank, rank_from_verdicts, topology_edges
 from colab_graphs.runner import ExampleOutcome, run_dataset
 from colab_graphs.spec import GraphSpec

@@ -11,7 +11,7 @@ from langchain_core.messages import AIMessage
 
 from colab_graphs.compile import compile_graph
 from colab_graphs.models.client import ModelClient
-from colab_graphs.protocols.registry import build_protocol
+from colab_graphs.protocol_registry import build_protocol
 
 pytestmark = pytest.mark.integration
 

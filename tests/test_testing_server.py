@@ -33,6 +33,7 @@ from colab_graphs.testing import (
     echo,
     load_members,
 )
+from colab_graphs.testing.server import server_for_configs
 
 USER_HI = [{"role": "user", "content": "hi there"}]
 
@@ -643,6 +644,23 @@ members:
   solver: {script: arithmetic_solver, args: {accuracy: 1.0}, confidence: 0.5}
   slow: {reply: "ok", latency_s: 0.01}
 """
+
+
+def test_members_given_as_configs_are_served_over_http():
+    with server_for_configs({"paris": "The capital of France is Paris."}, "scripted_members") as server:
+        status, _, body = chat(server, "paris")
+    assert status == 200
+    assert json.loads(body)["choices"][0]["message"]["content"] == "The capital of France is Paris."
+
+
+def test_a_bad_member_config_is_named_by_field_and_member_before_a_server_starts():
+    with pytest.raises(ValueError, match=r"scripted_members\.m\.script: unknown script 'nope'"):
+        server_for_configs({"m": {"script": "nope"}}, "scripted_members")
+
+
+def test_no_member_configs_start_no_server():
+    with server_for_configs(None) as server:
+        assert server is None
 
 
 def test_member_file_builds_constant_and_scripted_members(tmp_path):

@@ -15,6 +15,7 @@ import pytest
 
 from colab_graphs.builder import GraphBuilder
 from colab_graphs.spec import END, START
+from colab_graphs.testing.server import server_for_configs
 from colab_graphs.trainers import system
 from colab_graphs.trainers.config import ConfigError, TrainConfig, config_from_dict, load_config
 from colab_graphs.trainers.credit import group_advantages, turn_advantages
@@ -147,7 +148,7 @@ def live(tmp_path_factory: pytest.TempPathFactory):
             "output_dir": str(tmp_path_factory.mktemp("crl")),
         }
     )
-    with system.scripted_server(config) as server:
+    with server_for_configs(config.scripted_members, "scripted_members") as server:
         pool, spec, model, tokenizer = system.seated_system(config, server, "cpu")
         client = ModelClient(CallCache(tmp_path_factory.mktemp("cache")))
         router = PolicyRouter(client, ["policy"], system.policy_overrides(config))

@@ -43,7 +43,7 @@ AFFORDABLE = {"vote": 2**16 * 200, "aggregate": 2**9 * 100}
 
 def answers_kind(spec: GraphSpec) -> str | None:
     """ "vote", "aggregate", or None: how `spec`'s game can be computed from answers (module docstring)."""
-    from colab_graphs.protocols.registry import get_protocol
+    from colab_graphs.protocol_registry import get_protocol
 
     try:
         declared = get_protocol(spec.name).independent_replies

@@ -146,7 +146,7 @@ def load_app(ref: str) -> tuple[Any, AppSpec]:
     NAME may be a compiled graph, a `StateGraph` (compiled here), or a function of no arguments returning
     either (called here).
     """
-    from colab_graphs.protocols.resolve import ProtocolError, load_module
+    from colab_graphs.resolve import ProtocolError, load_module
 
     where, sep, name = ref.rpartition(":")
     if not sep or not where or not name:

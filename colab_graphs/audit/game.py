@@ -29,6 +29,7 @@ from colab_graphs.compile import compile_direct
 from colab_graphs.data.example import Example
 from colab_graphs.data.scoring import view_for
 from colab_graphs.data.tasks import TaskView
+from colab_graphs.fitting import Fitted, fit_coalition
 from colab_graphs.log import (
     LOG_VERSION,
     CallRecord,
@@ -45,7 +46,6 @@ from colab_graphs.log.diff import refusal
 from colab_graphs.models.client import ModelClient
 from colab_graphs.models.spend import CapReached
 from colab_graphs.pool import Pool
-from colab_graphs.protocols.fitting import Fitted, fit_coalition
 from colab_graphs.runner import run_example, run_fingerprint
 from colab_graphs.spec import GraphSpec
 from colab_graphs.trace import CallTally
@@ -179,7 +179,7 @@ class CoalitionGame:
         cid = coalition_id(game, members)
         if cid not in self._graphs:
             if game == "solo":
-                from colab_graphs.protocols.registry import build_protocol
+                from colab_graphs.protocol_registry import build_protocol
 
                 spec: GraphSpec | None = build_protocol("solo", self.pool.names, member=members[0])
             else:
@@ -281,7 +281,7 @@ class CoalitionGame:
         await _settle(tasks)
 
     async def _fit(self, game: str, members: list[str]) -> None:
-        """Run the protocol's fit step for one coalition, once (see `colab_graphs.protocols.fitting`)."""
+        """Run the protocol's fit step for one coalition, once (see `colab_graphs.fitting`)."""
         cid = coalition_id(game, members)
         if game != "coalition" or cid in self.fits or cid in self._graphs:
             return

@@ -31,10 +31,10 @@ from colab_graphs.coalition import restrict
 from colab_graphs.compile import render
 from colab_graphs.data.example import Example
 from colab_graphs.data.scoring import view_for
+from colab_graphs.fitting import fit_step_of
 from colab_graphs.models.client import ModelClient
 from colab_graphs.models.pricing import completion_allowance, count_prompt_tokens, member_price, price_source
 from colab_graphs.pool import Pool
-from colab_graphs.protocols.fitting import fit_step_of
 from colab_graphs.spec import Aggregate, GraphSpec, LogitSeat, Seat, is_pattern
 
 PLAN_JSON = "plan.json"
@@ -153,7 +153,7 @@ class CallPlanner:
     def _job(self, game: str, members: frozenset[str]) -> GraphSpec | None:
         if (game, members) not in self._jobs:
             if game == "solo":
-                from colab_graphs.protocols.registry import build_protocol
+                from colab_graphs.protocol_registry import build_protocol
 
                 (member,) = members
                 job: GraphSpec | None = build_protocol("solo", self.pool.names, member=member)

@@ -47,11 +47,11 @@ from colab_graphs.audit.stratified import (
 )
 from colab_graphs.data.example import Example
 from colab_graphs.data.scoring import view_for
+from colab_graphs.fitting import fitting_summary
 from colab_graphs.models.client import ModelClient
 from colab_graphs.models.pricing import member_price
 from colab_graphs.models.spend import CapReached, SpendCap
 from colab_graphs.pool import Pool
-from colab_graphs.protocols.fitting import fitting_summary
 from colab_graphs.spec import GraphSpec, Seat
 
 LISTED_COALITIONS = 4096  # a report lists every coalition valued up to this many (2^12)

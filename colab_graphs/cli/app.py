@@ -116,7 +116,7 @@ def run(
         progress.update(task, advance=1, status=f"score {mean:.3f}  failed {failed}")
 
     async def fit_and_run():
-        from colab_graphs.protocols.fitting import fit_coalition
+        from colab_graphs.fitting import fit_coalition
 
         # A protocol whose coalition is fitted first (a weight merge, a search on dev) runs as fitted.
         fitted = await fit_coalition(spec, the_pool, client=client, scorer=scorer)
@@ -136,7 +136,6 @@ def run(
             outcomes, summary = asyncio.run(fit_and_run())
     except (RunError, SpecError, ValueError) as err:
         fail(str(err))
-        raise
     from colab_graphs.audit.report import cost_sentence
 
     console = Console()
@@ -166,7 +165,7 @@ def protocols(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list.")] = False,
 ) -> None:
     """List the built-in protocols with their family and parameters."""
-    from colab_graphs.protocols.registry import list_protocols
+    from colab_graphs.protocol_registry import list_protocols
 
     infos = list_protocols()
     if as_json:
@@ -219,7 +218,6 @@ def _open_cache(cache_dir: Path | None):
         return CallCache(cache_dir)
     except CacheError as err:
         fail(str(err))
-        raise
 
 
 @cache_app.command("stats")
@@ -285,15 +283,15 @@ def cache_clear(
 
 
 def _register_optional_commands() -> None:
-    # Commands whose modules pull in heavier code register themselves here; each import is cheap (lazy inside).
+    # Commands whose modules pull in heavier code register themselves here; each import is cheap (lazy inside),
+    # and one that fails to import fails the CLI with its name rather than dropping its command.
     # Registering twice would list every command twice: a second call does nothing.
     if any(c.name == "study" for c in app.registered_commands):
         return
-    from colab_graphs.cli import extra, study_cmd, view_cmd
+    from colab_graphs.cli import audit_cmd, models_cmd, study_cmd, train_cmd, view_cmd
 
-    extra.register(app)
-    study_cmd.register(app)
-    view_cmd.register(app)
+    for commands in (audit_cmd, models_cmd, train_cmd, study_cmd, view_cmd):
+        commands.register(app)
 
 
 def main() -> None:

@@ -31,7 +31,6 @@ def app_game_for(
         folder = out or Path("audits") / spec.name
     except (AppError, ValueError) as err:
         fail(str(err))
-        raise
 
     def make_game() -> Any:
         return AppGame(

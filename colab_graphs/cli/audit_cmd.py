@@ -151,7 +151,6 @@ def audit(
             )
         except (SpecError, ValueError) as err:
             fail(str(err).replace("or force=True", "or pass --force"))
-            raise
         with holding_out(out):  # (plan.json goes beside the report another audit may be writing)
             print_plan(the_plan, write_plan(the_plan, out))
         return
@@ -203,10 +202,8 @@ def audit(
                 )
     except AuditError as err:  # every example failed: a failed audit, not a usage error
         fail(str(err), code=3)
-        raise
     except (SpecError, ValueError) as err:
         fail(str(err).replace("or force=True", "or pass --force"))
-        raise
     _print_report(report, out)
     if report.partial:
         raise typer.Exit(4)

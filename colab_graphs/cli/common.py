@@ -6,7 +6,7 @@ import contextlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
@@ -18,7 +18,7 @@ class UsageError(typer.BadParameter):
     pass
 
 
-def fail(message: str, code: int = 2) -> None:
+def fail(message: str, code: int = 2) -> NoReturn:
     """Print `message` (secrets redacted: an error may quote a provider that echoed a key) and exit."""
     from rich.console import Console
     from rich.markup import escape
@@ -61,7 +61,6 @@ def load_pool(path: Path | None) -> Pool:
         return Pool.from_yaml(path)
     except PoolError as err:
         fail(str(err))
-        raise
 
 
 def load_data(
@@ -81,7 +80,6 @@ def load_data(
         examples = load_examples(source, limit=limit, shuffle_seed=seed, split=split, scorer=scorer)
     except (ValueError, FileNotFoundError, ImportError, KeyError) as err:
         fail(str(err))
-        raise
     if not examples:
         fail(f"{source}: no examples")
     return examples
@@ -94,16 +92,15 @@ def resolve_protocol(
     params: dict[str, Any],
     pool: Pool | None = None,
 ) -> GraphSpec:
-    """The GraphSpec a command runs (`colab_graphs.protocols.resolve`); a problem is a usage error."""
-    from colab_graphs.protocols.resolve import ProtocolError
-    from colab_graphs.protocols.resolve import resolve_protocol as resolve
+    """The GraphSpec a command runs (`colab_graphs.resolve`); a problem is a usage error."""
+    from colab_graphs.resolve import ProtocolError
+    from colab_graphs.resolve import resolve_protocol as resolve
     from colab_graphs.spec import SpecError
 
     try:
         return resolve(protocol, members, params, graph=graph, pool=pool)
     except (ProtocolError, SpecError) as err:
         fail(str(err))
-        raise
 
 
 def make_client(
@@ -117,7 +114,6 @@ def make_client(
         cache = None if no_cache else CallCache(cache_dir)
     except CacheError as err:
         fail(str(err))
-        raise
     client = ModelClient(cache, max_concurrency=max_concurrency, preflight=preflight, **kwargs)
     freeze_startup_heap()
     return client

@@ -36,7 +36,6 @@ def models_fetch(name: Annotated[str, typer.Argument(help="Zoo name, e.g. smollm
         folder = fetch(name)
     except (KeyError, ValueError, RuntimeError, OSError) as err:
         fail(str(err.args[0]) if isinstance(err, KeyError) else str(err))
-        raise
     typer.echo(str(folder))
 
 

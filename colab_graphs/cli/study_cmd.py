@@ -60,7 +60,6 @@ def study(
         the_config = load_study_config(config)
     except StudyConfigError as err:
         fail(str(err))
-        raise
     out = out or Path("studies") / config.stem
     client = make_client(
         cache_dir,
@@ -77,7 +76,6 @@ def study(
             the_plan = plan_study(the_config, client)
         except StudyConfigError as err:
             fail(str(err))
-            raise
         from colab_graphs.files import atomic_write_text
 
         out.mkdir(parents=True, exist_ok=True)
@@ -112,10 +110,8 @@ def study(
             )
     except StudyConfigError as err:
         fail(str(err))
-        raise
     except StudyError as err:
         fail(str(err), code=3)
-        raise
     _print_summary(report, out)
     if any(s.failed_examples for s in report.settings):
         raise typer.Exit(3)

@@ -90,13 +90,10 @@ def train(
         summary = run_training(cfg, on_step=_print_step)
     except ConfigError as err:
         fail(str(err))
-        raise
     except FolderBusy as err:  # another training writes that folder
         fail(str(err), code=FolderBusy.exit_code)
-        raise
     except RolloutError as err:
         fail(f"{err} (check the pool: are the collaborators' servers up?)", code=1)
-        raise
     from accelerate import PartialState
     from rich.console import Console
 

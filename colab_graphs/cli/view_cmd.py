@@ -36,7 +36,6 @@ def view(
         server = ViewerServer(path, host=host, port=port, allow_hosts=allow_host or ())
     except OSError as err:
         fail(f"cannot serve on {host}:{port}: {err.strerror or err}")
-        raise
     typer.echo(f"viewing {path} at {server.url} (Ctrl-C to stop)", err=False)
     try:
         server.serve_forever()

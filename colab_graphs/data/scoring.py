@@ -13,7 +13,7 @@ from typing import Any
 
 from colab_graphs.data.example import Example
 from colab_graphs.data.tasks import Score, ScorerFn, ScorerTask, TaskType, TaskView
-from colab_graphs.registry import registry_add, registry_lookup, registry_names
+from colab_graphs.registry import registry_add, registry_lookup, registry_names, source_of
 
 __all__ = [
     "Score",
@@ -34,8 +34,10 @@ MOCO_TASK_TYPES = {"coding": "code", "multiple_choice": "multiple_choice", "f1_m
 
 
 def register_task(task: TaskType) -> TaskType:
-    """Register a task type under its `name` (replacing one of the same name)."""
-    registry_add("scorer", task.name, task)
+    """Register a task type under its `name`; a name another source registered is a `NameClash` naming both
+    (`colab_graphs.registry.registry_add`). The source is the task's class, or a plain scorer's function."""
+    source = source_of(task.fn) if isinstance(task, ScorerTask) else None
+    registry_add("scorer", task.name, task, source=source)
     return task
 
 

@@ -298,7 +298,7 @@ def generate_guided(
         if not head:
             raise ValueError(
                 "co_llm has no deferral head: the protocol's fit step learns it on the dev split "
-                "(colab_graphs.protocols.fitting; `colab-graphs run` and `audit` run it)"
+                "(colab_graphs.fitting; `colab-graphs run` and `audit` run it)"
             )
         return co_llm(
             members[0],

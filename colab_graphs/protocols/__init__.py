@@ -1,5 +1,3 @@
-"""The built-in protocol library, one module per family. Look protocols up by name with `get_protocol`."""
-
-from colab_graphs.protocols.registry import build_protocol, get_protocol, list_protocols, protocol
-
-__all__ = ["build_protocol", "get_protocol", "list_protocols", "protocol"]
+"""The built-in protocol library, one module per family or fitted method; a leaf that only
+`colab_graphs.builtins` imports (registering every protocol). Look protocols up by name with
+`colab_graphs.get_protocol` / `colab_graphs.protocol_registry`."""

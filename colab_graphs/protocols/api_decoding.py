@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from colab_graphs.builder import GraphBuilder
+from colab_graphs.fitting import Fitted
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.protocols import dev_fit
-from colab_graphs.protocols.fitting import Fitted, declare_fit
 from colab_graphs.protocols.logit import REQUIREMENT
 from colab_graphs.protocols.prompts import ANSWER
-from colab_graphs.protocols.registry import protocol
+from colab_graphs.registry import protocol
 from colab_graphs.spec import GraphSpec, LogitSeat
 
 SEAT = "decode"
@@ -101,6 +101,42 @@ def nudging(
     )
 
 
+async def fit_co_llm(
+    spec: GraphSpec, pool: Pool, *, client: ModelClient, scorer: str | None = None
+) -> Fitted:
+    """The fit step of `co_llm`: learn the coalition's deferral head on dev (nothing to fit for one member).
+
+    Raises:
+        FitError: no dev data, or a dev call failed.
+    """
+    seat = spec.node(SEAT)
+    assert isinstance(seat, LogitSeat)
+    if len(seat.members) < 2:
+        return Fitted(spec, dev_fit.record(spec.members, None, 0.0, 0, {"alone": seat.members[0]}))
+    params = dev_fit.protocol_params(spec)
+    members = list(spec.members)
+    examples = dev_fit.dev_examples("co_llm", params, members)
+    key = dev_fit.fit_key("co_llm", pool, members, examples, scorer, {**params, "order": seat.members})
+
+    async def compute() -> dict[str, Any]:
+        outcomes = {
+            m: await dev_fit.solo_outcomes(
+                pool, m, examples, client=client, scorer=scorer, prompt=seat.prompt, name="co_llm"
+            )
+            for m in members
+        }
+        return await asyncio.to_thread(
+            _learn_head, spec, seat, pool, client, scorer, examples, outcomes, params
+        )
+
+    result, fitted, fit_s = await dev_fit.cached_fit("co_llm", key, members, compute)
+    summary = {k: v for k, v in result.items() if k not in ("w", "b")}
+    fitted_spec = (
+        _with_head(spec, head_file(key, result)) if result.get("w") else _with_head(spec, _never(key))
+    )
+    return Fitted(fitted_spec, dev_fit.record(members, fitted, fit_s, len(examples), summary))
+
+
 @protocol(
     "co_llm",
     family="api",
@@ -108,6 +144,7 @@ def nudging(
     "vocabulary).",
     min_members=2,
     requires=[REQUIREMENT, "dev_split"],
+    fit=fit_co_llm,
 )
 def co_llm(
     members: list[str],
@@ -230,42 +267,6 @@ def _with_head(spec: GraphSpec, head: Path) -> GraphSpec:
     return spec.model_copy(update={"nodes": nodes})
 
 
-async def fit_co_llm(
-    spec: GraphSpec, pool: Pool, *, client: ModelClient, scorer: str | None = None
-) -> Fitted:
-    """The fit step of `co_llm`: learn the coalition's deferral head on dev (nothing to fit for one member).
-
-    Raises:
-        FitError: no dev data, or a dev call failed.
-    """
-    seat = spec.node(SEAT)
-    assert isinstance(seat, LogitSeat)
-    if len(seat.members) < 2:
-        return Fitted(spec, dev_fit.record(spec.members, None, 0.0, 0, {"alone": seat.members[0]}))
-    params = dev_fit.protocol_params(spec)
-    members = list(spec.members)
-    examples = dev_fit.dev_examples("co_llm", params, members)
-    key = dev_fit.fit_key("co_llm", pool, members, examples, scorer, {**params, "order": seat.members})
-
-    async def compute() -> dict[str, Any]:
-        outcomes = {
-            m: await dev_fit.solo_outcomes(
-                pool, m, examples, client=client, scorer=scorer, prompt=seat.prompt, name="co_llm"
-            )
-            for m in members
-        }
-        return await asyncio.to_thread(
-            _learn_head, spec, seat, pool, client, scorer, examples, outcomes, params
-        )
-
-    result, fitted, fit_s = await dev_fit.cached_fit("co_llm", key, members, compute)
-    summary = {k: v for k, v in result.items() if k not in ("w", "b")}
-    fitted_spec = (
-        _with_head(spec, head_file(key, result)) if result.get("w") else _with_head(spec, _never(key))
-    )
-    return Fitted(fitted_spec, dev_fit.record(members, fitted, fit_s, len(examples), summary))
-
-
 def _never(key: str) -> Path:
     """A head that never defers (no right reply on dev to learn from)."""
     return head_file(f"{key}-never", {"w": [], "b": -1e9})
@@ -327,6 +328,3 @@ def _learn_head(spec, seat, pool, client, scorer, examples, outcomes, params) ->
         "deferrals": int(labels.sum()),
         "predicted_deferrals": int(predicted.sum()),
     }
-
-
-declare_fit(co_llm, fit_co_llm)

@@ -18,7 +18,7 @@ from typing import Any
 
 from colab_graphs.aggregators import aggregator, router
 from colab_graphs.builder import GraphBuilder
-from colab_graphs.protocols.registry import protocol
+from colab_graphs.registry import protocol
 from colab_graphs.spec import END, START, GraphSpec
 
 DONE = "[DONE]"

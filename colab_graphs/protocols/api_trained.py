@@ -2,7 +2,7 @@
 
 `trained_router` and `graph_routing` (MoCo's names) are graphs over ordinary seats, so they run on any pool: a
 pure-Python router reads the question and picks one member's seat; only that member answers. What the router
-knows is fitted per coalition by the protocol's fit step (`colab_graphs.protocols.fitting`): every member of the
+knows is fitted per coalition by the protocol's fit step (`colab_graphs.fitting`): every member of the
 coalition answers the dev questions alone (`-P dev=SOURCE`), and the router learns from those outcomes which
 member answers which kind of question (`colab_graphs.protocols.routing_learn`). The fitted router travels in the
 spec (the route's parameters), so a fitted spec runs anywhere; a spec run without its fit step fails naming it.
@@ -21,13 +21,12 @@ import numpy as np
 
 from colab_graphs.aggregators import router
 from colab_graphs.builder import GraphBuilder
+from colab_graphs.fitting import Fitted
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.protocols import dev_fit
 from colab_graphs.protocols.dev_fit import FitError
-from colab_graphs.protocols.fitting import Fitted, declare_fit
 from colab_graphs.protocols.prompts import ANSWER
-from colab_graphs.protocols.registry import protocol
 from colab_graphs.protocols.routing_learn import (
     best_labels,
     features,
@@ -36,6 +35,7 @@ from colab_graphs.protocols.routing_learn import (
     graph_scores,
     softmax_scores,
 )
+from colab_graphs.registry import protocol
 from colab_graphs.spec import END, START, GraphSpec
 
 REQUIREMENT = "dev_split"
@@ -66,6 +66,72 @@ def _check(name: str, ok: bool, message: str) -> None:
         raise ValueError(f"{name}: {message}")
 
 
+async def fit_router(
+    spec: GraphSpec, pool: Pool, *, client: ModelClient, scorer: str | None = None
+) -> Fitted:
+    """The fit step of `trained_router` and `graph_routing`: learn the coalition's router from its dev outcomes.
+
+    Raises:
+        FitError: no dev data (a coalition of two or more members needs it), or a dev call failed.
+    """
+    from colab_graphs.data.scoring import view_for
+
+    name, members = spec.name, list(spec.members)
+    if len(members) == 1:
+        return Fitted(spec, dev_fit.record(members, None, 0.0, 0, {"alone": members[0]}))
+    params = dev_fit.protocol_params(spec)
+    examples = dev_fit.dev_examples(name, params, members)
+    key = dev_fit.fit_key(name, pool, members, examples, scorer, params)
+    prompt = str(params["prompt"])
+
+    async def compute() -> dict[str, Any]:
+        outcomes = {
+            m: await dev_fit.solo_outcomes(
+                pool, m, examples, client=client, scorer=scorer, prompt=prompt, name=name
+            )
+            for m in members
+        }
+        scores = np.array([[outcomes[m][i].score for m in members] for i in range(len(examples))])
+        rows = [features(view_for(e, scorer).graph_input()["input"]) for e in examples]
+        if name == "trained_router":
+            model = fit_softmax(
+                rows,
+                best_labels(scores),
+                l2=float(params["l2"]),
+                epochs=int(params["epochs"]),
+                learning_rate=float(params["learning_rate"]),
+            )
+            routed = [softmax_scores(model, r) for r in rows]
+        else:
+            described = {**{m: pool[m].description for m in members}, **(params.get("descriptions") or {})}
+            model = fit_graph_router(
+                rows,
+                scores,
+                [features(described.get(m) or "") for m in members],
+                hidden=int(params["hidden_features"]),
+                epochs=int(params["train_epochs"]),
+                learning_rate=float(params["learning_rate"]),
+                weight_decay=float(params["weight_decay"]),
+                mask_rate=float(params["train_mask_rate"]),
+                seed=int(params["seed"]),
+            )
+            routed = [graph_scores(model, r) for r in rows]
+        chosen = [int(np.argmax(s)) for s in routed]  # argmax keeps the first of equals: pool order
+        return {
+            "model": model,
+            "alone": {m: float(scores[:, j].mean()) for j, m in enumerate(members)},
+            "oracle": float(scores.max(axis=1).mean()),
+            "routed_dev_score": float(np.mean([scores[i, j] for i, j in enumerate(chosen)])),
+            "routed_to": {m: chosen.count(j) for j, m in enumerate(members)},
+        }
+
+    result, fitted, fit_s = await dev_fit.cached_fit(name, key, members, compute)
+    summary = {k: v for k, v in result.items() if k != "model"}
+    return Fitted(
+        with_router(spec, result["model"]), dev_fit.record(members, fitted, fit_s, len(examples), summary)
+    )
+
+
 @protocol(
     "trained_router",
     family="api",
@@ -73,6 +139,7 @@ def _check(name: str, ok: bool, message: str) -> None:
     "question to one member.",
     min_members=1,
     requires=[REQUIREMENT],
+    fit=fit_router,
 )
 def trained_router(
     members: list[str],
@@ -118,6 +185,7 @@ def trained_router(
     "to one member.",
     min_members=1,
     requires=[REQUIREMENT],
+    fit=fit_router,
 )
 def graph_routing(
     members: list[str],
@@ -188,7 +256,7 @@ def _pick(scores: list[float], classes: list[str], path_map: dict[str, str]) -> 
 def _unfitted(name: str) -> FitError:
     return FitError(
         f"{name}: the router is not trained; run the protocol's fit step first "
-        "(colab_graphs.protocols.fitting.fit_coalition; `colab-graphs run` and `audit` do)"
+        "(colab_graphs.fitting.fit_coalition; `colab-graphs run` and `audit` do)"
     )
 
 
@@ -228,73 +296,3 @@ def with_router(spec: GraphSpec, model: dict[str, Any]) -> GraphSpec:
         for r in spec.routes
     ]
     return spec.model_copy(update={"routes": routes})
-
-
-async def fit_router(
-    spec: GraphSpec, pool: Pool, *, client: ModelClient, scorer: str | None = None
-) -> Fitted:
-    """The fit step of `trained_router` and `graph_routing`: learn the coalition's router from its dev outcomes.
-
-    Raises:
-        FitError: no dev data (a coalition of two or more members needs it), or a dev call failed.
-    """
-    from colab_graphs.data.scoring import view_for
-
-    name, members = spec.name, list(spec.members)
-    if len(members) == 1:
-        return Fitted(spec, dev_fit.record(members, None, 0.0, 0, {"alone": members[0]}))
-    params = dev_fit.protocol_params(spec)
-    examples = dev_fit.dev_examples(name, params, members)
-    key = dev_fit.fit_key(name, pool, members, examples, scorer, params)
-    prompt = str(params["prompt"])
-
-    async def compute() -> dict[str, Any]:
-        outcomes = {
-            m: await dev_fit.solo_outcomes(
-                pool, m, examples, client=client, scorer=scorer, prompt=prompt, name=name
-            )
-            for m in members
-        }
-        scores = np.array([[outcomes[m][i].score for m in members] for i in range(len(examples))])
-        rows = [features(view_for(e, scorer).graph_input()["input"]) for e in examples]
-        if name == "trained_router":
-            model = fit_softmax(
-                rows,
-                best_labels(scores),
-                l2=float(params["l2"]),
-                epochs=int(params["epochs"]),
-                learning_rate=float(params["learning_rate"]),
-            )
-            routed = [softmax_scores(model, r) for r in rows]
-        else:
-            described = {**{m: pool[m].description for m in members}, **(params.get("descriptions") or {})}
-            model = fit_graph_router(
-                rows,
-                scores,
-                [features(described.get(m) or "") for m in members],
-                hidden=int(params["hidden_features"]),
-                epochs=int(params["train_epochs"]),
-                learning_rate=float(params["learning_rate"]),
-                weight_decay=float(params["weight_decay"]),
-                mask_rate=float(params["train_mask_rate"]),
-                seed=int(params["seed"]),
-            )
-            routed = [graph_scores(model, r) for r in rows]
-        chosen = [int(np.argmax(s)) for s in routed]  # argmax keeps the first of equals: pool order
-        return {
-            "model": model,
-            "alone": {m: float(scores[:, j].mean()) for j, m in enumerate(members)},
-            "oracle": float(scores.max(axis=1).mean()),
-            "routed_dev_score": float(np.mean([scores[i, j] for i, j in enumerate(chosen)])),
-            "routed_to": {m: chosen.count(j) for j, m in enumerate(members)},
-        }
-
-    result, fitted, fit_s = await dev_fit.cached_fit(name, key, members, compute)
-    summary = {k: v for k, v in result.items() if k != "model"}
-    return Fitted(
-        with_router(spec, result["model"]), dev_fit.record(members, fitted, fit_s, len(examples), summary)
-    )
-
-
-for _builder in (trained_router, graph_routing):
-    declare_fit(_builder, fit_router)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from colab_graphs.builder import GraphBuilder
 from colab_graphs.protocols.prompts import ANSWER
-from colab_graphs.protocols.registry import protocol
+from colab_graphs.registry import protocol
 from colab_graphs.spec import END, START, GraphSpec
 
 

@@ -3,7 +3,7 @@
 `trained_router` and `graph_routing` (`colab_graphs.protocols.api_trained`), `co_llm`
 (`colab_graphs.protocols.api_decoding`) and `slm_mux`'s dev-based tie-break (`colab_graphs.protocols.text_select`)
 learn from how the coalition's own members do on a dev split (`-P dev=SOURCE`, read as `--data` reads it). Their
-fit steps (`colab_graphs.protocols.fitting`) use three things from here:
+fit steps (`colab_graphs.fitting`) use three things from here:
 
 - `dev_examples`: the dev data the protocol's parameters name;
 - `solo_outcomes`: one member's replies to the dev questions and their scores (the member answering alone
@@ -61,7 +61,7 @@ def fits_home() -> Path:
 
 def protocol_params(spec: Any) -> dict[str, Any]:
     """The protocol's parameters as built (registered defaults overridden by the spec's own)."""
-    from colab_graphs.protocols.registry import get_protocol
+    from colab_graphs.protocol_registry import get_protocol
 
     return {**get_protocol(spec.name).params, **spec.params}
 
@@ -130,7 +130,7 @@ async def solo_outcomes(
     if key in _outcomes:
         return _outcomes[key]
     from colab_graphs.compile import compile_graph
-    from colab_graphs.protocols.registry import build_protocol
+    from colab_graphs.protocol_registry import build_protocol
     from colab_graphs.runner import run_example
 
     spec = build_protocol("solo", pool.names, member=member, prompt=prompt)
@@ -182,7 +182,7 @@ async def cached_fit(
 def record(
     members: list[str], fitted: bool | None, fit_s: float, dev: int, result: dict[str, Any]
 ) -> dict[str, Any]:
-    """A coalition's fit record for the audit report (see `colab_graphs.protocols.fitting.Fitted`)."""
+    """A coalition's fit record for the audit report (see `colab_graphs.fitting.Fitted`)."""
     return {
         "members": list(members),
         "fitted": fitted,

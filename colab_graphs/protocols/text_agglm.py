@@ -18,10 +18,10 @@ from typing import Any
 from colab_graphs.builder import GraphBuilder
 from colab_graphs.data.scoring import view_for
 from colab_graphs.data.tasks import TaskView
+from colab_graphs.fitting import Fitted
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.protocols import dev_fit
-from colab_graphs.protocols.fitting import Fitted, declare_fit
 from colab_graphs.protocols.prompts import ANSWER
 from colab_graphs.protocols.stages import check_count, check_members, pick_member
 from colab_graphs.protocols.text_fit import (
@@ -47,6 +47,77 @@ AGGREGATE = (
 __all__ = ["agglm", "aggregation_graph", "fit_agglm"]
 
 
+async def fit_agglm(spec: GraphSpec, pool: Pool, *, client: ModelClient, scorer: str | None = None) -> Fitted:
+    """The fit step: train the coalition's aggregator on its proposers' answers (or find it trained).
+
+    Raises:
+        LocalMembersError: the aggregator is an API member (before any call).
+        FitError: no dev data, or a dev call failed.
+    """
+    members = list(spec.members)
+    params = dev_fit.protocol_params(spec)
+    seat = next((n for n in spec.nodes if isinstance(n, Seat) and n.name == SEAT), None)
+    if seat is None:  # the aggregator member is absent: the proposers vote
+        return Fitted(spec, dev_fit.record(members, None, 0.0, 0, {"aggregator": None}))
+    agg = seat.member
+    proposers = [m for m in members if m != agg]
+    own = with_seat_models(spec, {SEAT: pool[agg].model})
+    if not proposers:
+        return Fitted(own, dev_fit.record(members, None, 0.0, 0, {"aggregator": agg, "proposers": []}))
+    remedy = "name an in-process aggregator with -P aggregator=NAME (the proposers may be API members)"
+    trainable_members(NAME, pool, [agg], False, remedy)
+    examples = dev_fit.dev_examples(NAME, params, members)
+    key = dev_fit.fit_key(NAME, pool, members, examples, scorer, params)
+    home = dev_fit.fits_home() / f"{NAME}-{key}"
+
+    async def compute() -> dict[str, Any]:
+        questions, hard, easy = await _training_questions(
+            pool, proposers, examples, params, client=client, scorer=scorer
+        )
+        result: dict[str, Any] = {"aggregator": agg, "hard": hard, "easy": easy, "trained_on": len(questions)}
+        if not questions:
+            return {**result, "model": None}
+        home.mkdir(parents=True, exist_ok=True)
+        data = home / "train.jsonl"
+        data.write_text("".join(json.dumps(e.model_dump(exclude_none=True)) + "\n" for e in questions))
+        fields = {
+            "graph": f"{__name__}:aggregation_graph",
+            "protocol_params": {
+                "aggregator": agg,
+                "prompt": params["prompt"],
+                "aggregate_prompt": params["aggregate_prompt"],
+            },
+            "policy_member": agg,
+            "policy_model": str(_served(pool, agg)),
+            "data": str(data),
+            "scorer": scorer,
+            "num_generations": int(params["num_generations"]),
+            "per_device_train_batch_size": int(params["num_generations"]),
+            "max_steps": len(questions) * int(params["train_epochs"]),
+            "learning_rate": float(params["learning_rate"]),
+            "max_completion_length": int(params["max_completion_length"]),
+            "temperature": float(params["temperature"]),
+            "lora": bool(params["lora"]),
+            "lora_r": int(params["lora_r"]),
+            "lora_alpha": int(params["lora_alpha"]),
+            "seed": int(params["seed"]),
+            "output_dir": str(home),
+            "cache_dir": str(client.cache.directory) if client.cache is not None else None,
+            "no_cache": client.cache is None,
+            "max_concurrency": client.max_concurrency,
+            "trl": {"weight_decay": float(params["weight_decay"]), "lr_scheduler_type": "cosine"},
+        }
+        summary = await asyncio.to_thread(_train, fields, pool, members)
+        return {**result, "model": summary["policy"], "steps": summary["steps"], "train_s": summary["wall_s"]}
+
+    result, fitted, fit_s = await dev_fit.cached_fit(NAME, key, members, compute)
+    trained = {SEAT: f"local/{result['model']}"} if result["model"] else {}
+    check_models(NAME, {k: v.removeprefix("local/") for k, v in trained.items()})
+    return Fitted(
+        with_seat_models(own, trained), dev_fit.record(members, fitted, fit_s, len(examples), result)
+    )
+
+
 @protocol(
     NAME,
     family="text",
@@ -54,6 +125,7 @@ __all__ = ["agglm", "aggregation_graph", "fit_agglm"]
     "the system's outcome) combines their answers.",
     min_members=1,
     requires=["dev_split", LOCAL_TRAINING],
+    fit=fit_agglm,
 )
 def agglm(
     members: list[str],
@@ -236,81 +308,7 @@ def _train(config_fields: dict[str, Any], pool: Pool, members: list[str]) -> dic
         return train(config)
 
 
-async def fit_agglm(spec: GraphSpec, pool: Pool, *, client: ModelClient, scorer: str | None = None) -> Fitted:
-    """The fit step: train the coalition's aggregator on its proposers' answers (or find it trained).
-
-    Raises:
-        LocalMembersError: the aggregator is an API member (before any call).
-        FitError: no dev data, or a dev call failed.
-    """
-    members = list(spec.members)
-    params = dev_fit.protocol_params(spec)
-    seat = next((n for n in spec.nodes if isinstance(n, Seat) and n.name == SEAT), None)
-    if seat is None:  # the aggregator member is absent: the proposers vote
-        return Fitted(spec, dev_fit.record(members, None, 0.0, 0, {"aggregator": None}))
-    agg = seat.member
-    proposers = [m for m in members if m != agg]
-    own = with_seat_models(spec, {SEAT: pool[agg].model})
-    if not proposers:
-        return Fitted(own, dev_fit.record(members, None, 0.0, 0, {"aggregator": agg, "proposers": []}))
-    remedy = "name an in-process aggregator with -P aggregator=NAME (the proposers may be API members)"
-    trainable_members(NAME, pool, [agg], False, remedy)
-    examples = dev_fit.dev_examples(NAME, params, members)
-    key = dev_fit.fit_key(NAME, pool, members, examples, scorer, params)
-    home = dev_fit.fits_home() / f"{NAME}-{key}"
-
-    async def compute() -> dict[str, Any]:
-        questions, hard, easy = await _training_questions(
-            pool, proposers, examples, params, client=client, scorer=scorer
-        )
-        result: dict[str, Any] = {"aggregator": agg, "hard": hard, "easy": easy, "trained_on": len(questions)}
-        if not questions:
-            return {**result, "model": None}
-        home.mkdir(parents=True, exist_ok=True)
-        data = home / "train.jsonl"
-        data.write_text("".join(json.dumps(e.model_dump(exclude_none=True)) + "\n" for e in questions))
-        fields = {
-            "graph": f"{__name__}:aggregation_graph",
-            "protocol_params": {
-                "aggregator": agg,
-                "prompt": params["prompt"],
-                "aggregate_prompt": params["aggregate_prompt"],
-            },
-            "policy_member": agg,
-            "policy_model": str(_served(pool, agg)),
-            "data": str(data),
-            "scorer": scorer,
-            "num_generations": int(params["num_generations"]),
-            "per_device_train_batch_size": int(params["num_generations"]),
-            "max_steps": len(questions) * int(params["train_epochs"]),
-            "learning_rate": float(params["learning_rate"]),
-            "max_completion_length": int(params["max_completion_length"]),
-            "temperature": float(params["temperature"]),
-            "lora": bool(params["lora"]),
-            "lora_r": int(params["lora_r"]),
-            "lora_alpha": int(params["lora_alpha"]),
-            "seed": int(params["seed"]),
-            "output_dir": str(home),
-            "cache_dir": str(client.cache.directory) if client.cache is not None else None,
-            "no_cache": client.cache is None,
-            "max_concurrency": client.max_concurrency,
-            "trl": {"weight_decay": float(params["weight_decay"]), "lr_scheduler_type": "cosine"},
-        }
-        summary = await asyncio.to_thread(_train, fields, pool, members)
-        return {**result, "model": summary["policy"], "steps": summary["steps"], "train_s": summary["wall_s"]}
-
-    result, fitted, fit_s = await dev_fit.cached_fit(NAME, key, members, compute)
-    trained = {SEAT: f"local/{result['model']}"} if result["model"] else {}
-    check_models(NAME, {k: v.removeprefix("local/") for k, v in trained.items()})
-    return Fitted(
-        with_seat_models(own, trained), dev_fit.record(members, fitted, fit_s, len(examples), result)
-    )
-
-
 def _served(pool: Pool, member: str) -> Path:
     from colab_graphs.models import merge
 
     return merge.served_folder(pool[member].model.removeprefix("local/"))
-
-
-declare_fit(agglm, fit_agglm)

@@ -16,10 +16,10 @@ from typing import Any
 
 from colab_graphs.data.example import Example
 from colab_graphs.data.scoring import view_for
+from colab_graphs.fitting import Fitted
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.protocols import dev_fit
-from colab_graphs.protocols.fitting import Fitted, declare_fit
 from colab_graphs.protocols.prompts import ANSWER
 from colab_graphs.protocols.stages import check_count
 from colab_graphs.protocols.text import DEBATE_REVISE, debate
@@ -44,6 +44,64 @@ KEEP = ("consensus", "correct")
 __all__ = ["Kept", "fit_multiagent_finetuning", "multiagent_finetuning", "select_turns"]
 
 
+async def fit_multiagent_finetuning(
+    spec: GraphSpec, pool: Pool, *, client: ModelClient, scorer: str | None = None
+) -> Fitted:
+    """The fit step: debate on dev, keep each member's agreeing turns, fine-tune the in-process members.
+
+    Raises:
+        LocalMembersError: API members without `frozen_api_members` (before any call).
+        FitError: no dev data, or a dev debate failed.
+    """
+    members = list(spec.members)
+    params = dev_fit.protocol_params(spec)
+    rounds = int(params["rounds"])
+    trainable = trainable_members(NAME, pool, members, bool(params["frozen_api_members"]))
+    plain = _debate(members, rounds, str(params["prompt"]), str(params["revise_prompt"]))
+    plain = plain.model_copy(update={"params": spec.params})
+    if not trainable:
+        return Fitted(plain, dev_fit.record(members, None, 0.0, 0, {"frozen": members}))
+    examples = dev_fit.dev_examples(NAME, params, members)
+    key = dev_fit.fit_key(NAME, pool, members, examples, scorer, params)
+
+    async def compute() -> dict[str, Any]:
+        outcomes = await run_on_dev(plain, pool, examples, client=client, scorer=scorer)
+        kept = select_turns(
+            outcomes,
+            examples,
+            trainable,
+            rounds,
+            scorer=scorer,
+            w=float(params["w"]),
+            keep=str(params["keep"]),
+            seed=int(params["seed"]),
+        )
+        jobs = {}
+        for m in trainable:
+            jobs[f"{m}-generation"] = (m, kept[m].generation)
+            jobs[f"{m}-critic"] = (m, kept[m].critic)
+        trained = await finetune_members(pool, jobs, dev_fit.fits_home() / f"{NAME}-{key}", params)
+        return {
+            "debate_dev_score": mean_score(outcomes),
+            "segments": {label: sum(map(len, groups)) for label, (_, groups) in jobs.items()},
+            "models": {label: info["folder"] for label, info in trained.items()},
+            "train_s": {label: info["train_s"] for label, info in trained.items()},
+            "frozen": [m for m in members if m not in trainable],
+        }
+
+    result, fitted, fit_s = await dev_fit.cached_fit(NAME, key, members, compute)
+    check_models(NAME, result["models"])
+    models = {}
+    for m in trainable:
+        for r in range(1, rounds + 1):
+            folder = result["models"].get(f"{m}-{'generation' if r == 1 else 'critic'}")
+            if folder is not None:
+                models[f"r{r}_{m}"] = f"local/{folder}"
+    return Fitted(
+        with_seat_models(plain, models), dev_fit.record(members, fitted, fit_s, len(examples), result)
+    )
+
+
 @protocol(
     NAME,
     family="text",
@@ -51,6 +109,7 @@ __all__ = ["Kept", "fit_multiagent_finetuning", "multiagent_finetuning", "select
     "each), then a debate; majority vote over the last round.",
     min_members=1,
     requires=["dev_split", LOCAL_TRAINING],
+    fit=fit_multiagent_finetuning,
 )
 def multiagent_finetuning(
     members: list[str],
@@ -166,64 +225,3 @@ def select_turns(
 def _agrees(task: Any, call: Any, consensus: str) -> bool:
     answer = task.extract(call.completion or "")
     return answer is not None and task.same(answer, consensus)
-
-
-async def fit_multiagent_finetuning(
-    spec: GraphSpec, pool: Pool, *, client: ModelClient, scorer: str | None = None
-) -> Fitted:
-    """The fit step: debate on dev, keep each member's agreeing turns, fine-tune the in-process members.
-
-    Raises:
-        LocalMembersError: API members without `frozen_api_members` (before any call).
-        FitError: no dev data, or a dev debate failed.
-    """
-    members = list(spec.members)
-    params = dev_fit.protocol_params(spec)
-    rounds = int(params["rounds"])
-    trainable = trainable_members(NAME, pool, members, bool(params["frozen_api_members"]))
-    plain = _debate(members, rounds, str(params["prompt"]), str(params["revise_prompt"]))
-    plain = plain.model_copy(update={"params": spec.params})
-    if not trainable:
-        return Fitted(plain, dev_fit.record(members, None, 0.0, 0, {"frozen": members}))
-    examples = dev_fit.dev_examples(NAME, params, members)
-    key = dev_fit.fit_key(NAME, pool, members, examples, scorer, params)
-
-    async def compute() -> dict[str, Any]:
-        outcomes = await run_on_dev(plain, pool, examples, client=client, scorer=scorer)
-        kept = select_turns(
-            outcomes,
-            examples,
-            trainable,
-            rounds,
-            scorer=scorer,
-            w=float(params["w"]),
-            keep=str(params["keep"]),
-            seed=int(params["seed"]),
-        )
-        jobs = {}
-        for m in trainable:
-            jobs[f"{m}-generation"] = (m, kept[m].generation)
-            jobs[f"{m}-critic"] = (m, kept[m].critic)
-        trained = await finetune_members(pool, jobs, dev_fit.fits_home() / f"{NAME}-{key}", params)
-        return {
-            "debate_dev_score": mean_score(outcomes),
-            "segments": {label: sum(map(len, groups)) for label, (_, groups) in jobs.items()},
-            "models": {label: info["folder"] for label, info in trained.items()},
-            "train_s": {label: info["train_s"] for label, info in trained.items()},
-            "frozen": [m for m in members if m not in trainable],
-        }
-
-    result, fitted, fit_s = await dev_fit.cached_fit(NAME, key, members, compute)
-    check_models(NAME, result["models"])
-    models = {}
-    for m in trainable:
-        for r in range(1, rounds + 1):
-            folder = result["models"].get(f"{m}-{'generation' if r == 1 else 'critic'}")
-            if folder is not None:
-                models[f"r{r}_{m}"] = f"local/{folder}"
-    return Fitted(
-        with_seat_models(plain, models), dev_fit.record(members, fitted, fit_s, len(examples), result)
-    )
-
-
-declare_fit(multiagent_finetuning, fit_multiagent_finetuning)

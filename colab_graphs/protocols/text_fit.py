@@ -3,7 +3,7 @@
 `heterogeneous_swarms` (`colab_graphs.protocols.text_swarms`), `multiagent_finetuning`
 (`colab_graphs.protocols.text_finetune`), `sparta` (`colab_graphs.protocols.text_sparta`) and `agglm`
 (`colab_graphs.protocols.text_agglm`) fit each coalition on a dev split before it runs (the fit steps of
-`colab_graphs.protocols.fitting`, cached through `colab_graphs.protocols.dev_fit`). Until its fit step has run, a
+`colab_graphs.fitting`, cached through `colab_graphs.protocols.dev_fit`). Until its fit step has run, a
 spec's seats call `UNFITTED_MODEL`, so a run without it fails at its first call, naming the step.
 
 Members are fine-tuned with `finetune`: supervised fine-tuning through the C-RL trainer's SFT objective
@@ -31,7 +31,7 @@ from colab_graphs.spec import GraphSpec, Seat, SpecError
 
 LOCAL_TRAINING = "local_weights"  # what `colab-graphs protocols` says a protocol that trains members requires
 # A seat's model until the fit step routes it: a call fails, and the failure names what is missing.
-UNFITTED_MODEL = "local/unfitted-protocol(run-the-protocol's-fit-step:colab_graphs.protocols.fitting)"
+UNFITTED_MODEL = "local/unfitted-protocol(run-the-protocol's-fit-step:colab_graphs.fitting)"
 
 __all__ = [
     "LOCAL_TRAINING",
@@ -160,7 +160,8 @@ class _FixedSegments:
     def __init__(self, turns: dict[str, list[Any]]):
         self.turns = turns
 
-    async def arun(self, examples: Sequence[Example]) -> list[Any]:
+    async def arun(self, examples: Sequence[Example], keys: Sequence[tuple] | None = None) -> list[Any]:
+        # `keys` seed a RolloutRunner's sampling; fixed segments sample nothing, so they are not used.
         from colab_graphs.trace import Trace
         from colab_graphs.trainers.rollout import Rollout
 

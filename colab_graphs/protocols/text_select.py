@@ -13,18 +13,48 @@ from typing import Any
 from colab_graphs.aggregators import aggregator
 from colab_graphs.builder import GraphBuilder
 from colab_graphs.data.tasks import TaskView
+from colab_graphs.fitting import Fitted
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.protocols import dev_fit
-from colab_graphs.protocols.fitting import Fitted, declare_fit
 from colab_graphs.protocols.prompts import ANSWER
-from colab_graphs.protocols.registry import protocol
 from colab_graphs.protocols.text import check_count, check_members
+from colab_graphs.registry import protocol
 from colab_graphs.spec import END, START, Aggregate, GraphSpec
 
 TIES = ("model-order", "dev-based", "random")
 
 __all__ = ["consistency", "fit_slm_mux", "slm_mux"]
+
+
+async def fit_slm_mux(
+    spec: GraphSpec, pool: Pool, *, client: ModelClient, scorer: str | None = None
+) -> Fitted | None:
+    """The fit step of `slm_mux`: each member's dev score alone, for "dev-based" ties (None: nothing to fit)."""
+    params = dev_fit.protocol_params(spec)
+    members = list(spec.members)
+    if params["tie"] != "dev-based":
+        return None
+    if len(members) == 1:
+        return Fitted(spec, dev_fit.record(members, None, 0.0, 0, {}))
+    examples = dev_fit.dev_examples("slm_mux", params, members)
+    key = dev_fit.fit_key("slm_mux", pool, members, examples, scorer, params)
+    prompt = str(params["prompt"])
+
+    async def compute() -> dict[str, Any]:
+        scores = {}
+        for m in members:
+            runs = await dev_fit.solo_outcomes(
+                pool, m, examples, client=client, scorer=scorer, prompt=prompt, name="slm_mux"
+            )
+            scores[m] = sum(r.score for r in runs) / len(runs)
+        return {"dev_scores": scores}
+
+    result, fitted, fit_s = await dev_fit.cached_fit("slm_mux", key, members, compute)
+    return Fitted(
+        _with_dev_scores(spec, result["dev_scores"]),
+        dev_fit.record(members, fitted, fit_s, len(examples), result),
+    )
 
 
 @protocol(
@@ -33,6 +63,7 @@ __all__ = ["consistency", "fit_slm_mux", "slm_mux"]
     description="Every member answers several times; the most self-consistent member's majority answer wins.",
     min_members=1,
     independent_replies=True,
+    fit=fit_slm_mux,
 )
 def slm_mux(
     members: list[str],
@@ -122,7 +153,7 @@ def select(
         if dev_scores is None:
             raise dev_fit.FitError(
                 "slm_mux with tie=dev-based has no dev scores: run the protocol's fit step with -P dev=SOURCE "
-                "(colab_graphs.protocols.fitting; `colab-graphs run` and `audit` do)"
+                "(colab_graphs.fitting; `colab-graphs run` and `audit` do)"
             )
         best = max(dev_scores.get(m, 0.0) for m, _, _ in tied)
         tied = [s for s in tied if dev_scores.get(s[0], 0.0) == best]
@@ -140,36 +171,3 @@ def _with_dev_scores(spec: GraphSpec, scores: dict[str, float]) -> GraphSpec:
         for n in spec.nodes
     ]
     return spec.model_copy(update={"nodes": nodes})
-
-
-async def fit_slm_mux(
-    spec: GraphSpec, pool: Pool, *, client: ModelClient, scorer: str | None = None
-) -> Fitted | None:
-    """The fit step of `slm_mux`: each member's dev score alone, for "dev-based" ties (None: nothing to fit)."""
-    params = dev_fit.protocol_params(spec)
-    members = list(spec.members)
-    if params["tie"] != "dev-based":
-        return None
-    if len(members) == 1:
-        return Fitted(spec, dev_fit.record(members, None, 0.0, 0, {}))
-    examples = dev_fit.dev_examples("slm_mux", params, members)
-    key = dev_fit.fit_key("slm_mux", pool, members, examples, scorer, params)
-    prompt = str(params["prompt"])
-
-    async def compute() -> dict[str, Any]:
-        scores = {}
-        for m in members:
-            runs = await dev_fit.solo_outcomes(
-                pool, m, examples, client=client, scorer=scorer, prompt=prompt, name="slm_mux"
-            )
-            scores[m] = sum(r.score for r in runs) / len(runs)
-        return {"dev_scores": scores}
-
-    result, fitted, fit_s = await dev_fit.cached_fit("slm_mux", key, members, compute)
-    return Fitted(
-        _with_dev_scores(spec, result["dev_scores"]),
-        dev_fit.record(members, fitted, fit_s, len(examples), result),
-    )
-
-
-declare_fit(slm_mux, fit_slm_mux)

@@ -23,10 +23,10 @@ import numpy as np
 from colab_graphs.builder import GraphBuilder
 from colab_graphs.data.example import Example
 from colab_graphs.data.scoring import view_for
+from colab_graphs.fitting import Fitted
 from colab_graphs.models.client import CallError, ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.protocols import dev_fit
-from colab_graphs.protocols.fitting import Fitted, declare_fit
 from colab_graphs.protocols.prompts import ANSWER
 from colab_graphs.protocols.stages import check_members
 from colab_graphs.protocols.text_fit import (
@@ -57,6 +57,76 @@ DEFAULT_SCORE = 5.0  # what a judge gives both answers of a pair when it gives a
 __all__ = ["Ratings", "combat", "fit_sparta", "judge_score", "matches", "sparta"]
 
 
+async def fit_sparta(
+    spec: GraphSpec, pool: Pool, *, client: ModelClient, scorer: str | None = None
+) -> Fitted:
+    """The fit step: the combat on dev, fine-tuning on the winners' answers, the best member on dev.
+
+    Raises:
+        LocalMembersError: API members without `frozen_api_members` (before any call).
+        FitError: no dev data (a coalition of two or more members needs it), or a dev call failed.
+    """
+    members = list(spec.members)
+    params = dev_fit.protocol_params(spec)
+    prompt = str(params["prompt"])
+    trainable = trainable_members(NAME, pool, members, bool(params["frozen_api_members"]))
+    if len(members) == 1:
+        plain = _alone(members, members[0], prompt).model_copy(update={"params": spec.params})
+        return Fitted(plain, dev_fit.record(members, None, 0.0, 0, {"best": members[0]}))
+    examples = dev_fit.dev_examples(NAME, params, members)
+    key = dev_fit.fit_key(NAME, pool, members, examples, scorer, params)
+
+    async def compute() -> dict[str, Any]:
+        runs = {
+            m: await run_on_dev(_solo(members, m, prompt), pool, examples, client=client, scorer=scorer)
+            for m in members
+        }
+        pairs, ratings = await combat(pool, members, examples, runs, params, client=client, scorer=scorer)
+        jobs = {}
+        for m in trainable:
+            groups = []
+            for p in pairs:
+                if p["winner"] is None:
+                    continue
+                own, won = (
+                    runs[m][p["question"]].trace.calls[0],
+                    runs[p["winner"]][p["question"]].trace.calls[0],
+                )
+                groups.append(
+                    [Segment.of_call(own) if p["winner"] == m else Segment.of_call(own, won.completion or "")]
+                )
+            jobs[m] = (m, groups)
+        trained = await finetune_members(pool, jobs, dev_fit.fits_home() / f"{NAME}-{key}", params)
+        dev_scores = {m: mean_score(runs[m]) for m in members}
+        for m, info in trained.items():  # a trained member is judged by its fine-tuned model
+            alone = with_seat_models(_solo(members, m, prompt), {"answer": f"local/{info['folder']}"})
+            dev_scores[m] = mean_score(await run_on_dev(alone, pool, examples, client=client, scorer=scorer))
+        best = max(members, key=lambda m: dev_scores[m])  # max keeps the first of equals: pool order
+        return {
+            "best": best,
+            "dev_scores": dev_scores,
+            "preferences": sum(p["winner"] is not None for p in pairs),
+            "pairs": [
+                {"question": examples[p["question"]].id, "pair": p["pair"], "winner": p["winner"]}
+                for p in pairs
+            ],
+            "ratings": {m: round(ratings.score[m], 4) for m in members},
+            "models": {m: info["folder"] for m, info in trained.items()},
+            "train_s": {m: info["train_s"] for m, info in trained.items()},
+            "frozen": [m for m in members if m not in trainable],
+        }
+
+    result, fitted, fit_s = await dev_fit.cached_fit(NAME, key, members, compute)
+    check_models(NAME, result["models"])
+    best = result["best"]
+    folder = result["models"].get(best)
+    run_spec = _alone(members, best, prompt, f"local/{folder}" if folder else None)
+    return Fitted(
+        run_spec.model_copy(update={"params": spec.params}),
+        dev_fit.record(members, fitted, fit_s, len(examples), result),
+    )
+
+
 @protocol(
     NAME,
     family="text",
@@ -64,6 +134,7 @@ __all__ = ["Ratings", "combat", "fit_sparta", "judge_score", "matches", "sparta"
     "local members, and the best member on dev then answers alone.",
     min_members=1,
     requires=["dev_split", LOCAL_TRAINING],
+    fit=fit_sparta,
 )
 def sparta(
     members: list[str],
@@ -283,7 +354,7 @@ class Ratings:
 
 
 def _solo(members: list[str], member: str, prompt: str) -> GraphSpec:
-    from colab_graphs.protocols.registry import build_protocol
+    from colab_graphs.protocol_registry import build_protocol
 
     return build_protocol("solo", members, member=member, prompt=prompt)
 
@@ -349,76 +420,3 @@ async def combat(
             None if scores is None or scores[0] == scores[1] else p["pair"][0 if scores[0] > scores[1] else 1]
         )
     return pairs, ratings
-
-
-async def fit_sparta(
-    spec: GraphSpec, pool: Pool, *, client: ModelClient, scorer: str | None = None
-) -> Fitted:
-    """The fit step: the combat on dev, fine-tuning on the winners' answers, the best member on dev.
-
-    Raises:
-        LocalMembersError: API members without `frozen_api_members` (before any call).
-        FitError: no dev data (a coalition of two or more members needs it), or a dev call failed.
-    """
-    members = list(spec.members)
-    params = dev_fit.protocol_params(spec)
-    prompt = str(params["prompt"])
-    trainable = trainable_members(NAME, pool, members, bool(params["frozen_api_members"]))
-    if len(members) == 1:
-        plain = _alone(members, members[0], prompt).model_copy(update={"params": spec.params})
-        return Fitted(plain, dev_fit.record(members, None, 0.0, 0, {"best": members[0]}))
-    examples = dev_fit.dev_examples(NAME, params, members)
-    key = dev_fit.fit_key(NAME, pool, members, examples, scorer, params)
-
-    async def compute() -> dict[str, Any]:
-        runs = {
-            m: await run_on_dev(_solo(members, m, prompt), pool, examples, client=client, scorer=scorer)
-            for m in members
-        }
-        pairs, ratings = await combat(pool, members, examples, runs, params, client=client, scorer=scorer)
-        jobs = {}
-        for m in trainable:
-            groups = []
-            for p in pairs:
-                if p["winner"] is None:
-                    continue
-                own, won = (
-                    runs[m][p["question"]].trace.calls[0],
-                    runs[p["winner"]][p["question"]].trace.calls[0],
-                )
-                groups.append(
-                    [Segment.of_call(own) if p["winner"] == m else Segment.of_call(own, won.completion or "")]
-                )
-            jobs[m] = (m, groups)
-        trained = await finetune_members(pool, jobs, dev_fit.fits_home() / f"{NAME}-{key}", params)
-        dev_scores = {m: mean_score(runs[m]) for m in members}
-        for m, info in trained.items():  # a trained member is judged by its fine-tuned model
-            alone = with_seat_models(_solo(members, m, prompt), {"answer": f"local/{info['folder']}"})
-            dev_scores[m] = mean_score(await run_on_dev(alone, pool, examples, client=client, scorer=scorer))
-        best = max(members, key=lambda m: dev_scores[m])  # max keeps the first of equals: pool order
-        return {
-            "best": best,
-            "dev_scores": dev_scores,
-            "preferences": sum(p["winner"] is not None for p in pairs),
-            "pairs": [
-                {"question": examples[p["question"]].id, "pair": p["pair"], "winner": p["winner"]}
-                for p in pairs
-            ],
-            "ratings": {m: round(ratings.score[m], 4) for m in members},
-            "models": {m: info["folder"] for m, info in trained.items()},
-            "train_s": {m: info["train_s"] for m, info in trained.items()},
-            "frozen": [m for m in members if m not in trainable],
-        }
-
-    result, fitted, fit_s = await dev_fit.cached_fit(NAME, key, members, compute)
-    check_models(NAME, result["models"])
-    best = result["best"]
-    folder = result["models"].get(best)
-    run_spec = _alone(members, best, prompt, f"local/{folder}" if folder else None)
-    return Fitted(
-        run_spec.model_copy(update={"params": spec.params}),
-        dev_fit.record(members, fitted, fit_s, len(examples), result),
-    )
-
-
-declare_fit(sparta, fit_sparta)

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 
 from colab_graphs.builder import GraphBuilder
+from colab_graphs.fitting import Fitted
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.protocols import dev_fit
-from colab_graphs.protocols.fitting import Fitted, declare_fit
 from colab_graphs.protocols.prompts import ANSWER
 from colab_graphs.protocols.stages import check_count, check_members
 from colab_graphs.protocols.text_fit import mean_score, run_on_dev, unfitted
@@ -42,6 +42,70 @@ FINAL = (
 __all__ = ["decode", "dag_spec", "fit_heterogeneous_swarms", "heterogeneous_swarms"]
 
 
+async def fit_heterogeneous_swarms(
+    spec: GraphSpec, pool: Pool, *, client: ModelClient, scorer: str | None = None
+) -> Fitted:
+    """The fit step: search the coalition's DAG on dev (or find it cached); a coalition of one answers alone.
+
+    Raises:
+        FitError: no dev data (a coalition of two or more members needs it), or a dev run failed.
+    """
+    name, members = spec.name, list(spec.members)
+    params = dev_fit.protocol_params(spec)
+    prompts = (str(params["prompt"]), str(params["relay_prompt"]), str(params["final_prompt"]))
+    if len(members) == 1:
+        return Fitted(
+            _as_built(spec, {}, prompts), dev_fit.record(members, None, 0.0, 0, {"end": members[0]})
+        )
+    examples = dev_fit.dev_examples(name, params, members)
+    key = dev_fit.fit_key(name, pool, members, examples, scorer, params)
+
+    async def compute() -> dict[str, Any]:
+        scores: dict[tuple, float] = {}
+
+        async def score_dag(feeds: dict[int, int]) -> float:
+            graph = tuple(sorted(feeds.items()))
+            if graph not in scores:
+                named = {members[i]: members[j] for i, j in feeds.items()}
+                outcomes = await run_on_dev(
+                    dag_spec(members, named, *prompts), pool, examples, client=client, scorer=scorer
+                )
+                scores[graph] = mean_score(outcomes)
+            return scores[graph]
+
+        n, population = len(members), int(params["population"])
+        rng = random.Random(int(params["seed"]))
+        anchors = [np.array([[rng.random() for _ in range(n)] for _ in range(n)]) for _ in range(population)]
+
+        async def score(coordinates: list[float]) -> float:
+            return await score_dag(decode(sum(c * m for c, m in zip(coordinates, anchors, strict=True))))
+
+        keys = ("max_iterations", "inertia", "cognitive", "social", "repel", "step_length", "patience")
+        found = await swarm_search(
+            len(anchors),
+            score,
+            population=len(anchors),
+            restart_patience=int(params["restart_patience"]),
+            seed=int(params["seed"]),
+            **{k: params[k] for k in keys},
+        )
+        best = decode(sum(c * m for c, m in zip(found.best, anchors, strict=True)))
+        feeds = {members[i]: members[j] for i, j in best.items()}
+        return {
+            "feeds": feeds,
+            "end": next(m for m in members if m not in feeds),
+            "dev_score": found.score,
+            "graphs_tried": len(scores),
+            "iterations": found.iterations,
+        }
+
+    result, fitted, fit_s = await dev_fit.cached_fit(name, key, members, compute)
+    return Fitted(
+        _as_built(spec, result["feeds"], prompts),
+        dev_fit.record(members, fitted, fit_s, len(examples), result),
+    )
+
+
 @protocol(
     "heterogeneous_swarms",
     family="text",
@@ -49,6 +113,7 @@ __all__ = ["decode", "dag_spec", "fit_heterogeneous_swarms", "heterogeneous_swar
     "whose edges a particle swarm searches on the dev split.",
     min_members=1,
     requires=["dev_split"],
+    fit=fit_heterogeneous_swarms,
 )
 def heterogeneous_swarms(
     members: list[str],
@@ -175,73 +240,6 @@ def decode(matrix: Any) -> dict[int, int]:
     return feeds
 
 
-async def fit_heterogeneous_swarms(
-    spec: GraphSpec, pool: Pool, *, client: ModelClient, scorer: str | None = None
-) -> Fitted:
-    """The fit step: search the coalition's DAG on dev (or find it cached); a coalition of one answers alone.
-
-    Raises:
-        FitError: no dev data (a coalition of two or more members needs it), or a dev run failed.
-    """
-    name, members = spec.name, list(spec.members)
-    params = dev_fit.protocol_params(spec)
-    prompts = (str(params["prompt"]), str(params["relay_prompt"]), str(params["final_prompt"]))
-    if len(members) == 1:
-        return Fitted(
-            _as_built(spec, {}, prompts), dev_fit.record(members, None, 0.0, 0, {"end": members[0]})
-        )
-    examples = dev_fit.dev_examples(name, params, members)
-    key = dev_fit.fit_key(name, pool, members, examples, scorer, params)
-
-    async def compute() -> dict[str, Any]:
-        scores: dict[tuple, float] = {}
-
-        async def score_dag(feeds: dict[int, int]) -> float:
-            graph = tuple(sorted(feeds.items()))
-            if graph not in scores:
-                named = {members[i]: members[j] for i, j in feeds.items()}
-                outcomes = await run_on_dev(
-                    dag_spec(members, named, *prompts), pool, examples, client=client, scorer=scorer
-                )
-                scores[graph] = mean_score(outcomes)
-            return scores[graph]
-
-        n, population = len(members), int(params["population"])
-        rng = random.Random(int(params["seed"]))
-        anchors = [np.array([[rng.random() for _ in range(n)] for _ in range(n)]) for _ in range(population)]
-
-        async def score(coordinates: list[float]) -> float:
-            return await score_dag(decode(sum(c * m for c, m in zip(coordinates, anchors, strict=True))))
-
-        keys = ("max_iterations", "inertia", "cognitive", "social", "repel", "step_length", "patience")
-        found = await swarm_search(
-            len(anchors),
-            score,
-            population=len(anchors),
-            restart_patience=int(params["restart_patience"]),
-            seed=int(params["seed"]),
-            **{k: params[k] for k in keys},
-        )
-        best = decode(sum(c * m for c, m in zip(found.best, anchors, strict=True)))
-        feeds = {members[i]: members[j] for i, j in best.items()}
-        return {
-            "feeds": feeds,
-            "end": next(m for m in members if m not in feeds),
-            "dev_score": found.score,
-            "graphs_tried": len(scores),
-            "iterations": found.iterations,
-        }
-
-    result, fitted, fit_s = await dev_fit.cached_fit(name, key, members, compute)
-    return Fitted(
-        _as_built(spec, result["feeds"], prompts),
-        dev_fit.record(members, fitted, fit_s, len(examples), result),
-    )
-
-
 def _as_built(spec: GraphSpec, feeds: dict[str, str], prompts: tuple[str, str, str]) -> GraphSpec:
     """The coalition's spec along `feeds`, keeping the parameters it was built with."""
     return dag_spec(list(spec.members), feeds, *prompts).model_copy(update={"params": spec.params})
-
-
-declare_fit(heterogeneous_swarms, fit_heterogeneous_swarms)

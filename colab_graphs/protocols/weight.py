@@ -3,7 +3,7 @@
 `greedy_soup`, `dare_ties`, `model_swarms`, `lorahub` and `expo` (MoCo's names) merge the weights of in-process
 `local/` members of one architecture (LoRA adapters of one base for `lorahub`) into one model that answers
 alone. The spec has one seat, held by the first present member in pool order (its sampling settings and persona
-apply); the protocol's fit step (`colab_graphs.protocols.fitting`) merges the coalition's members and routes the
+apply); the protocol's fit step (`colab_graphs.fitting`) merges the coalition's members and routes the
 seat's calls to the merged model. The coalition game fits each coalition once, before any call; `colab-graphs
 run` fits the whole pool. A spec run without its fit step fails at its first call, naming the step.
 
@@ -24,9 +24,7 @@ protocol's docstring.
 from __future__ import annotations
 
 from colab_graphs.builder import GraphBuilder
-from colab_graphs.protocols.fitting import declare_fit
 from colab_graphs.protocols.prompts import ANSWER
-from colab_graphs.protocols.registry import protocol
 from colab_graphs.protocols.weight_fit import (
     REQUIREMENT,
     SEAT,
@@ -37,6 +35,7 @@ from colab_graphs.protocols.weight_fit import (
     stats,
     with_model,
 )
+from colab_graphs.registry import protocol
 from colab_graphs.spec import GraphSpec
 
 __all__ = [
@@ -83,6 +82,7 @@ def _check(name: str, ok: bool, message: str) -> None:
     description="One model: the uniform average of the members a greedy search on dev keeps (local members "
     "of one architecture).",
     requires=[REQUIREMENT],
+    fit=fit_weight_coalition,
 )
 def greedy_soup(
     members: list[str],
@@ -115,6 +115,7 @@ def greedy_soup(
     description="One model: the members' task vectors randomly dropped and rescaled (DARE), then merged with "
     "sign consensus (TIES).",
     requires=[REQUIREMENT],
+    fit=fit_weight_coalition,
 )
 def dare_ties(
     members: list[str],
@@ -157,6 +158,7 @@ def dare_ties(
     description="One model: the best particle of a swarm search over combinations of the members' weights, "
     "scored on dev.",
     requires=[REQUIREMENT],
+    fit=fit_weight_coalition,
 )
 def model_swarms(
     members: list[str],
@@ -214,6 +216,7 @@ def model_swarms(
     description="One model: the base with the members' LoRA adapters composed by weights searched on dev "
     "(adapters of one base).",
     requires=[REQUIREMENT],
+    fit=fit_weight_coalition,
 )
 def lorahub(
     members: list[str],
@@ -255,6 +258,7 @@ def lorahub(
     family="weight",
     description="One model: the best member on dev extrapolated away from a reference checkpoint (ExPO).",
     requires=[REQUIREMENT],
+    fit=fit_weight_coalition,
 )
 def expo(
     members: list[str],
@@ -285,7 +289,3 @@ def expo(
     """
     _check("expo", dev_limit >= 0, f"dev_limit must be >= 0, got {dev_limit}")
     return _merged_model("expo", members, prompt, "the best member extrapolated from a reference")
-
-
-for _builder in (greedy_soup, dare_ties, model_swarms, lorahub, expo):
-    declare_fit(_builder, fit_weight_coalition)

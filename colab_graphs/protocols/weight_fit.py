@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from colab_graphs.data.example import Example
+from colab_graphs.fitting import Fitted
 from colab_graphs.models import merge
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
-from colab_graphs.protocols.fitting import Fitted
-from colab_graphs.protocols.registry import get_protocol
+from colab_graphs.protocol_registry import get_protocol
 from colab_graphs.protocols.weight_search import es_search, greedy_soup_search, swarm_search
 from colab_graphs.spec import GraphSpec, SpecError
 
@@ -38,7 +38,7 @@ SEAT = "merged"
 LOCAL_PREFIX = "local/"
 REQUIREMENT = "local_weights"
 # The seat's model until the fit step routes it: a call fails, and the failure names what is missing.
-UNFITTED_MODEL = "local/unfitted-weight-merge(run-the-protocol's-fit-step:colab_graphs.protocols.fitting)"
+UNFITTED_MODEL = "local/unfitted-weight-merge(run-the-protocol's-fit-step:colab_graphs.fitting)"
 # Parameters the fit key holds by content instead (the dev examples, the weights of `base` / `reference`).
 _BY_CONTENT = ("dev", "dev_split", "dev_limit", "base", "reference")
 

@@ -210,7 +210,7 @@ def _pools(raw: Any, path: Path, fail) -> dict[str, Pool]:
 
 
 def _protocols(raw: Any, fail) -> list[ProtocolEntry]:
-    from colab_graphs.protocols.registry import coerce_param, get_protocol
+    from colab_graphs.protocol_registry import coerce_param, get_protocol
 
     entries: list[ProtocolEntry] = []
     for key, item in _entries(raw, "protocols", PROTOCOL_KEYS, fail):
@@ -294,7 +294,7 @@ def _unique(labels: list[str], key: str, what: str, fail) -> None:
 
 
 def _check_protocols_fit_pools(config: StudyConfig, fail) -> None:
-    from colab_graphs.protocols.registry import get_protocol
+    from colab_graphs.protocol_registry import get_protocol
 
     for i, entry in enumerate(config.protocols, 1):
         info = get_protocol(entry.name)

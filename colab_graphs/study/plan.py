@@ -111,7 +111,7 @@ def build_plan(config: StudyConfig) -> StudyPlan:
         StudyConfigError: a dataset that cannot be read or has repeated ids, a protocol that cannot be built
             over a pool (its parameters, its member count), or an estimate that cannot be planned.
     """
-    from colab_graphs.protocols.registry import build_protocol, get_protocol
+    from colab_graphs.protocol_registry import build_protocol, get_protocol
     from colab_graphs.spec import SpecError
 
     where = config.path

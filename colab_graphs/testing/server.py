@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import hashlib
 import json
 import math
@@ -45,6 +46,7 @@ from colab_graphs.testing.scripts import (
     Reply,
     Script,
     load_members,
+    member_from_config,
     message_text,
     unit_draw,
 )
@@ -534,6 +536,23 @@ class ScriptedServer:
     def _log(self, record: RequestRecord) -> None:
         with self._lock:
             self._records.append(record)
+
+
+def server_for_configs(
+    configs: Mapping[str, Any] | None, field: str = "members"
+) -> ScriptedServer | contextlib.nullcontext[None]:
+    """A server for members given as configs (`member_from_config`), not started: enter it with `with`; a null
+    context when there are none. A config file can thus name scripted members (the train config's
+    `scripted_members`) without its reader knowing this module.
+
+    Raises:
+        ValueError: a malformed config, named `field.member`, before anything starts.
+    """
+    if not configs:
+        return contextlib.nullcontext()
+    return ScriptedServer(
+        {name: member_from_config(spec, f"{field}.{name}") for name, spec in configs.items()}
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -118,7 +118,8 @@ class CRLFields:
     scripted_members: dict | None = _f(
         None,
         "TESTING FEATURE: member -> scripted reply config (see colab_graphs.testing.scripts.member_from_config). "
-        "The CLI starts a local ScriptedServer and points these members at it, so a config runs offline.",
+        "Training starts a local ScriptedServer (colab_graphs.testing.server.server_for_configs) and points these "
+        "members at it, so a config runs offline.",
     )
     policy_member: str = _f("policy", "The pool member whose seats the trained policy fills.")
     policy_model: str = _f(

@@ -159,6 +159,7 @@ def _train(
     """`train`'s work, with the output folder held."""
     from colab_graphs.models.cache import CallCache
     from colab_graphs.models.client import ModelClient
+    from colab_graphs.testing.server import server_for_configs
     from colab_graphs.trainers import system
     from colab_graphs.trainers.evaluate import evaluate
     from colab_graphs.trainers.export import export_policy
@@ -168,7 +169,11 @@ def _train(
     main = processes.is_main_process
     split = system.load_split(config)
     loop = LoopThread.shared()
-    with system.scripted_server(config) as server:
+    try:
+        scripted = server_for_configs(config.scripted_members, "scripted_members")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    with scripted as server:
         pool, spec, model, tokenizer = system.seated_system(config, server, str(processes.device))
         cache = None if config.no_cache else CallCache(config.cache_dir)
         client = ModelClient(cache, max_concurrency=config.max_concurrency)

@@ -10,8 +10,6 @@ policy member if it is still missing.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -100,26 +98,6 @@ def load_split(config: TrainConfig) -> Split:
     return Split(train, held, duplicates, len(examples) - len(train))
 
 
-@contextlib.contextmanager
-def scripted_server(config: TrainConfig) -> Iterator[Any]:
-    """A ScriptedServer for `scripted_members` (testing feature), or None; stopped on exit."""
-    if not config.scripted_members:
-        yield None
-        return
-    from colab_graphs.testing.scripts import member_from_config
-    from colab_graphs.testing.server import ScriptedServer
-
-    try:
-        members = {
-            name: member_from_config(spec, f"scripted_members.{name}")
-            for name, spec in config.scripted_members.items()
-        }
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-    with ScriptedServer(members) as server:
-        yield server
-
-
 def build_pool(config: TrainConfig, server: Any = None) -> Pool:
     """The pool with scripted members pointed at `server` and the policy member served in process."""
     if isinstance(config.pool, str):
@@ -150,7 +128,7 @@ def build_pool(config: TrainConfig, server: Any = None) -> Pool:
 def build_spec(config: TrainConfig, pool: Pool) -> GraphSpec:
     """The system's protocol over the pool (resolved as the CLI resolves it: a router's `descriptions` come
     from the pool's members); the policy member must hold at least one seat."""
-    from colab_graphs.protocols.resolve import ProtocolError, resolve_protocol
+    from colab_graphs.resolve import ProtocolError, resolve_protocol
     from colab_graphs.spec import Seat, SpecError
 
     where = "graph" if config.graph else "protocol"
@@ -176,7 +154,7 @@ def build_spec(config: TrainConfig, pool: Pool) -> GraphSpec:
 
 def solo_spec(config: TrainConfig, pool: Pool) -> GraphSpec:
     """The policy answering alone (the `reward: solo` baseline and its individual strength)."""
-    from colab_graphs.protocols.registry import build_protocol
+    from colab_graphs.protocol_registry import build_protocol
 
     return build_protocol("solo", pool.names, member=config.policy_member)
 

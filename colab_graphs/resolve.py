@@ -16,8 +16,8 @@ from typing import Any
 
 from colab_graphs.builder import GraphBuilder
 from colab_graphs.pool import Pool
-from colab_graphs.protocols.registry import build_protocol, get_protocol
-from colab_graphs.registry import registry_find
+from colab_graphs.protocol_registry import build_protocol, get_protocol
+from colab_graphs.registry import load_plugins, registry_find
 from colab_graphs.spec import GraphSpec
 
 
@@ -99,7 +99,12 @@ def load_graph(ref: str, members: list[str], params: dict[str, Any]) -> GraphSpe
 
 def load_module(where: str, kind: str = "graph") -> Any:
     """The module a reference's `where` names: a Python file (``path/to/file.py``) or an importable module.
-    Errors name the `kind` of reference ("graph", "app") and the file or module."""
+    Errors name the `kind` of reference ("graph", "app") and the file or module.
+
+    The plugins load first, so a protocol the module registers under a plugin's name is refused there, naming
+    both (`colab_graphs.registry.NameClash`), rather than breaking the plugin's load later.
+    """
+    load_plugins()
     path = Path(where)
     if path.suffix != ".py" and not path.exists():
         try:

@@ -1,14 +1,16 @@
 """Per-coalition fitting: protocols whose coalitions must be built, trained or searched before they run.
 
-A protocol declares a fit step with `declare_fit(builder, step)`. `fit_coalition(spec, pool, ...)` runs it on
-one coalition's spec (the protocol restricted to that coalition) and returns the spec to compile, with a record
-of what fitting did and cost. The coalition game runs it once per coalition before any call, so a coalition
+The fit stage of the pipeline spec -> coalition -> fit -> compile. A protocol declares its fit step where it
+is registered, `@protocol(..., fit=step)`; `fit_coalition(spec, pool, ...)` runs it on one coalition's spec
+(the protocol restricted to that coalition) and returns the spec to compile, with a record of what fitting did
+and cost. The coalition game runs it once per coalition before any call, so a coalition
 without a member fits without it; `colab-graphs run` runs it for the whole pool. A step caches its own
 artefacts (keyed by protocol, coalition, dev data and parameters), so an audit never fits a coalition that an
 earlier run fitted; its record says whether it did the work (`fitted`, `merged`) or found it (`reused`).
 
-A step is `async step(spec, pool, *, client, scorer) -> Fitted`; the weight-level protocols
-(`colab_graphs.protocols.weight`) are the built-in ones that declare it.
+A step is `async step(spec, pool, *, client, scorer) -> Fitted` (or None: nothing to fit for these
+parameters); the built-in ones are the weight-level merges and the dev-split fits of the trained API- and
+text-level protocols.
 """
 
 from __future__ import annotations
@@ -19,9 +21,8 @@ from typing import Any
 
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
+from colab_graphs.protocol_registry import get_protocol
 from colab_graphs.spec import GraphSpec
-
-_ATTRIBUTE = "fit_step"
 
 
 @dataclass
@@ -40,20 +41,13 @@ class Fitted:
 FitStep = Callable[..., Awaitable[Fitted]]
 
 
-def declare_fit(builder: Callable[..., GraphSpec], step: FitStep) -> None:
-    """Declare `step` as the fit step of the protocol built by `builder` (a registered protocol's function)."""
-    setattr(builder, _ATTRIBUTE, step)
-
-
 def fit_step_of(spec: GraphSpec) -> FitStep | None:
-    """The fit step of the registered protocol `spec` was built from, or None when it has none."""
-    from colab_graphs.protocols.registry import get_protocol
-
+    """The fit step the registry holds for the protocol `spec` was built from, or None when it has none (a
+    user's own graph is not registered: it runs as built)."""
     try:
-        info = get_protocol(spec.name)
+        return get_protocol(spec.name).fit
     except KeyError:
         return None
-    return getattr(info.builder, _ATTRIBUTE, None)
 
 
 async def fit_coalition(

@@ -8,23 +8,21 @@ docstring), so `colab-graphs protocols` can list them and `-P key=value` can be 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from colab_graphs.registry import FAMILIES, RegistryInfo, protocol, registry_find, registry_lookup
+from colab_graphs.registry import FAMILIES, RegistryInfo, registry_find, registry_lookup
 from colab_graphs.spec import GraphSpec
 
 Builder = Callable[..., GraphSpec]
 
 __all__ = [
-    "FAMILIES",
     "ProtocolInfo",
     "build_protocol",
     "coerce_param",
     "get_protocol",
     "list_protocols",
-    "protocol",
 ]
 
 
@@ -40,8 +38,10 @@ class ProtocolInfo:
     max_members: int | None = None
     requires: list[str] = field(default_factory=list)
     independent_replies: bool = False
+    fit: Callable[..., Awaitable[Any]] | None = None  # the fit step (`colab_graphs.fitting.FitStep`)
     params: dict[str, Any] = field(default_factory=dict)
     param_docs: dict[str, str] = field(default_factory=dict)
+    source: str = ""  # where the builder is defined (`colab_graphs.registry.source_of`)
 
     @classmethod
     def of(cls, info: RegistryInfo) -> ProtocolInfo:
