@@ -1,6 +1,6 @@
 """MoCo's remaining API-level methods and SLM-MUX end to end over real HTTP: trained_router, graph_routing,
 mentor_collab, slm_mux; and nudging / co_llm refusing API members (their token-level runs on tiny local models
-are in tests/test_protocols_moco_local.py).
+are in tests/test_protocols_api_decoding.py).
 
 Scripted members reply as real models do (a sentence of working, then "The answer is N."). For the routers each
 member is an expert on one kind of question (sums, spiders' legs, days in weeks) and off by one on the others, so
