@@ -9,7 +9,6 @@ game adds calls, tokens, cost and timing and builds an `AuditReport`. `write_rep
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,21 +26,14 @@ from colab_graphs.audit.estimators import (
     rank_correlation,
     ranks,
 )
+from colab_graphs.files import atomic_write_text
+from colab_graphs.log.records import package_version
 from colab_graphs.redaction import hide_secrets
 
 SCHEMA_VERSION = 1
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
 SHOWN_COALITIONS = 64  # rows of the markdown's coalition table (report.json lists every one)
-
-
-def _package_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("colab-graphs")
-    except PackageNotFoundError:
-        return "0+unknown"
 
 
 class TokenCount(BaseModel):
@@ -117,7 +109,7 @@ class AuditReport(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     schema_version: int = SCHEMA_VERSION
-    version: str = Field(default_factory=_package_version)
+    version: str = Field(default_factory=package_version)
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     protocol: str
     protocol_params: dict[str, Any] = Field(default_factory=dict)
@@ -537,11 +529,10 @@ def render_markdown(report: AuditReport, images: Mapping[str, str] | None = None
     return "\n".join(lines) + "\n"
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    # A report is either the old one or the new one, never half written, even if the audit is killed.
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(hide_secrets(text), encoding="utf-8")
-    os.replace(tmp, path)
+def write_atomic(path: Path, text: str) -> None:
+    """A report file, the old one or the new one, never half written (even if the audit is killed), without
+    the registered secrets."""
+    atomic_write_text(path, hide_secrets(text))
 
 
 def write_report(
@@ -560,10 +551,10 @@ def write_report(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = dict(images or {})
-    _write_atomic(out / REPORT_JSON, report.model_dump_json(indent=2) + "\n")
+    write_atomic(out / REPORT_JSON, report.model_dump_json(indent=2) + "\n")
     written["json"] = out / REPORT_JSON
     images = {name: path.name for name, path in written.items() if path.suffix == ".png"}
-    _write_atomic(out / REPORT_MD, render_markdown(report, images))
+    write_atomic(out / REPORT_MD, render_markdown(report, images))
     written["md"] = out / REPORT_MD
     return written
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from colab_graphs.builder import GraphBuilder
+from colab_graphs.files import atomic_write_text
 from colab_graphs.fitting import Fitted
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
@@ -253,9 +254,7 @@ def head_file(key: str, result: dict[str, Any]) -> Path:
     path = dev_fit.fits_home() / f"co_llm-{key}-head.json"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
-        temp = path.with_name(f".{path.name}.tmp")
-        temp.write_text(json.dumps({"w": result["w"], "b": result["b"]}))
-        temp.replace(path)
+        atomic_write_text(path, json.dumps({"w": result["w"], "b": result["b"]}))
     return path
 
 

@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from colab_graphs.data.example import Example
+from colab_graphs.files import atomic_write_text
 from colab_graphs.models.client import ModelClient
 from colab_graphs.models.merge import Work, merges_home
 from colab_graphs.pool import Pool
@@ -173,9 +173,7 @@ async def cached_fit(
     stats.seconds += fit_s
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"method": name, "members": members, "result": result, "fit_s": round(fit_s, 3)}
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(temp, path)
+    atomic_write_text(path, json.dumps(record, indent=2) + "\n")
     return result, True, fit_s
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from colab_graphs.data.example import Example
+from colab_graphs.files import atomic_write_text
 from colab_graphs.fitting import Fitted
 from colab_graphs.models import merge
 from colab_graphs.models.client import ModelClient
@@ -268,9 +268,7 @@ class _Coalition:
         path.parent.mkdir(parents=True, exist_ok=True)
         record = {"method": self.name, "members": self.members, "result": result, "fit_s": round(fit_s, 3)}
         record.update(candidates=self.candidates, dev_examples=len(self.dev()))
-        temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        temp.write_text(json.dumps(record, indent=2) + "\n")
-        os.replace(temp, path)
+        atomic_write_text(path, json.dumps(record, indent=2) + "\n")
         return result, True, fit_s, self.candidates
 
     async def route(self, recipe: Recipe) -> tuple[str, bool | None, float]:

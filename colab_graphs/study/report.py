@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from colab_graphs.audit.report import AuditReport, Calls, _package_version, _write_atomic
+from colab_graphs.audit.report import AuditReport, Calls, write_atomic
+from colab_graphs.log.records import package_version
 from colab_graphs.study.stats import pair_correlation
 
 SCHEMA_VERSION = 1
@@ -80,7 +81,7 @@ class StudyReport(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     schema_version: int = SCHEMA_VERSION
-    version: str = Field(default_factory=_package_version)
+    version: str = Field(default_factory=package_version)
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     method: Literal["loo", "exact", "sampled"]
     measure: Literal["shapley", "loo"]
@@ -276,8 +277,8 @@ def write_study(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     images = dict(images or {})
-    _write_atomic(out / STUDY_JSON, report.model_dump_json(indent=2) + "\n")
-    _write_atomic(out / STUDY_MD, render_markdown(report, {name: p.name for name, p in images.items()}))
+    write_atomic(out / STUDY_JSON, report.model_dump_json(indent=2) + "\n")
+    write_atomic(out / STUDY_MD, render_markdown(report, {name: p.name for name, p in images.items()}))
     return {**images, "json": out / STUDY_JSON, "md": out / STUDY_MD}
 
 
