@@ -282,8 +282,7 @@ async def arun(
     progress: bool | None = None,
 ) -> RunResult:
     """Run a protocol over a dataset (what `colab-graphs run` does); writes the run outputs under `out`."""
-    from colab_graphs.fitting import fit_coalition
-    from colab_graphs.runner import run_dataset
+    from colab_graphs.fitting import run_fitted
 
     the_pool = as_pool(pool)
     spec = as_spec(protocol, the_pool, params)
@@ -294,9 +293,8 @@ async def arun(
         _Reporter(Progress(f"run {spec.name}", "example"), on_progress, progress) as report,
     ):
         report.plan(len(examples))
-        fitted = await fit_coalition(spec, the_pool, client=the_client, scorer=scorer)
-        outcomes, summary = await run_dataset(
-            fitted.spec if fitted is not None else spec,
+        outcomes, summary = await run_fitted(
+            spec,
             the_pool,
             examples,
             client=the_client,

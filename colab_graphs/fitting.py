@@ -15,14 +15,18 @@ text-level protocols.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.protocol_registry import get_protocol
 from colab_graphs.spec import GraphSpec
+
+if TYPE_CHECKING:
+    from colab_graphs.data.example import Example
+    from colab_graphs.runner import ExampleOutcome
 
 
 @dataclass
@@ -58,6 +62,24 @@ async def fit_coalition(
     if step is None:
         return None
     return await step(spec, pool, client=client, scorer=scorer)
+
+
+async def run_fitted(
+    spec: GraphSpec,
+    pool: Pool,
+    examples: Sequence[Example],
+    *,
+    client: ModelClient,
+    scorer: str | None = None,
+    **run_options: Any,
+) -> tuple[list[ExampleOutcome], dict[str, Any]]:
+    """`runner.run_dataset` of `spec` as fitted first when its protocol declares a fit step (a weight merge, a
+    search on dev data), else as given: what `colab-graphs run` and `colab_graphs.run` do."""
+    from colab_graphs.runner import run_dataset
+
+    fitted = await fit_coalition(spec, pool, client=client, scorer=scorer)
+    run_spec = fitted.spec if fitted is not None else spec
+    return await run_dataset(run_spec, pool, examples, client=client, scorer=scorer, **run_options)
 
 
 def fitting_summary(records: Iterable[dict[str, Any]]) -> dict[str, Any]:

@@ -94,7 +94,7 @@ def run(
     from rich.markup import escape
 
     from colab_graphs.redaction import redact
-    from colab_graphs.runner import RunError, run_dataset
+    from colab_graphs.runner import RunError
     from colab_graphs.spec import SpecError
 
     the_pool = load_pool(pool)
@@ -115,25 +115,22 @@ def run(
         mean = sum(scores) / len(scores) if scores else 0.0
         progress.update(task, advance=1, status=f"score {mean:.3f}  failed {failed}")
 
-    async def fit_and_run():
-        from colab_graphs.fitting import fit_coalition
-
-        # A protocol whose coalition is fitted first (a weight merge, a search on dev) runs as fitted.
-        fitted = await fit_coalition(spec, the_pool, client=client, scorer=scorer)
-        return await run_dataset(
-            fitted.spec if fitted is not None else spec,
-            the_pool,
-            examples,
-            client=client,
-            scorer=scorer,
-            out=out,
-            overwrite=overwrite,
-            on_progress=on_progress,
-        )
+    from colab_graphs.fitting import run_fitted
 
     try:
         with holding_out(out), progress:
-            outcomes, summary = asyncio.run(fit_and_run())
+            outcomes, summary = asyncio.run(
+                run_fitted(
+                    spec,
+                    the_pool,
+                    examples,
+                    client=client,
+                    scorer=scorer,
+                    out=out,
+                    overwrite=overwrite,
+                    on_progress=on_progress,
+                )  # fmt: skip
+            )
     except (RunError, SpecError, ValueError) as err:
         fail(str(err))
     from colab_graphs.audit.report import cost_sentence
