@@ -1,8 +1,10 @@
 """Traces: every model call an example's run made, and what the system answered.
 
-A trace is what the audit reads to count calls and cost, and what the C-RL trainer replays to give credit to
-the policy's own turns (the exact token ids it wrote are kept on its calls). Secrets never reach a trace: the
-call path records generation settings only, and every line written passes through `colab_graphs.redaction`.
+A trace is one play, whatever played it: a run writes it to `traces.jsonl`, a game (an audit, a study) keeps
+it as its play and the log records it with its calls by reference, `colab_graphs.accounting` counts calls and
+cost over traces, and the C-RL trainer replays it to give credit to the policy's own turns (the exact token
+ids it wrote are kept on its calls). Secrets never reach a trace: the call path records generation settings
+only, and every line written passes through `colab_graphs.redaction`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from colab_graphs.redaction import hide_secrets
 
@@ -56,72 +58,21 @@ class Call(BaseModel):
     finish_reason: str | None = None
 
 
-def _add_cost(total: float | None, cost: float | None) -> float | None:
-    """A sum of prices that is unknown (None) as soon as one price is."""
-    return None if total is None or cost is None else total + cost
+class Trace(BaseModel):
+    """One play: one example run through one graph, with every call it made (or was served) in order.
 
-
-class CallTally:
-    """Counts calls as made, served from cache, or failed: the one accounting runs, audits and studies share.
-
-    A call is *made* when it went upstream (not served from the cache, a single flight or a replay); a cached
-    call whose key is in `made_since_start` (the cache's write times say this job made it before a kill and
-    resume, and no recorded call made it) counts as made once. Tokens and `cost_usd` are those of the calls
-    made (0.0 when none was: nothing was spent); `saved_usd` is what the cached calls cost when they were made
-    (what serving them saved). Either is None when a price it sums is unknown.
-
-    Example:
-        >>> tally = CallTally()
-        >>> [tally.add(c) for c in (Call(member="a", model="m", messages=[], key="k"),
-        ...                         Call(member="a", model="m", messages=[], key="k", cached=True))]
-        ['made', 'cached']
-        >>> tally.counts()
-        {'made': 1, 'unique': 1, 'cached': 1, 'failed': 0}
+    `game` says what the play was for: "run" (a run's example), or in an audit's coalition game "coalition"
+    (the protocol restricted to `coalition`) or "solo" (the member alone, its individual strength).
+    `coalition` is who played, in the protocol's order; `answer` is what the task extracted from `output`, and
+    `score` its score. A failed play (a call failed after retries) has `error` and no score. Fields a later
+    version adds (to a trace line, or a log's play record) are kept.
     """
 
-    def __init__(self, made_since_start: set[str] | frozenset[str] = frozenset()) -> None:
-        self.made_since_start = made_since_start
-        self.made = self.cached = self.failed = 0
-        self.prompt_tokens = self.completion_tokens = 0
-        self.cost_usd: float | None = 0.0
-        self.saved_usd: float | None = 0.0
-        self.keys: set[str] = set()
-        self._resumed: set[str] = set()
-
-    def add(self, call: Call) -> str:
-        """Count `call`; returns how it counted: "made", "cached" or "failed"."""
-        self.keys.add(call.key)
-        if call.error is not None:
-            self.failed += 1
-            return "failed"
-        resumed = call.cached and call.key in self.made_since_start and call.key not in self._resumed
-        if call.cached and not resumed:
-            self.cached += 1
-            self.saved_usd = _add_cost(self.saved_usd, call.cost_usd)
-            return "cached"
-        if resumed:
-            self._resumed.add(call.key)
-        self.made += 1
-        self.prompt_tokens += call.usage.prompt_tokens
-        self.completion_tokens += call.usage.completion_tokens
-        self.cost_usd = _add_cost(self.cost_usd, call.cost_usd)
-        return "made"
-
-    def counts(self) -> dict[str, int]:
-        """`{"made", "unique", "cached", "failed"}`; failed calls count as made (they were attempted)."""
-        return {
-            "made": self.made + self.failed,
-            "unique": len(self.keys),
-            "cached": self.cached,
-            "failed": self.failed,
-        }
-
-
-class Trace(BaseModel):
-    """One example run through one graph (one coalition)."""
+    model_config = ConfigDict(extra="allow")
 
     example_id: str
     protocol: str
+    game: str = "run"
     coalition: list[str] = Field(default_factory=list)
     calls: list[Call] = Field(default_factory=list)
     output: str | None = None
@@ -140,6 +91,10 @@ class Trace(BaseModel):
     @property
     def tokens(self) -> int:
         return sum(c.usage.total_tokens for c in self.calls if not c.cached)
+
+
+Play = Trace
+"""A game's word for a trace: one evaluation of one coalition (or one member alone) on one example."""
 
 
 def trace_line(trace: Trace) -> str:

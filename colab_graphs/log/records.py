@@ -13,14 +13,14 @@ working together are its version policy:
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
-from colab_graphs.trace import Trace
+from colab_graphs.trace import Call, Trace, Usage
 
 LOG_VERSION = 1
 LOG_FILE = "log.jsonl"
@@ -118,6 +118,27 @@ class CallRecord(_Record):
     error: str | None = None
     error_type: str | None = None
 
+    def call(self, seat: str | None, cached: bool) -> Call:
+        """The trace's `Call` this record holds, as a play used it: at `seat`, served from cache or not."""
+        return Call.model_construct(
+            seat=seat if seat is not None else self.seat,
+            member=self.member,
+            model=self.model,
+            messages=self.messages or [],
+            settings=self.settings,
+            sample=self.sample,
+            key=self.key,
+            completion=self.completion,
+            tool_calls=self.tool_calls,
+            usage=Usage(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens),
+            latency_s=self.latency_s,
+            cost_usd=self.cost_usd,
+            cached=cached,
+            attempts=self.attempts,
+            error=self.error,
+            error_type=self.error_type,
+        )
+
 
 class CallRef(BaseModel):
     """A play's use of a call: `[n, cached]`, or `[n, cached, seat]` when the seat is not the record's.
@@ -141,9 +162,18 @@ class CallRef(BaseModel):
         ref: list[Any] = [self.n, int(self.cached)]
         return [*ref, self.seat] if self.seat is not None else ref
 
+    def call(self, calls: Mapping[int, CallRecord]) -> Call:
+        """The call as the play used it (see `CallRecord.call`).
+
+        Raises:
+            KeyError: the log holds no record `n` (a line lost to a kill).
+        """
+        return calls[self.n].call(self.seat, self.cached)
+
 
 class PlayRecord(_Record):
-    """One evaluation of one coalition (or a member alone, or a run's system) on one example.
+    """One evaluation of one coalition (or a member alone, or a run's system) on one example: a play (a
+    `Trace`) as a line of the log, its calls by reference.
 
     `game` is "coalition" or "solo" (audits) or "run"; `answer` is the answer the task extracted from the
     system's output, `output` the output itself (runs only: an audit keeps the calls, which hold it, rather than
@@ -160,6 +190,27 @@ class PlayRecord(_Record):
     failed: bool = False
     error: str | None = None
     calls: list[CallRef] = Field(default_factory=list)
+
+    def play(self, calls: Mapping[int, CallRecord], protocol: str = "") -> Trace:
+        """The play itself, its calls resolved to the log's records; fields this version does not know are kept.
+
+        Raises:
+            KeyError: the play refers to a call the log does not hold (a line lost to a kill).
+        """
+        return Trace.model_construct(
+            example_id=self.example,
+            protocol=protocol,
+            game=self.game,
+            coalition=self.members,
+            calls=[ref.call(calls) for ref in self.calls],
+            output=self.output,
+            answer=self.answer,
+            score=self.score,
+            failed=self.failed,
+            error=self.error,
+            state={},
+            **(self.model_extra or {}),
+        )
 
 
 class StepRecord(_Record):

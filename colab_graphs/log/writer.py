@@ -13,78 +13,19 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from colab_graphs.files import atomic_write_text
-from colab_graphs.log.records import LOG_FILE, CallRecord, Header, PlayRecord
+from colab_graphs.log.records import LOG_FILE, CallRecord, Header
 from colab_graphs.redaction import hide_secrets
-from colab_graphs.trace import Call, Usage
+from colab_graphs.trace import Call, Play
 
 if TYPE_CHECKING:
     from colab_graphs.log.model import Log
-
-
-@dataclass
-class Play:
-    """One (game, coalition, example) evaluation in memory: its score and the calls it made, as traced.
-
-    `game` is "coalition" or "solo" in an audit, "run" in a run. Calls are the trace's `Call` records (shared,
-    never copied); a play read back from a log has calls rebuilt from the log's call records.
-    """
-
-    game: str
-    members: list[str]
-    example_id: str
-    score: float | None
-    failed: bool
-    error: str | None = None
-    calls: list[Call] = field(default_factory=list)
-    answer: str | None = None
-    output: str | None = None
-
-    @classmethod
-    def from_record(cls, record: PlayRecord, calls: Mapping[int, CallRecord]) -> Play:
-        """A play read back from a log, its calls rebuilt from the log's call records.
-
-        Raises:
-            KeyError: the play refers to a call the log does not hold (a line lost to a kill).
-        """
-        return cls(
-            record.game,
-            record.members,
-            record.example,
-            record.score,
-            record.failed,
-            record.error,
-            [_call(calls[ref.n], ref.seat, ref.cached) for ref in record.calls],
-            record.answer,
-            record.output,
-        )
-
-
-def _call(record: CallRecord, seat: str | None, cached: bool) -> Call:
-    return Call.model_construct(
-        seat=seat if seat is not None else record.seat,
-        member=record.member,
-        model=record.model,
-        messages=record.messages or [],
-        settings=record.settings,
-        sample=record.sample,
-        key=record.key,
-        completion=record.completion,
-        usage=Usage(prompt_tokens=record.prompt_tokens, completion_tokens=record.completion_tokens),
-        latency_s=record.latency_s,
-        cost_usd=record.cost_usd,
-        cached=cached,
-        attempts=record.attempts,
-        error=record.error,
-        error_type=record.error_type,
-    )
 
 
 def _dumps(obj: Any) -> str:
@@ -199,17 +140,20 @@ class LogWriter:
             record: dict[str, Any] = {
                 "type": "play",
                 "game": play.game,
-                "members": play.members,
+                "members": play.coalition,
                 "example": play.example_id,
                 "score": play.score,
             }
             if play.answer is not None:
                 record["answer"] = play.answer
-            if play.output is not None:
+            if (
+                play.output is not None and play.game == "run"
+            ):  # an audit's calls hold its coalitions' outputs
                 record["output"] = play.output
             if play.failed:
                 record["failed"] = True
                 record["error"] = play.error
+            record.update(play.model_extra or {})  # fields a later version wrote, kept on a resume
             record["calls"] = refs
             lines.append(_dumps(record))
         return "".join(line + "\n" for line in lines)
