@@ -29,6 +29,7 @@ from colab_graphs.files import atomic_file, atomic_write_text
 from colab_graphs.log import ExampleRecord, Header, LogWriter, read_records
 from colab_graphs.log.diff import refusal
 from colab_graphs.models.client import CallError, ModelClient
+from colab_graphs.models.flight import Memo
 from colab_graphs.pool import Pool
 from colab_graphs.redaction import hide_secrets
 from colab_graphs.spec import GraphSpec
@@ -95,13 +96,13 @@ async def run_example(
     scorer: str | ScorerFn | TaskType | None = None,
     *,
     view: TaskView | None = None,
-    memo: dict[Any, Any] | None = None,
+    memo: Memo | None = None,
 ) -> ExampleOutcome:
     """Run one example through a compiled graph and score it. A failed model call marks it failed.
 
     The example's task (`scorer`, else its fields' default; or `view`, the task already bound to it) shapes the
     question the members see, answers their votes and cascades, and scores the final output. `memo` shares
-    seat results between runs of the same example (see `RunContext.memo`).
+    calls between runs of the same example (see `RunContext.memo`).
     """
     view = view or view_for(example, scorer)
     trace = Trace(example_id=example.id, protocol=spec.name, coalition=list(spec.members))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +29,64 @@ class Usage(BaseModel):
         return self.prompt_tokens + self.completion_tokens
 
 
-class Call(BaseModel):
-    """One model call as the system made it (a cache hit is a call too, flagged `cached`)."""
+class Reply(BaseModel):
+    """What a model answered: the part of a call the call cache stores, and serves for an identical request.
+
+    A call that failed has no reply (`completion` None, no tokens). In the cache (`cache_entry`) the completion
+    is `text`, the key every colab-graphs version reads.
+    """
+
+    completion: str | None = None
+    # The reply's tool calls in OpenAI format (`id`, `type`, `function.name`, `function.arguments`), if any.
+    tool_calls: list[dict[str, Any]] | None = None
+    # Why generation ended ("stop", "length", "tool_calls", ...) where the provider said; None where unknown.
+    finish_reason: str | None = None
+    usage: Usage = Field(default_factory=Usage)
+    cost_usd: float | None = None
+    # Exact tokens for in-process local models (the trainer's policy turns); None for API models.
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+
+    @property
+    def text(self) -> str:
+        """The completion as text ("" when the model answered only with tool calls, or the call failed)."""
+        return self.completion or ""
+
+    def cache_entry(self) -> dict[str, Any]:
+        """The reply as the call cache stores it (`tool_calls` and `finish_reason` only when there are any)."""
+        return {
+            "text": self.text,
+            "usage": self.usage.model_dump(),
+            "cost_usd": self.cost_usd,
+            "prompt_token_ids": self.prompt_token_ids,
+            "completion_token_ids": self.completion_token_ids,
+            "logprobs": self.logprobs,
+            **({"tool_calls": self.tool_calls} if self.tool_calls else {}),
+            **({"finish_reason": self.finish_reason} if self.finish_reason else {}),
+        }
+
+    @classmethod
+    def from_cache_entry(cls, entry: Mapping[str, Any]) -> Reply:
+        """A cache entry (`cache_entry`) read back. Raises `KeyError` (no `text`) or pydantic's
+        `ValidationError` for an entry that is not a reply."""
+        return cls.model_validate({**entry, "completion": entry["text"]})
+
+
+REPLY_FIELDS = tuple(Reply.model_fields)
+
+
+class Call(Reply):
+    """One model call as the system made it or was served it: the request, its reply, and how it was served.
+
+    The client makes this one record per use of a call and appends that same object to the trace; the log
+    writes it once per distinct request (`colab_graphs.log.CallRecord` is this model with its number in the
+    log), the viewer shows it and `colab_graphs.accounting` counts it. `cached` is True when this use got its
+    reply without a call upstream of its own (the call cache, another coalition's identical request, a
+    replayed trace; an identical call in flight keeps the owner's `attempts`): its latency is then 0 and it
+    cost nothing (`cost_usd` is what the reply cost when it was made). A call that failed after retries has
+    `error` and `error_type` and no reply.
+    """
 
     node: str | None = None
     seat: str | None = None
@@ -40,22 +96,20 @@ class Call(BaseModel):
     settings: dict[str, Any] = Field(default_factory=dict)
     sample: int = 0
     key: str
-    completion: str | None = None
-    # The reply's tool calls in OpenAI format (`id`, `type`, `function.name`, `function.arguments`), if any.
-    tool_calls: list[dict[str, Any]] | None = None
-    usage: Usage = Field(default_factory=Usage)
     latency_s: float = 0.0
-    cost_usd: float | None = None
     cached: bool = False
     attempts: int = 0
     error: str | None = None
     error_type: str | None = None
-    # Exact tokens for in-process local models (the trainer's policy turns); None for API models.
-    prompt_token_ids: list[int] | None = None
-    completion_token_ids: list[int] | None = None
-    logprobs: list[float] | None = None
-    # Why generation ended ("stop", "length", ...) where the provider said; None where unknown.
-    finish_reason: str | None = None
+
+    def answered(self, reply: Reply, **served: Any) -> Call:
+        """This request answered by `reply` (a cache entry, or another call's reply: a `Call` is one), served as
+        `served` says (`latency_s`, `attempts`, `cached`): a copy; the request's fields are this call's."""
+        return self.model_copy(update={**{f: getattr(reply, f) for f in REPLY_FIELDS}, **served})
+
+    def served_again(self, **update: Any) -> Call:
+        """This call's reply given to another use of it without a call of its own (a replay, a memo hit)."""
+        return self.model_copy(update={"cached": True, "latency_s": 0.0, "attempts": 0, **update})
 
 
 class Trace(BaseModel):

@@ -44,6 +44,7 @@ from colab_graphs.log import (
 )
 from colab_graphs.log.diff import refusal
 from colab_graphs.models.client import ModelClient
+from colab_graphs.models.flight import Memo
 from colab_graphs.models.spend import CapReached
 from colab_graphs.pool import Pool
 from colab_graphs.protocols.fitting import Fitted, fit_coalition
@@ -190,7 +191,7 @@ class CoalitionGame:
         return self._graphs[cid]
 
     async def _play(
-        self, game: str, members: list[str], example: Example, view: TaskView, memo: dict
+        self, game: str, members: list[str], example: Example, view: TaskView, memo: Memo
     ) -> Play:
         spec, graph = self._graph(game, members)
         if spec is None:  # the empty coalition: no member, no call
@@ -231,7 +232,7 @@ class CoalitionGame:
         self.write_plan(coalitions if planned is None else planned, solo_members)
         limit = asyncio.Semaphore(self.max_in_flight)
 
-        async def one(game: str, members: list[str], example: Example, view: TaskView, memo: dict) -> Play:
+        async def one(game: str, members: list[str], example: Example, view: TaskView, memo: Memo) -> Play:
             play = await self._play(game, members, example, view, memo)
             if on_progress:
                 on_progress(play)
@@ -248,7 +249,7 @@ class CoalitionGame:
             # A spending cap stops the example: the plays that finish anyway (their calls were sent) are kept.
             first, *rest = sorted(todo, key=lambda job: (job[0] != "coalition", -len(job[1])))
             async with limit:
-                view, memo = view_for(example, self.scorer), {}
+                view, memo = view_for(example, self.scorer), Memo()
                 plays = [await one(*first, example, view, memo)]
                 others = await asyncio.gather(
                     *(one(game, members, example, view, memo) for game, members in rest),
