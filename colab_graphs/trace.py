@@ -13,7 +13,7 @@ import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -52,6 +52,14 @@ class Reply(BaseModel):
     def text(self) -> str:
         """The completion as text ("" when the model answered only with tool calls, or the call failed)."""
         return self.completion or ""
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.usage.prompt_tokens
+
+    @property
+    def completion_tokens(self) -> int:
+        return self.usage.completion_tokens
 
     def cache_entry(self) -> dict[str, Any]:
         """The reply as the call cache stores it (`tool_calls` and `finish_reason` only when there are any)."""
@@ -102,12 +110,12 @@ class Call(Reply):
     error: str | None = None
     error_type: str | None = None
 
-    def answered(self, reply: Reply, **served: Any) -> Call:
+    def answered(self, reply: Reply, **served: Any) -> Self:
         """This request answered by `reply` (a cache entry, or another call's reply: a `Call` is one), served as
         `served` says (`latency_s`, `attempts`, `cached`): a copy; the request's fields are this call's."""
         return self.model_copy(update={**{f: getattr(reply, f) for f in REPLY_FIELDS}, **served})
 
-    def served_again(self, **update: Any) -> Call:
+    def served_again(self, **update: Any) -> Self:
         """This call's reply given to another use of it without a call of its own (a replay, a memo hit)."""
         return self.model_copy(update={"cached": True, "latency_s": 0.0, "attempts": 0, **update})
 

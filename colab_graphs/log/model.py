@@ -1,4 +1,4 @@
-"""The typed log of one output folder (`Log`) and a play's calls as it saw them (`Turn`)."""
+"""The typed log of one output folder (`Log`) and a play's calls as it saw them (`Turn`: their records)."""
 
 from __future__ import annotations
 
@@ -18,25 +18,9 @@ from colab_graphs.log.records import (
     StepRecord,
 )
 
-
-class Turn(BaseModel):
-    """One call of a play as the play saw it: who (seat, member), what it was sent and what it replied, its
-    tokens and cost, whether it was served without a model call of its own (`cached`: latency 0), and any error."""
-
-    n: int
-    key: str
-    seat: str | None
-    member: str
-    model: str = ""
-    messages: list[dict[str, Any]] | None = None
-    completion: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost_usd: float | None = None
-    latency_s: float = 0.0
-    cached: bool = False
-    error: str | None = None
+Turn = CallRecord
+"""One call of a play as the play saw it: the call's record at the play's seat, `cached` (latency 0) where the
+play got the reply without a model call of its own (see `CallRef.call`)."""
 
 
 class Log(BaseModel):
@@ -70,29 +54,8 @@ class Log(BaseModel):
         return LOG_VERSION
 
     def turns(self, play: PlayRecord) -> list[Turn]:
-        """The play's calls in order, each resolved to its record."""
-        out = []
-        for ref in play.calls:
-            c = self.calls[ref.n]
-            out.append(
-                Turn(
-                    n=c.n,
-                    key=c.key,
-                    seat=ref.seat if ref.seat is not None else c.seat,
-                    member=c.member,
-                    model=c.model,
-                    messages=c.messages,
-                    completion=c.completion,
-                    tool_calls=c.tool_calls,
-                    prompt_tokens=c.prompt_tokens,
-                    completion_tokens=c.completion_tokens,
-                    cost_usd=c.cost_usd,
-                    latency_s=0.0 if ref.cached else c.latency_s,
-                    cached=ref.cached,
-                    error=c.error,
-                )
-            )
-        return out
+        """The play's calls in order, each resolved to its record as the play saw it."""
+        return [ref.call(self.calls) for ref in play.calls]
 
     def play(self, example: str, members: list[str] | set[str], game: str | None = None) -> PlayRecord | None:
         """The play of this coalition (any member order) on this example; `game` "coalition", "solo" or "run"."""

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
-from colab_graphs.trace import Call, Trace, Usage
+from colab_graphs.trace import Call, Trace
 
 LOG_VERSION = 1
 LOG_FILE = "log.jsonl"
@@ -91,53 +91,58 @@ class PlanRecord(_Record):
     n_examples: int = 0
 
 
-class CallRecord(_Record):
-    """One distinct model call, stored once per log and referred to by its number `n`.
+class CallRecord(Call):
+    """One distinct model call, stored once per log and referred to by its number `n`: the trace's `Call`.
 
     `key` is the call cache's key (the canonical request); `seat` is the seat that first made the call. A call
     that failed after retries has `error`; if a later attempt at the same request succeeds (a resumed audit),
-    the success is stored as a new record and referred to from then on.
+    the success is stored as a new record and referred to from then on. On disk (`call_fields`) its tokens are
+    `prompt_tokens` and `completion_tokens` and empty and default values are left out; whether a play got it
+    from the cache is the play's to say (its `CallRef`); its node, token ids, logprobs and finish reason are
+    not kept.
     """
+
+    model_config = ConfigDict(extra="allow")
 
     type: Literal["call"] = "call"
     n: int
-    key: str
-    member: str
     model: str = ""
-    seat: str | None = None
-    messages: list[dict[str, Any]] | None = None
-    settings: dict[str, Any] = Field(default_factory=dict)
-    sample: int = 0
-    completion: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost_usd: float | None = None
-    latency_s: float = 0.0
-    attempts: int = 0
-    error: str | None = None
-    error_type: str | None = None
+    messages: list[dict[str, Any]] = Field(default_factory=list)
 
-    def call(self, seat: str | None, cached: bool) -> Call:
-        """The trace's `Call` this record holds, as a play used it: at `seat`, served from cache or not."""
-        return Call.model_construct(
-            seat=seat if seat is not None else self.seat,
-            member=self.member,
-            model=self.model,
-            messages=self.messages or [],
-            settings=self.settings,
-            sample=self.sample,
-            key=self.key,
-            completion=self.completion,
-            tool_calls=self.tool_calls,
-            usage=Usage(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens),
-            latency_s=self.latency_s,
-            cost_usd=self.cost_usd,
-            cached=cached,
-            attempts=self.attempts,
-            error=self.error,
-            error_type=self.error_type,
-        )
+    @model_validator(mode="before")
+    @classmethod
+    def _from_line(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "usage" not in data:
+            data = dict(data)
+            data["usage"] = {k: data.pop(k) for k in ("prompt_tokens", "completion_tokens") if k in data}
+        return data
+
+    def fields(self) -> dict[str, Any]:
+        """The record as the log writes it, fields a later version wrote kept."""
+        return {**call_fields(self.n, self), **(self.model_extra or {})}
+
+
+_LOGGED = ("model", "seat", "messages", "settings", "sample", "completion", "tool_calls")
+
+
+def call_fields(n: int, call: Call) -> dict[str, Any]:
+    """`call` as the log's record number `n` (see `CallRecord`): empty and default values left out (the reader
+    fills them in), a known zero cost kept (an unknown one is None)."""
+    record: dict[str, Any] = {"type": "call", "n": n, "key": call.key, "member": call.member}
+    optional: dict[str, Any] = {name: getattr(call, name) for name in _LOGGED}
+    optional.update(
+        prompt_tokens=call.usage.prompt_tokens,
+        completion_tokens=call.usage.completion_tokens,
+        cost_usd=call.cost_usd,
+        latency_s=round(call.latency_s, 4),
+        attempts=call.attempts,
+        error=call.error,
+        error_type=call.error_type,
+    )
+    for k, v in optional.items():
+        if v or (k == "cost_usd" and v is not None):
+            record[k] = v
+    return record
 
 
 class CallRef(BaseModel):
@@ -162,13 +167,18 @@ class CallRef(BaseModel):
         ref: list[Any] = [self.n, int(self.cached)]
         return [*ref, self.seat] if self.seat is not None else ref
 
-    def call(self, calls: Mapping[int, CallRecord]) -> Call:
-        """The call as the play used it (see `CallRecord.call`).
+    def call(self, calls: Mapping[int, CallRecord]) -> CallRecord:
+        """The call as the play used it: its record, at the play's seat, served again when `cached` (latency
+        and attempts 0, as the cache serves it).
 
         Raises:
             KeyError: the log holds no record `n` (a line lost to a kill).
         """
-        return calls[self.n].call(self.seat, self.cached)
+        record = calls[self.n]
+        seat = self.seat if self.seat is not None else record.seat
+        if self.cached:
+            return record.served_again(seat=seat)
+        return record if seat == record.seat else record.model_copy(update={"seat": seat})
 
 
 class PlayRecord(_Record):
@@ -294,7 +304,7 @@ class RolloutRecord(_Record):
         )
 
 
-RECORD_TYPES: dict[str, type[_Record]] = {
+RECORD_TYPES: dict[str, type[BaseModel]] = {
     "header": Header,
     "example": ExampleRecord,
     "plan": PlanRecord,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from colab_graphs.files import atomic_write_text
-from colab_graphs.log.records import LOG_FILE, CallRecord, Header
+from colab_graphs.log.records import LOG_FILE, CallRecord, Header, call_fields
 from colab_graphs.redaction import hide_secrets
 from colab_graphs.trace import Call, Play
 
@@ -30,31 +30,6 @@ if TYPE_CHECKING:
 
 def _dumps(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, default=str)
-
-
-def _call_fields(n: int, call: Call) -> dict[str, Any]:
-    """A call's record fields; empty and default values are left out (the reader fills them in)."""
-    record: dict[str, Any] = {"type": "call", "n": n, "key": call.key, "member": call.member}
-    optional = {
-        "model": call.model,
-        "seat": call.seat,
-        "messages": call.messages,
-        "settings": call.settings,
-        "sample": call.sample,
-        "completion": call.completion,
-        "tool_calls": call.tool_calls,
-        "prompt_tokens": call.usage.prompt_tokens,
-        "completion_tokens": call.usage.completion_tokens,
-        "cost_usd": call.cost_usd,
-        "latency_s": round(call.latency_s, 4),
-        "attempts": call.attempts,
-        "error": call.error,
-        "error_type": call.error_type,
-    }
-    for k, v in optional.items():
-        if v or (k == "cost_usd" and v is not None):  # a known zero cost is kept; unknown is None
-            record[k] = v
-    return record
 
 
 def _rank(call: Call) -> tuple[bool, bool]:
@@ -128,7 +103,7 @@ class LogWriter:
                 failed.add(key)
             else:
                 failed.discard(key)
-            lines.append(_dumps(_call_fields(n, call)))
+            lines.append(_dumps(call_fields(n, call)))
         for play in plays:
             refs = []
             for call in play.calls:
@@ -174,7 +149,7 @@ def write_log(log: Log, path: str | os.PathLike[str]) -> Path:
     writer = LogWriter(path)
     header = log.header.model_copy(update={"log_version": log.current_version()})
     body = [r.model_dump_json(exclude_none=True) for r in ([log.plan] if log.plan else [])]
-    body += [c.model_dump_json(exclude_none=True) for c in sorted(log.calls.values(), key=lambda c: c.n)]
+    body += [_dumps(c.fields()) for c in sorted(log.calls.values(), key=lambda c: c.n)]
     body += [p.model_dump_json(exclude_none=True) for p in log.plays]
     body += [s.model_dump_json(exclude_none=True) for s in log.steps]
     body += [e.model_dump_json(exclude_none=True) for e in log.evaluations.values()]

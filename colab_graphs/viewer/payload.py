@@ -15,8 +15,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from colab_graphs.accounting import account
 from colab_graphs.compile import fusion_levels
-from colab_graphs.log import LOG_FILE, Log, PlayRecord, find_kind, read_log
+from colab_graphs.log import LOG_FILE, Log, PlayRecord, Turn, find_kind, read_log
 from colab_graphs.spec import GraphSpec
 
 MAX_ROLLOUTS = 64  # the most recent sample rollouts a training page shows
@@ -141,28 +142,20 @@ def _examples(log: Log) -> list[dict[str, Any]]:
 
 
 def _usage_from_calls(log: Log) -> dict[str, dict[str, Any]]:
-    """Calls made per member, each distinct call once (a report's `usage`, for an audit still going): a call a
-    play got from the cache was not made by this audit and costs it nothing, as in the report."""
-    made: dict[str, dict[str, Any]] = {}
-    counted: set[int] = set()
-    for play in log.plays:
-        for ref in play.calls:
-            call = log.calls[ref.n]
-            if ref.cached or call.n in counted or call.error is not None:
-                continue
-            counted.add(call.n)
-            u = made.setdefault(
-                call.member, {"calls": 0, "tokens": {"prompt": 0, "completion": 0}, "cost_usd": 0.0}
-            )
-            u["calls"] += 1
-            u["tokens"]["prompt"] += call.prompt_tokens
-            u["tokens"]["completion"] += call.completion_tokens
-            u["cost_usd"] = (
-                None if u["cost_usd"] is None or call.cost_usd is None else u["cost_usd"] + call.cost_usd
-            )
-    for u in made.values():
-        u["tokens"]["total"] = u["tokens"]["prompt"] + u["tokens"]["completion"]
-    return made
+    """Calls made per member (a report's `usage`, for an audit still going), from the accounting of the plays
+    logged so far: a call a play got from the cache was not made by this audit and costs it nothing."""
+    return {
+        member: {
+            "calls": share.calls,
+            "tokens": {
+                "prompt": share.prompt_tokens,
+                "completion": share.completion_tokens,
+                "total": share.prompt_tokens + share.completion_tokens,
+            },
+            "cost_usd": share.cost_usd,
+        }
+        for member, share in account(p.play(log.calls) for p in log.plays).per_member.items()
+    }
 
 
 def audit_payload(log: Log, root: Path, folder: Path) -> dict[str, Any]:
@@ -293,6 +286,20 @@ def seat_order(log: Log) -> dict[str, int] | None:
     return {name: i for i, name in enumerate(n for level in levels for n in level)}
 
 
+# What the page shows of a call (the record holds more: settings, sample, attempts, ...).
+_TURN_FIELDS = {"n", "key", "seat", "member", "model", "messages", "completion", "tool_calls", "cost_usd",
+                "latency_s", "cached", "error"}  # fmt: skip
+
+
+def turn_json(call: Turn) -> dict[str, Any]:
+    """A call of a play as the page shows it."""
+    return {
+        **call.model_dump(mode="json", include=_TURN_FIELDS),
+        "prompt_tokens": call.prompt_tokens,
+        "completion_tokens": call.completion_tokens,
+    }
+
+
 def _play_json(log: Log, play: PlayRecord, order: dict[str, int] | None) -> dict[str, Any]:
     turns = log.turns(play)
     if order is not None:  # seats of one level finish in any order; show them as the protocol declares them
@@ -305,7 +312,7 @@ def _play_json(log: Log, play: PlayRecord, order: dict[str, int] | None) -> dict
         "output": play.output,
         "failed": play.failed,
         "error": play.error,
-        "turns": [t.model_dump(mode="json") for t in turns],
+        "turns": [turn_json(t) for t in turns],
     }
 
 
