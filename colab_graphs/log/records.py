@@ -239,7 +239,8 @@ class EvaluationRecord(_Record):
 
 
 class RolloutTurn(BaseModel):
-    """One call of a training rollout; policy turns carry the credit (advantage) they were trained with."""
+    """One call of a training rollout (a view of its `Call`); policy turns carry the credit (advantage) they
+    were trained with."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -280,20 +281,12 @@ class RolloutRecord(_Record):
         successful call, as the trainer cuts its segments); `example` has `id` and `input`."""
         turns, i = [], 0
         for call in trace.calls:
-            policy = call.member in policy_members and call.error is None
-            turns.append(
-                RolloutTurn(
-                    seat=call.seat,
-                    member=call.member,
-                    messages=call.messages,
-                    completion=call.completion,
-                    cached=call.cached,
-                    policy=policy,
-                    credit=float(credit[i]) if policy and credit is not None and i < len(credit) else None,
-                    error=call.error,
-                )
-            )
-            i += policy
+            turn = RolloutTurn.model_validate(call, from_attributes=True)
+            turn.policy = call.member in policy_members and call.error is None
+            if turn.policy and credit is not None and i < len(credit):
+                turn.credit = float(credit[i])
+            turns.append(turn)
+            i += turn.policy
         return cls(
             step=step,
             example=example.id,
