@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, Field
 
@@ -13,10 +13,10 @@ from colab_graphs.log.records import (
     ExampleRecord,
     Header,
     PlanRecord,
-    PlayRecord,
     RolloutRecord,
     StepRecord,
 )
+from colab_graphs.trace import Trace
 
 Turn = CallRecord
 """One call of a play as the play saw it: the call's record at the play's seat, `cached` (latency 0) where the
@@ -26,7 +26,8 @@ play got the reply without a model call of its own (see `CallRef.call`)."""
 class Log(BaseModel):
     """One output folder, typed. `summary` is its contract file (report.json, study.json or summary.json) once
     written: `None` while the run, audit or study is still going. `log_version` is the version of the files read
-    (0: a folder written before the log)."""
+    (0: a folder written before the log). `plays` are the log's plays (`Trace`s: `game`, `coalition`,
+    `example_id`, score, answer), each call resolved to its record as the play saw it."""
 
     path: str
     log_version: int
@@ -34,7 +35,7 @@ class Log(BaseModel):
     examples: list[ExampleRecord] = Field(default_factory=list)
     plan: PlanRecord | None = None
     calls: dict[int, CallRecord] = Field(default_factory=dict)
-    plays: list[PlayRecord] = Field(default_factory=list)
+    plays: list[Trace] = Field(default_factory=list)
     steps: list[StepRecord] = Field(default_factory=list)
     evaluations: dict[str, EvaluationRecord] = Field(default_factory=dict)
     rollouts: list[RolloutRecord] = Field(default_factory=list)
@@ -53,18 +54,19 @@ class Log(BaseModel):
     def current_version() -> int:
         return LOG_VERSION
 
-    def turns(self, play: PlayRecord) -> list[Turn]:
-        """The play's calls in order, each resolved to its record as the play saw it."""
-        return [ref.call(self.calls) for ref in play.calls]
+    def turns(self, play: Trace) -> list[Turn]:
+        """The play's calls in order, each its record as the play saw it (see `CallRef.call`): the plays of a
+        log hold their calls' records, as `read_log` resolves them."""
+        return cast(list[Turn], list(play.calls))
 
-    def play(self, example: str, members: list[str] | set[str], game: str | None = None) -> PlayRecord | None:
+    def play(self, example: str, members: list[str] | set[str], game: str | None = None) -> Trace | None:
         """The play of this coalition (any member order) on this example; `game` "coalition", "solo" or "run"."""
         wanted = set(members)
         return next(
             (
                 p
                 for p in self.plays
-                if p.example == example and set(p.members) == wanted and (game is None or p.game == game)
+                if p.example_id == example and set(p.coalition) == wanted and (game is None or p.game == game)
             ),
             None,
         )

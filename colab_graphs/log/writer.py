@@ -38,6 +38,33 @@ def _rank(call: Call) -> tuple[bool, bool]:
     return call.error is not None, call.cached
 
 
+def _ref(n: int, call: Call, recorded_seat: str | None) -> list[Any]:
+    """A play's reference to record `n` (see `CallRef`)."""
+    ref: list[Any] = [n, 1 if call.cached else 0]
+    return [*ref, call.seat] if call.seat != recorded_seat else ref
+
+
+def play_fields(play: Play, refs: list[list[Any]]) -> dict[str, Any]:
+    """`play` as the log's play record (see `PlayRecord`), its calls given as references `refs`."""
+    record: dict[str, Any] = {
+        "type": "play",
+        "game": play.game,
+        "members": play.coalition,
+        "example": play.example_id,
+        "score": play.score,
+    }
+    if play.answer is not None:
+        record["answer"] = play.answer
+    if play.output is not None and play.game == "run":  # an audit's calls hold its coalitions' outputs
+        record["output"] = play.output
+    if play.failed:
+        record["failed"] = True
+        record["error"] = play.error
+    record.update(play.model_extra or {})  # fields a later version wrote, kept
+    record["calls"] = refs
+    return record
+
+
 class LogWriter:
     """Appends records to one `log.jsonl`, remembering which calls it holds so that each is written once.
 
@@ -105,32 +132,8 @@ class LogWriter:
                 failed.discard(key)
             lines.append(_dumps(call_fields(n, call)))
         for play in plays:
-            refs = []
-            for call in play.calls:
-                n = numbers[call.key]
-                ref: list[Any] = [n, 1 if call.cached else 0]
-                if call.seat != seats[n]:
-                    ref.append(call.seat)
-                refs.append(ref)
-            record: dict[str, Any] = {
-                "type": "play",
-                "game": play.game,
-                "members": play.coalition,
-                "example": play.example_id,
-                "score": play.score,
-            }
-            if play.answer is not None:
-                record["answer"] = play.answer
-            if (
-                play.output is not None and play.game == "run"
-            ):  # an audit's calls hold its coalitions' outputs
-                record["output"] = play.output
-            if play.failed:
-                record["failed"] = True
-                record["error"] = play.error
-            record.update(play.model_extra or {})  # fields a later version wrote, kept on a resume
-            record["calls"] = refs
-            lines.append(_dumps(record))
+            refs = [_ref(numbers[c.key], c, seats[numbers[c.key]]) for c in play.calls]
+            lines.append(_dumps(play_fields(play, refs)))
         return "".join(line + "\n" for line in lines)
 
     def append(self, text: str) -> None:
@@ -143,16 +146,22 @@ class LogWriter:
 def write_log(log: Log, path: str | os.PathLike[str]) -> Path:
     """Write `log` as a `log.jsonl` (at `path`, a file or a folder); returns the file written.
 
-    Every record is written in its current form, so this also upgrades a log read from an older version (calls
-    a version-0 audit never recorded stay without text).
+    Every record is written in its current form, so this also upgrades a log read from an older version.
     """
     writer = LogWriter(path)
     header = log.header.model_copy(update={"log_version": log.current_version()})
     body = [r.model_dump_json(exclude_none=True) for r in ([log.plan] if log.plan else [])]
     body += [_dumps(c.fields()) for c in sorted(log.calls.values(), key=lambda c: c.n)]
-    body += [p.model_dump_json(exclude_none=True) for p in log.plays]
+    body += [_dumps(play_fields(p, [_logged_ref(c, log) for c in p.calls])) for p in log.plays]
     body += [s.model_dump_json(exclude_none=True) for s in log.steps]
     body += [e.model_dump_json(exclude_none=True) for e in log.evaluations.values()]
     body += [r.model_dump_json(exclude_none=True) for r in log.rollouts]
     writer.start(header, log.examples, "".join(line + "\n" for line in body))
     return writer.path
+
+
+def _logged_ref(call: Call, log: Log) -> list[Any]:
+    """A read play's reference to the record its call was resolved from."""
+    if not isinstance(call, CallRecord):
+        raise TypeError(f"a play of a log read back holds its calls' records, not {type(call).__name__}")
+    return _ref(call.n, call, log.calls[call.n].seat)
