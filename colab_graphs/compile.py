@@ -10,7 +10,7 @@ import asyncio
 import inspect
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
@@ -19,20 +19,14 @@ from typing_extensions import TypedDict  # pydantic builds JSON schemas from it 
 from colab_graphs.data.example import Example
 from colab_graphs.data.tasks import DEFAULT_INSTRUCTION, TaskType, TaskView
 from colab_graphs.logit_pool import check_pool_supports, check_seat_supports
-from colab_graphs.models.client import (
-    CallResult,
-    ModelClient,
-    background_loop,
-    being_cancelled,
-    default_client,
-    fail_flight,
-)
+from colab_graphs.models.client import ModelClient, background_loop, default_client
+from colab_graphs.models.flight import Memo
 from colab_graphs.models.lc import ChatRun
 from colab_graphs.models.spend import CapReached
 from colab_graphs.pool import Pool
 from colab_graphs.registry import registry_lookup
 from colab_graphs.spec import END, START, Aggregate, Edge, GraphSpec, LogitSeat, Route, Seat, is_pattern
-from colab_graphs.trace import Trace
+from colab_graphs.trace import Call, Trace
 
 if TYPE_CHECKING:
     from langgraph._internal._runnable import RunnableCallable
@@ -69,10 +63,9 @@ class RunContext:
     pool: Pool
     trace: Trace | None = None
     task: TaskView | None = None
-    # Seat results by request, shared by the runs of one example (an audit's coalitions): a seat whose request
-    # is already here takes its result and records a cached call, as the client's cache would serve it; one
-    # whose request is in flight waits for it.
-    memo: dict[Any, Any] | None = None
+    # What the runs of one example share (an audit's coalitions): a seat whose request another run made takes
+    # its call and records it as served again, as the client's cache would serve it; one in flight is waited for.
+    memo: Memo | None = None
 
 
 class NodeRun(Protocol):
@@ -235,7 +228,6 @@ def _seat_fn(
 ) -> tuple[NodeRun, Ready]:
     """A seat's async node function and its `Ready` (the update at once when the run's memo holds the call)."""
     settings_key = json.dumps(seat.settings, sort_keys=True, default=str) if seat.settings else ""
-    replay = {"node": seat.name, "seat": seat.name, "cached": True, "latency_s": 0.0, "attempts": 0}
     templates = ("rendered", seat.prompt, seat.system)
 
     def prepare(
@@ -243,80 +235,70 @@ def _seat_fn(
     ) -> tuple[RunContext, str | None, str, tuple[str, int, str, str | None, str]]:
         rt = _context(runtime, fallback)
         # A seat that reads no state renders the same prompt in every run of an example: the memo keeps it.
-        rendered = rt.memo.get(templates) if rt.memo is not None and not seat.reads else None
+        rendered = rt.memo.prompts.get(templates) if rt.memo is not None and not seat.reads else None
         if rendered is None:
             reads = resolve_reads(seat.reads, state, order)
             prompt = render(seat.prompt, seat.name, state, reads)
             system = render(seat.system, seat.name, state, reads) if seat.system else None
             if rt.memo is not None and not seat.reads:
-                rt.memo[templates] = (system, prompt)
+                rt.memo.prompts[templates] = (system, prompt)
         else:
             system, prompt = rendered
         # Member, sample, settings and messages make the request (and its cache key): an equal tuple is the
         # same request, whose result the cache would return.
         return rt, system, prompt, (seat.member, seat.sample, settings_key, system, prompt)
 
-    def written(result: CallResult) -> dict[str, Any]:
-        out: dict[str, Any] = {seat.writes: result.text}
-        if result.logprobs:
-            out[seat.writes + "#logprob"] = sum(result.logprobs) / len(result.logprobs)
+    def written(call: Call) -> dict[str, Any]:
+        out: dict[str, Any] = {seat.writes: call.text}
+        if call.logprobs:
+            out[seat.writes + "#logprob"] = sum(call.logprobs) / len(call.logprobs)
         return _update(seat.name, out, output_key)
 
-    def replayed(rt: RunContext, hit: list[Any]) -> dict[str, Any]:
-        result, record, copies = hit
+    def replayed(rt: RunContext, memo: Memo, request: Hashable, call: Call) -> dict[str, Any]:
         if rt.trace is not None:
-            if seat.name not in copies:  # one cached copy of the record per seat, shared by the replays
-                copies[seat.name] = record.model_copy(update=replay)
-            rt.trace.calls.append(copies[seat.name])
-        return written(result)
+            # One record of the reused call per seat, shared by every run that reuses it there.
+            record = memo.replays.get((request, seat.name))
+            if record is None:
+                record = call.served_again(node=seat.name, seat=seat.name)
+                memo.replays[(request, seat.name)] = record
+            rt.trace.calls.append(record)
+        return written(call)
 
     def ready(state: GraphState, runtime: Any) -> dict[str, Any] | None:
         rt, _, _, request = prepare(state, runtime)
-        hit = rt.memo.get(request) if rt.memo is not None else None
-        return replayed(rt, hit) if isinstance(hit, list) else None
+        if rt.memo is None:
+            return None
+        call = rt.memo.calls.landed(request)
+        return replayed(rt, rt.memo, request, call) if call is not None else None
 
     async def run(state: GraphState, runtime: Any = None, config: Any = None) -> dict[str, Any]:
         rt, system, prompt, request = prepare(state, runtime)
-        memo = rt.memo
-        while memo is not None and (hit := memo.get(request)) is not None:
-            if isinstance(hit, list):
-                return replayed(rt, hit)
-            # Another run of this example is making the same request: wait for it (as the client's single
-            # flight would, for less), and take the call over if that run was cancelled and this one was not.
-            try:
-                return replayed(rt, await asyncio.shield(hit))
-            except asyncio.CancelledError:
-                if not (hit.cancelled() and not being_cancelled()):
-                    raise
-        flight: asyncio.Future[list[Any]] | None = None
-        if memo is not None:
-            flight = asyncio.get_running_loop().create_future()
-            memo[request] = flight
         member, messages = rt.pool[seat.member], _messages(system, prompt)
-        events = await ChatRun.start(config, seat.name, member, messages, seat.settings)
-        try:
-            result, record = await rt.client.complete_recorded(
-                member,
-                messages,
-                sample=seat.sample,
-                overrides=seat.settings or None,
-                node=seat.name,
-                seat=seat.name,
-                trace=rt.trace,
-            )
-        except BaseException as exc:
+
+        async def make() -> Call:
+            events = await ChatRun.start(config, seat.name, member, messages, seat.settings)
+            try:
+                call = await rt.client.complete(
+                    member,
+                    messages,
+                    sample=seat.sample,
+                    overrides=seat.settings or None,
+                    node=seat.name,
+                    seat=seat.name,
+                    trace=rt.trace,
+                )
+            except BaseException as exc:
+                if events is not None:
+                    await events.error(exc)
+                raise
             if events is not None:
-                await events.error(exc)
-            if memo is not None and flight is not None:
-                del memo[request]
-                fail_flight(flight, exc)
-            raise
-        if events is not None:
-            await events.end(result)
-        if memo is not None and flight is not None:
-            memo[request] = entry = [result, record, {}]
-            flight.set_result(entry)
-        return written(result)
+                await events.end(call)
+            return call
+
+        if rt.memo is None:
+            return written(await make())
+        call, shared = await rt.memo.calls.run(request, make)
+        return replayed(rt, rt.memo, request, call) if shared else written(call)
 
     return run, ready
 

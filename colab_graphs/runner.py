@@ -20,18 +20,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from colab_graphs.accounting import account
 from colab_graphs.compile import RunContext, TemplateError, compile_graph
 from colab_graphs.data.example import Example
 from colab_graphs.data.scoring import ScorerFn, task_for, view_for
 from colab_graphs.data.tasks import TaskType, TaskView
 from colab_graphs.files import atomic_file, atomic_write_text
-from colab_graphs.log import ExampleRecord, Header, LogWriter, Play, read_records
+from colab_graphs.log import ExampleRecord, Header, LogWriter, read_records
 from colab_graphs.log.diff import refusal
 from colab_graphs.models.client import CallError, ModelClient
+from colab_graphs.models.flight import Memo
 from colab_graphs.pool import Pool
 from colab_graphs.redaction import hide_secrets
 from colab_graphs.spec import GraphSpec
-from colab_graphs.trace import CallTally, Trace, read_traces, trace_line, write_traces
+from colab_graphs.trace import Trace, read_traces, trace_line, write_traces
 
 
 class RunError(RuntimeError):
@@ -40,29 +42,36 @@ class RunError(RuntimeError):
 
 @dataclass
 class ExampleOutcome:
-    example_id: str
-    output: str | None
-    answer: str | None
-    score: float | None
-    failed: bool
-    error: str | None
+    """One example's run: its play (the `Trace`: calls, output, answer, score), read through."""
+
     trace: Trace
 
-    def play(self, members: list[str]) -> Play:
-        """The outcome as the log records it (a play of the game "run")."""
-        return Play(
-            "run",
-            members,
-            self.example_id,
-            self.score,
-            self.failed,
-            self.error,
-            self.trace.calls,
-            self.answer,
-            self.output,
-        )
+    @property
+    def example_id(self) -> str:
+        return self.trace.example_id
+
+    @property
+    def output(self) -> str | None:
+        return self.trace.output
+
+    @property
+    def answer(self) -> str | None:
+        return self.trace.answer
+
+    @property
+    def score(self) -> float | None:
+        return self.trace.score
+
+    @property
+    def failed(self) -> bool:
+        return self.trace.failed
+
+    @property
+    def error(self) -> str | None:
+        return self.trace.error
 
     def result_line(self) -> dict[str, Any]:
+        """The example's line of `results.jsonl`."""
         return {
             "id": self.example_id,
             "output": self.output,
@@ -87,13 +96,13 @@ async def run_example(
     scorer: str | ScorerFn | TaskType | None = None,
     *,
     view: TaskView | None = None,
-    memo: dict[Any, Any] | None = None,
+    memo: Memo | None = None,
 ) -> ExampleOutcome:
     """Run one example through a compiled graph and score it. A failed model call marks it failed.
 
     The example's task (`scorer`, else its fields' default; or `view`, the task already bound to it) shapes the
     question the members see, answers their votes and cascades, and scores the final output. `memo` shares
-    seat results between runs of the same example (see `RunContext.memo`).
+    calls between runs of the same example (see `RunContext.memo`).
     """
     view = view or view_for(example, scorer)
     trace = Trace(example_id=example.id, protocol=spec.name, coalition=list(spec.members))
@@ -102,16 +111,16 @@ async def run_example(
         state = await graph.ainvoke(view.graph_input(), {"recursion_limit": 200}, context=context)
     except CallError as err:
         trace.failed, trace.error = True, str(err)
-        return ExampleOutcome(example.id, None, None, None, True, str(err), trace)
-    output = str(state.get("answer", ""))
+        return ExampleOutcome(trace)
+    trace.output = str(state.get("answer", ""))
     try:
-        verdict = await view.score(output)
+        verdict = await view.score(trace.output)
     except CallError as err:  # an LLM judge that failed: the example is failed, not wrong
-        trace.failed, trace.error, trace.output = True, str(err), output
-        return ExampleOutcome(example.id, output, None, None, True, str(err), trace)
-    trace.output, trace.answer, trace.score = output, verdict.extracted, verdict.value
+        trace.failed, trace.error = True, str(err)
+        return ExampleOutcome(trace)
+    trace.answer, trace.score = verdict.extracted, verdict.value
     trace.state = dict(state.get("values") or {})
-    return ExampleOutcome(example.id, output, verdict.extracted, verdict.value, False, None, trace)
+    return ExampleOutcome(trace)
 
 
 def run_fingerprint(spec: GraphSpec, pool: Pool, examples: Sequence[Example], scorer: str | None) -> str:
@@ -133,12 +142,9 @@ def run_fingerprint(spec: GraphSpec, pool: Pool, examples: Sequence[Example], sc
 
 
 def summarize(spec: GraphSpec, outcomes: Sequence[ExampleOutcome], wall_s: float) -> dict[str, Any]:
-    tally = CallTally()
-    for o in outcomes:
-        for call in o.trace.calls:
-            tally.add(call)
+    """The run's `summary.json`: its score, and the accounting of its calls (`colab_graphs.accounting`)."""
+    acct = account(o.trace for o in outcomes)
     scored = [o.score for o in outcomes if not o.failed and o.score is not None]
-    counts = tally.counts()
     return {
         "protocol": spec.name,
         "params": spec.params,
@@ -147,10 +153,10 @@ def summarize(spec: GraphSpec, outcomes: Sequence[ExampleOutcome], wall_s: float
         "n": len(outcomes),
         "scored": len(scored),
         "failed": sum(o.failed for o in outcomes),
-        "calls": {"made": counts["made"], "cached": counts["cached"], "failed": counts["failed"]},
-        "tokens": {"prompt": tally.prompt_tokens, "completion": tally.completion_tokens},
-        "cost_usd": tally.cost_usd,
-        "cost_saved_usd": tally.saved_usd,
+        "calls": {"made": acct.made, "cached": acct.cached, "failed": acct.failed},
+        "tokens": {"prompt": acct.prompt_tokens, "completion": acct.completion_tokens},
+        "cost_usd": acct.cost_usd,
+        "cost_saved_usd": acct.cost_saved_usd,
         "wall_s": round(wall_s, 3),
     }
 
@@ -186,9 +192,7 @@ def _load_finished(out: Path, header: Header, examples: Sequence[Example]) -> di
         try:
             for t in read_traces(traces_path):
                 if not t.failed:
-                    finished[t.example_id] = ExampleOutcome(
-                        t.example_id, t.output, t.answer, t.score, False, None, t
-                    )
+                    finished[t.example_id] = ExampleOutcome(t)
         except ValueError:
             pass  # a torn last line from a kill: whatever parsed before it stands, the rest is recomputed
     return finished
@@ -236,7 +240,7 @@ async def run_dataset(
         finished = _load_finished(out_dir, header, examples)
         (out_dir / "run.json").unlink(missing_ok=True)  # a run from before the log: its log takes over
         log = LogWriter(out_dir)
-        log.start(header, examples, log.plays_text([o.play(members) for o in finished.values()]))
+        log.start(header, examples, log.plays_text([o.trace for o in finished.values()]))
         # Keep only lines of finished examples, so a resumed file has each example once.
         write_traces(out_dir / "traces.jsonl", [o.trace for o in finished.values()], append=False)
         with open(out_dir / "results.jsonl", "w", encoding="utf-8") as fh:
@@ -258,7 +262,7 @@ async def run_dataset(
                     fh.write(hide_secrets(json.dumps(outcome.result_line())) + "\n")
                 write_traces(out_dir / "traces.jsonl", [outcome.trace])
                 if log is not None:
-                    log.append(log.plays_text([outcome.play(members)]))
+                    log.append(log.plays_text([outcome.trace]))
         if on_progress:
             on_progress(outcome)
         return outcome

@@ -1,19 +1,21 @@
 """Traces: every model call an example's run made, and what the system answered.
 
-A trace is what the audit reads to count calls and cost, and what the C-RL trainer replays to give credit to
-the policy's own turns (the exact token ids it wrote are kept on its calls). Secrets never reach a trace: the
-call path records generation settings only, and every line written passes through `colab_graphs.redaction`.
+A trace is one play, whatever played it: a run writes it to `traces.jsonl`, a game (an audit, a study) keeps
+it as its play and the log records it with its calls by reference, `colab_graphs.accounting` counts calls and
+cost over traces, and the C-RL trainer replays it to give credit to the policy's own turns (the exact token
+ids it wrote are kept on its calls). Secrets never reach a trace: the call path records generation settings
+only, and every line written passes through `colab_graphs.redaction`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from colab_graphs.redaction import hide_secrets
 
@@ -27,8 +29,72 @@ class Usage(BaseModel):
         return self.prompt_tokens + self.completion_tokens
 
 
-class Call(BaseModel):
-    """One model call as the system made it (a cache hit is a call too, flagged `cached`)."""
+class Reply(BaseModel):
+    """What a model answered: the part of a call the call cache stores, and serves for an identical request.
+
+    A call that failed has no reply (`completion` None, no tokens). In the cache (`cache_entry`) the completion
+    is `text`, the key every colab-graphs version reads.
+    """
+
+    completion: str | None = None
+    # The reply's tool calls in OpenAI format (`id`, `type`, `function.name`, `function.arguments`), if any.
+    tool_calls: list[dict[str, Any]] | None = None
+    # Why generation ended ("stop", "length", "tool_calls", ...) where the provider said; None where unknown.
+    finish_reason: str | None = None
+    usage: Usage = Field(default_factory=Usage)
+    cost_usd: float | None = None
+    # Exact tokens for in-process local models (the trainer's policy turns); None for API models.
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+
+    @property
+    def text(self) -> str:
+        """The completion as text ("" when the model answered only with tool calls, or the call failed)."""
+        return self.completion or ""
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.usage.prompt_tokens
+
+    @property
+    def completion_tokens(self) -> int:
+        return self.usage.completion_tokens
+
+    def cache_entry(self) -> dict[str, Any]:
+        """The reply as the call cache stores it (`tool_calls` and `finish_reason` only when there are any)."""
+        return {
+            "text": self.text,
+            "usage": self.usage.model_dump(),
+            "cost_usd": self.cost_usd,
+            "prompt_token_ids": self.prompt_token_ids,
+            "completion_token_ids": self.completion_token_ids,
+            "logprobs": self.logprobs,
+            **({"tool_calls": self.tool_calls} if self.tool_calls else {}),
+            **({"finish_reason": self.finish_reason} if self.finish_reason else {}),
+        }
+
+    @classmethod
+    def from_cache_entry(cls, entry: Mapping[str, Any]) -> Reply:
+        """A cache entry (`cache_entry`) read back. Raises `KeyError` (no `text`) or pydantic's
+        `ValidationError` for an entry that is not a reply."""
+        return cls.model_validate({**entry, "completion": entry["text"]})
+
+
+REPLY_FIELDS = tuple(Reply.model_fields)
+
+
+class Call(Reply):
+    """One model call as the system made it or was served it: the request, its reply, and how it was served.
+
+    The client makes this one record per use of a call and appends that same object to the trace; the log
+    writes it once per distinct request (`colab_graphs.log.CallRecord` is this model with its number in the
+    log), the viewer shows it and `colab_graphs.accounting` counts it. `cached` is True when this use got its
+    reply without a call upstream of its own (the call cache, another coalition's identical request, a
+    replayed trace; an identical call in flight keeps the owner's `attempts`): its latency is then 0 and it
+    cost nothing (`cost_usd` is what the reply cost when it was made). A call that failed after retries has
+    `error` and `error_type` and no reply.
+    """
 
     node: str | None = None
     seat: str | None = None
@@ -38,90 +104,37 @@ class Call(BaseModel):
     settings: dict[str, Any] = Field(default_factory=dict)
     sample: int = 0
     key: str
-    completion: str | None = None
-    # The reply's tool calls in OpenAI format (`id`, `type`, `function.name`, `function.arguments`), if any.
-    tool_calls: list[dict[str, Any]] | None = None
-    usage: Usage = Field(default_factory=Usage)
     latency_s: float = 0.0
-    cost_usd: float | None = None
     cached: bool = False
     attempts: int = 0
     error: str | None = None
     error_type: str | None = None
-    # Exact tokens for in-process local models (the trainer's policy turns); None for API models.
-    prompt_token_ids: list[int] | None = None
-    completion_token_ids: list[int] | None = None
-    logprobs: list[float] | None = None
-    # Why generation ended ("stop", "length", ...) where the provider said; None where unknown.
-    finish_reason: str | None = None
 
+    def answered(self, reply: Reply, **served: Any) -> Self:
+        """This request answered by `reply` (a cache entry, or another call's reply: a `Call` is one), served as
+        `served` says (`latency_s`, `attempts`, `cached`): a copy; the request's fields are this call's."""
+        return self.model_copy(update={**{f: getattr(reply, f) for f in REPLY_FIELDS}, **served})
 
-def _add_cost(total: float | None, cost: float | None) -> float | None:
-    """A sum of prices that is unknown (None) as soon as one price is."""
-    return None if total is None or cost is None else total + cost
-
-
-class CallTally:
-    """Counts calls as made, served from cache, or failed: the one accounting runs, audits and studies share.
-
-    A call is *made* when it went upstream (not served from the cache, a single flight or a replay); a cached
-    call whose key is in `made_since_start` (the cache's write times say this job made it before a kill and
-    resume, and no recorded call made it) counts as made once. Tokens and `cost_usd` are those of the calls
-    made (0.0 when none was: nothing was spent); `saved_usd` is what the cached calls cost when they were made
-    (what serving them saved). Either is None when a price it sums is unknown.
-
-    Example:
-        >>> tally = CallTally()
-        >>> [tally.add(c) for c in (Call(member="a", model="m", messages=[], key="k"),
-        ...                         Call(member="a", model="m", messages=[], key="k", cached=True))]
-        ['made', 'cached']
-        >>> tally.counts()
-        {'made': 1, 'unique': 1, 'cached': 1, 'failed': 0}
-    """
-
-    def __init__(self, made_since_start: set[str] | frozenset[str] = frozenset()) -> None:
-        self.made_since_start = made_since_start
-        self.made = self.cached = self.failed = 0
-        self.prompt_tokens = self.completion_tokens = 0
-        self.cost_usd: float | None = 0.0
-        self.saved_usd: float | None = 0.0
-        self.keys: set[str] = set()
-        self._resumed: set[str] = set()
-
-    def add(self, call: Call) -> str:
-        """Count `call`; returns how it counted: "made", "cached" or "failed"."""
-        self.keys.add(call.key)
-        if call.error is not None:
-            self.failed += 1
-            return "failed"
-        resumed = call.cached and call.key in self.made_since_start and call.key not in self._resumed
-        if call.cached and not resumed:
-            self.cached += 1
-            self.saved_usd = _add_cost(self.saved_usd, call.cost_usd)
-            return "cached"
-        if resumed:
-            self._resumed.add(call.key)
-        self.made += 1
-        self.prompt_tokens += call.usage.prompt_tokens
-        self.completion_tokens += call.usage.completion_tokens
-        self.cost_usd = _add_cost(self.cost_usd, call.cost_usd)
-        return "made"
-
-    def counts(self) -> dict[str, int]:
-        """`{"made", "unique", "cached", "failed"}`; failed calls count as made (they were attempted)."""
-        return {
-            "made": self.made + self.failed,
-            "unique": len(self.keys),
-            "cached": self.cached,
-            "failed": self.failed,
-        }
+    def served_again(self, **update: Any) -> Self:
+        """This call's reply given to another use of it without a call of its own (a replay, a memo hit)."""
+        return self.model_copy(update={"cached": True, "latency_s": 0.0, "attempts": 0, **update})
 
 
 class Trace(BaseModel):
-    """One example run through one graph (one coalition)."""
+    """One play: one example run through one graph, with every call it made (or was served) in order.
+
+    `game` says what the play was for: "run" (a run's example), or in an audit's coalition game "coalition"
+    (the protocol restricted to `coalition`) or "solo" (the member alone, its individual strength).
+    `coalition` is who played, in the protocol's order; `answer` is what the task extracted from `output`, and
+    `score` its score. A failed play (a call failed after retries) has `error` and no score. Fields a later
+    version adds (to a trace line, or a log's play record) are kept.
+    """
+
+    model_config = ConfigDict(extra="allow")
 
     example_id: str
     protocol: str
+    game: str = "run"
     coalition: list[str] = Field(default_factory=list)
     calls: list[Call] = Field(default_factory=list)
     output: str | None = None
@@ -140,6 +153,10 @@ class Trace(BaseModel):
     @property
     def tokens(self) -> int:
         return sum(c.usage.total_tokens for c in self.calls if not c.cached)
+
+
+Play = Trace
+"""A game's word for a trace: one evaluation of one coalition (or one member alone) on one example."""
 
 
 def trace_line(trace: Trace) -> str:

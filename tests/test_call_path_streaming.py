@@ -96,7 +96,7 @@ def stream(client: ModelClient, member, messages, **options: Any) -> tuple[list[
     deltas: list[Delta] = []
 
     async def main():
-        result, _ = await client.complete_recorded(member, messages, on_delta=deltas.append, **options)
+        result = await client.complete(member, messages, on_delta=deltas.append, **options)
         return result
 
     return deltas, main

@@ -17,6 +17,7 @@ from colab_graphs.coalition import restrict
 from colab_graphs.compile import FUSED_NODE, DirectGraph, compile_direct, compile_graph, fusion_levels
 from colab_graphs.data.example import Example
 from colab_graphs.models.client import CallError, ModelClient
+from colab_graphs.models.flight import Memo
 from colab_graphs.protocol_registry import build_protocol, list_protocols
 from colab_graphs.runner import run_example
 from colab_graphs.testing.scripts import Member, echo
@@ -72,7 +73,7 @@ def test_fused_and_unfused_runs_are_identical_for_every_coalition(name, scripted
     pool = server_pool(server, TEAM)
     full = build_protocol(name, TEAM)
     coalitions = [full.members] + [[m for m in full.members if m != out] for out in full.members]
-    memos = {example.id: {} for example in EXAMPLES}  # shared by the coalitions of an example, as in audits
+    memos = {example.id: Memo() for example in EXAMPLES}  # shared by an example's coalitions, as in audits
     for members in coalitions:
         spec = restrict(full, members)
         if spec is None:

@@ -96,6 +96,21 @@ def test_a_stored_reply_that_is_not_json_is_a_miss_named_by_file(right, tmp_path
     assert run(pool, cache, tmp_path / "third")["calls"]["cached"] == N  # the row was written again
 
 
+@pytest.mark.parametrize(
+    "entry", ['{"usage": {"prompt_tokens": 3}}', '{"text": 7, "usage": "none"}', "[1, 2]"]
+)
+def test_a_stored_entry_that_is_not_a_reply_is_a_miss_named_by_file(right, tmp_path, caplog, entry) -> None:
+    pool, cache = filled_cache(right, tmp_path)
+    with sqlite3.connect(cache / "calls.sqlite") as db:
+        db.execute("UPDATE calls SET response = ? WHERE rowid = 1", (entry,))
+    with caplog.at_level(logging.WARNING, logger="colab_graphs"):
+        summary = run(pool, cache, tmp_path / "second")
+    assert (
+        f"call cache {cache / 'calls.sqlite'}: the entry" in caplog.text and "is not a reply" in caplog.text
+    )
+    assert summary["score"] == 1.0 and summary["calls"] == {"made": 1, "cached": N - 1, "failed": 0}
+
+
 def test_a_cache_from_a_newer_version_is_refused_with_what_to_do(right, tmp_path) -> None:
     pool = pool_file(tmp_path / "pool.json", {"api_base": right.base_url})
     (tmp_path / "cache").mkdir()

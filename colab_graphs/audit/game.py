@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from colab_graphs.accounting import Accounting, account, made_since
 from colab_graphs.coalition import restrict
 from colab_graphs.compile import compile_direct
 from colab_graphs.data.example import Example
@@ -44,11 +45,11 @@ from colab_graphs.log import (
 )
 from colab_graphs.log.diff import refusal
 from colab_graphs.models.client import ModelClient
+from colab_graphs.models.flight import Memo
 from colab_graphs.models.spend import CapReached
 from colab_graphs.pool import Pool
 from colab_graphs.runner import run_example, run_fingerprint
 from colab_graphs.spec import GraphSpec
-from colab_graphs.trace import CallTally
 
 Coalition = frozenset[str]
 # What audits wrote before the log (log version 0): read by `colab_graphs.log`, not continued.
@@ -149,10 +150,10 @@ class CoalitionGame:
         for _, record in records:
             if isinstance(record, PlayRecord) and not record.failed:  # failed plays are retried on resume
                 try:
-                    play = Play.from_record(record, calls)
+                    play = record.play(calls, self.spec.name)
                 except KeyError:
                     continue  # one of its calls' lines was lost: the play runs again
-                self.plays[(coalition_id(play.game, play.members), play.example_id)] = play
+                self.plays[(coalition_id(play.game, play.coalition), play.example_id)] = play
         # Rewritten without the failed plays and torn lines a kill may have left (calls numbered afresh).
         self.log.start(header, self.examples, self.log.plays_text(list(self.plays.values())))
 
@@ -169,7 +170,7 @@ class CoalitionGame:
     def record(self, plays: Sequence[Play]) -> None:
         """Keep finished plays (and append them to the log, with the calls it does not hold yet)."""
         for play in plays:
-            self.plays[(coalition_id(play.game, play.members), play.example_id)] = play
+            self.plays[(coalition_id(play.game, play.coalition), play.example_id)] = play
         if self.log is not None:
             self.log.append(self.log.plays_text(plays))
 
@@ -190,25 +191,20 @@ class CoalitionGame:
         return self._graphs[cid]
 
     async def _play(
-        self, game: str, members: list[str], example: Example, view: TaskView, memo: dict
+        self, game: str, members: list[str], example: Example, view: TaskView, memo: Memo
     ) -> Play:
         spec, graph = self._graph(game, members)
         if spec is None:  # the empty coalition: no member, no call
             score = 0.0
             if self.spec.empty_fallback is not None:
                 score = (await view.score(self.spec.empty_fallback)).value
-            return Play(game, members, example.id, score, False)
-        outcome = await run_example(graph, spec, self.pool, self.client, example, view=view, memo=memo)
-        return Play(
-            game,
-            members,
-            example.id,
-            outcome.score,
-            outcome.failed,
-            outcome.error,
-            outcome.trace.calls,
-            outcome.answer,
-        )
+            return Play(
+                example_id=example.id, protocol=self.spec.name, game=game, coalition=members, score=score
+            )
+        play = (await run_example(graph, spec, self.pool, self.client, example, view=view, memo=memo)).trace
+        # The run's trace is the play; the game keeps its calls and score, not every seat's output.
+        play.protocol, play.game, play.coalition, play.state = self.spec.name, game, members, {}
+        return play
 
     async def evaluate(
         self,
@@ -236,7 +232,7 @@ class CoalitionGame:
         self.write_plan(coalitions if planned is None else planned, solo_members)
         limit = asyncio.Semaphore(self.max_in_flight)
 
-        async def one(game: str, members: list[str], example: Example, view: TaskView, memo: dict) -> Play:
+        async def one(game: str, members: list[str], example: Example, view: TaskView, memo: Memo) -> Play:
             play = await self._play(game, members, example, view, memo)
             if on_progress:
                 on_progress(play)
@@ -253,7 +249,7 @@ class CoalitionGame:
             # A spending cap stops the example: the plays that finish anyway (their calls were sent) are kept.
             first, *rest = sorted(todo, key=lambda job: (job[0] != "coalition", -len(job[1])))
             async with limit:
-                view, memo = view_for(example, self.scorer), {}
+                view, memo = view_for(example, self.scorer), Memo()
                 plays = [await one(*first, example, view, memo)]
                 others = await asyncio.gather(
                     *(one(game, members, example, view, memo) for game, members in rest),
@@ -327,41 +323,14 @@ class CoalitionGame:
             for m in members
         }
 
-    def accounting(self) -> dict[str, Any]:
-        """Calls made / distinct / cached / failed / naive, and tokens and cost per member and per coalition."""
-        calls = [c for play in self.plays.values() for c in play.calls]
-        # A call made by an earlier, killed run of this audit whose play never finished is a cache hit on
-        # resume; the cache's write time still says this audit made it (unless a recorded play made it).
-        cache = self.client.cache
-        written = cache.written_since({c.key for c in calls}, self.started_at) if cache is not None else set()
-        tally = CallTally(written - {c.key for c in calls if not c.cached})
-        per_member: dict[str, dict[str, Any]] = {}
-        per_coalition: dict[str, dict[str, Any]] = {}
-        empty = {"calls": 0, "prompt": 0, "completion": 0, "cost_usd": 0.0}
-        for (cid, _), play in self.plays.items():
-            pc = per_coalition.setdefault(cid, {"game": play.game, "members": play.members, **empty})
-            for call in play.calls:
-                pc["calls"] += 1
-                pc["prompt"] += call.usage.prompt_tokens
-                pc["completion"] += call.usage.completion_tokens
-                if tally.add(call) != "made":
-                    continue
-                pm = per_member.setdefault(call.member, dict(empty))
-                pm["calls"] += 1
-                pm["prompt"] += call.usage.prompt_tokens
-                pm["completion"] += call.usage.completion_tokens
-                for spend in (pm, pc):
-                    cost = call.cost_usd
-                    spend["cost_usd"] = (
-                        None if cost is None or spend["cost_usd"] is None else spend["cost_usd"] + cost
-                    )
-        naive = sum(pc["calls"] for pc in per_coalition.values())
-        return {
-            "calls": {**tally.counts(), "naive": naive},
-            "cost_saved_usd": tally.saved_usd,
-            "per_member": per_member,
-            "per_coalition": per_coalition,
-        }
+    def accounting(self) -> Accounting:
+        """Calls made / distinct / cached / failed / naive, and tokens and cost per member and per coalition.
+
+        A call made by an earlier, killed run of this audit whose play never finished is a cache hit on
+        resume; the cache's write time still says this audit made it (see `colab_graphs.accounting`).
+        """
+        plays = list(self.plays.values())
+        return account(plays, made_since(self.client.cache, plays, self.started_at))
 
 
 async def _settle(tasks: list[asyncio.Future]) -> None:
@@ -395,5 +364,5 @@ def read_plays(store: str | os.PathLike[str]) -> list[Play]:
     for _, record in records:
         if isinstance(record, PlayRecord):
             with contextlib.suppress(KeyError):  # a play whose calls' lines were lost is left out
-                plays.append(Play.from_record(record, calls))
+                plays.append(record.play(calls))
     return plays

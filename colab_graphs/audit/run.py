@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from colab_graphs.accounting import Accounting, Spend
 from colab_graphs.audit import answers
 from colab_graphs.audit.estimators import Coalition, Estimates, Method, estimates_from, ordered_coalitions
 from colab_graphs.audit.game import CoalitionGame, Play, coalition_id
@@ -355,27 +356,19 @@ def _report(
     if fields.get("shapley_estimator") == "exact_from_answers":
         # Naive evaluation plays every coalition: each seat runs in the 2^(n-1) coalitions holding its member.
         seats = sum(1 for node in spec.nodes if isinstance(node, Seat))
-        solo = sum(pc["calls"] for pc in acct["per_coalition"].values() if pc["game"] == "solo")
-        acct["calls"]["naive"] = seats * 2 ** (len(spec.members) - 1) * len(game.examples) + solo
+        solo = sum(share.calls for (kind, _), share in acct.per_coalition.items() if kind == "solo")
+        acct.naive = seats * 2 ** (len(spec.members) - 1) * len(game.examples) + solo
     usage = {
-        m: MemberUsage(
-            calls=u["calls"],
-            tokens=TokenCount(prompt=u["prompt"], completion=u["completion"]),
-            cost_usd=u["cost_usd"],
-        )
-        for m, u in acct["per_member"].items()
+        m: MemberUsage(calls=share.calls, tokens=_tokens(share), cost_usd=share.cost_usd)
+        for m, share in acct.per_member.items()
     }
     per_coalition = [
         CoalitionUsage(
-            members=pc["members"],
-            calls=pc["calls"],
-            tokens=TokenCount(prompt=pc["prompt"], completion=pc["completion"]),
-            cost_usd=pc["cost_usd"],
+            members=list(members), calls=share.calls, tokens=_tokens(share), cost_usd=share.cost_usd
         )
-        for pc in acct["per_coalition"].values()
-        if pc["game"] == "coalition"
+        for (kind, members), share in acct.per_coalition.items()
+        if kind == "coalition"
     ]
-    costs = [u.cost_usd for u in usage.values()]
     # Protocols whose coalitions are fitted first (weight merges, searches on dev) report what that cost.
     fitting = {"fitting": fitting_summary(f.record for f in game.fits.values())} if game.fits else {}
     return AuditReport(
@@ -385,19 +378,20 @@ def _report(
         scorer=scorer,
         dataset=dataset,
         failed_examples=game.failed_examples(),
-        calls=acct["calls"],
-        tokens=TokenCount(
-            prompt=sum(u.tokens.prompt for u in usage.values()),
-            completion=sum(u.tokens.completion for u in usage.values()),
-        ),
-        cost_usd=None if any(c is None for c in costs) else sum(costs),  # type: ignore[arg-type]
-        cost_saved_usd=acct["cost_saved_usd"],
+        calls=acct.calls(),
+        tokens=_tokens(acct),
+        cost_usd=acct.cost_usd,
+        cost_saved_usd=acct.cost_saved_usd,
         usage=usage,
         per_coalition=per_coalition,
         wall_s=round(time.perf_counter() - started, 3),
         **fields,
         **fitting,
     )
+
+
+def _tokens(spent: Spend | Accounting) -> TokenCount:
+    return TokenCount(prompt=spent.prompt_tokens, completion=spent.completion_tokens)
 
 
 def _first_error(game: CoalitionGame) -> Any:

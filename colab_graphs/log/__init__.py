@@ -24,7 +24,8 @@ from colab_graphs.log.records import (
     RolloutTurn,
     StepRecord,
 )
-from colab_graphs.log.writer import LogWriter, Play, write_log
+from colab_graphs.log.writer import LogWriter, write_log
+from colab_graphs.trace import Play
 
 __all__ = [
     "LOG_FILE",

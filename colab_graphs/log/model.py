@@ -1,8 +1,8 @@
-"""The typed log of one output folder (`Log`) and a play's calls as it saw them (`Turn`)."""
+"""The typed log of one output folder (`Log`) and a play's calls as it saw them (`Turn`: their records)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, Field
 
@@ -13,36 +13,21 @@ from colab_graphs.log.records import (
     ExampleRecord,
     Header,
     PlanRecord,
-    PlayRecord,
     RolloutRecord,
     StepRecord,
 )
+from colab_graphs.trace import Trace
 
-
-class Turn(BaseModel):
-    """One call of a play as the play saw it: who (seat, member), what it was sent and what it replied, its
-    tokens and cost, whether it was served without a model call of its own (`cached`: latency 0), and any error."""
-
-    n: int
-    key: str
-    seat: str | None
-    member: str
-    model: str = ""
-    messages: list[dict[str, Any]] | None = None
-    completion: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost_usd: float | None = None
-    latency_s: float = 0.0
-    cached: bool = False
-    error: str | None = None
+Turn = CallRecord
+"""One call of a play as the play saw it: the call's record at the play's seat, `cached` (latency 0) where the
+play got the reply without a model call of its own (see `CallRef.call`)."""
 
 
 class Log(BaseModel):
     """One output folder, typed. `summary` is its contract file (report.json, study.json or summary.json) once
     written: `None` while the run, audit or study is still going. `log_version` is the version of the files read
-    (0: a folder written before the log)."""
+    (0: a folder written before the log). `plays` are the log's plays (`Trace`s: `game`, `coalition`,
+    `example_id`, score, answer), each call resolved to its record as the play saw it."""
 
     path: str
     log_version: int
@@ -50,7 +35,7 @@ class Log(BaseModel):
     examples: list[ExampleRecord] = Field(default_factory=list)
     plan: PlanRecord | None = None
     calls: dict[int, CallRecord] = Field(default_factory=dict)
-    plays: list[PlayRecord] = Field(default_factory=list)
+    plays: list[Trace] = Field(default_factory=list)
     steps: list[StepRecord] = Field(default_factory=list)
     evaluations: dict[str, EvaluationRecord] = Field(default_factory=dict)
     rollouts: list[RolloutRecord] = Field(default_factory=list)
@@ -69,39 +54,19 @@ class Log(BaseModel):
     def current_version() -> int:
         return LOG_VERSION
 
-    def turns(self, play: PlayRecord) -> list[Turn]:
-        """The play's calls in order, each resolved to its record."""
-        out = []
-        for ref in play.calls:
-            c = self.calls[ref.n]
-            out.append(
-                Turn(
-                    n=c.n,
-                    key=c.key,
-                    seat=ref.seat if ref.seat is not None else c.seat,
-                    member=c.member,
-                    model=c.model,
-                    messages=c.messages,
-                    completion=c.completion,
-                    tool_calls=c.tool_calls,
-                    prompt_tokens=c.prompt_tokens,
-                    completion_tokens=c.completion_tokens,
-                    cost_usd=c.cost_usd,
-                    latency_s=0.0 if ref.cached else c.latency_s,
-                    cached=ref.cached,
-                    error=c.error,
-                )
-            )
-        return out
+    def turns(self, play: Trace) -> list[Turn]:
+        """The play's calls in order, each its record as the play saw it (see `CallRef.call`): the plays of a
+        log hold their calls' records, as `read_log` resolves them."""
+        return cast(list[Turn], list(play.calls))
 
-    def play(self, example: str, members: list[str] | set[str], game: str | None = None) -> PlayRecord | None:
+    def play(self, example: str, members: list[str] | set[str], game: str | None = None) -> Trace | None:
         """The play of this coalition (any member order) on this example; `game` "coalition", "solo" or "run"."""
         wanted = set(members)
         return next(
             (
                 p
                 for p in self.plays
-                if p.example == example and set(p.members) == wanted and (game is None or p.game == game)
+                if p.example_id == example and set(p.coalition) == wanted and (game is None or p.game == game)
             ),
             None,
         )

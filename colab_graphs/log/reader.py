@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from colab_graphs.log.records import (
     load_json,
     load_jsonl,
 )
+from colab_graphs.trace import Trace
 
 SUMMARY_FILES = {
     "audit": "report.json",
@@ -88,6 +90,27 @@ def read_records(path: str | os.PathLike[str], *, strict: bool = True) -> tuple[
     return records, torn
 
 
+def _resolved(
+    path: Path,
+    plays: Iterable[tuple[int, PlayRecord]],
+    calls: Mapping[int, CallRecord],
+    protocol: str,
+    strict: bool,
+) -> list[Trace]:
+    """The plays, each with its calls resolved to the log's records. One that refers to a call the log does
+    not hold (a line lost) raises `LogError` naming its line, or is left out when not `strict`."""
+    out = []
+    for lineno, record in plays:
+        try:
+            out.append(record.play(calls, protocol))
+        except KeyError as missing:
+            if strict:
+                raise LogError(
+                    f"{path}:{lineno}: the play refers to call {missing}, which the log does not hold"
+                ) from None
+    return out
+
+
 def _from_records(path: Path, folder: Path, strict: bool) -> Log:
     records, torn = read_records(path, strict=strict)
     header: Header | None = None
@@ -109,7 +132,7 @@ def _from_records(path: Path, folder: Path, strict: bool) -> Log:
         elif isinstance(record, CallRecord):
             log["calls"][record.n] = record
         elif isinstance(record, PlayRecord):  # a play recorded again (a retried failure) replaces the first
-            log["plays"][(record.game, tuple(record.members), record.example)] = record
+            log["plays"][(record.game, tuple(record.members), record.example)] = (lineno, record)
         elif isinstance(record, PlanRecord):
             log["plan"] = record
         elif isinstance(record, StepRecord):
@@ -120,7 +143,7 @@ def _from_records(path: Path, folder: Path, strict: bool) -> Log:
             log["rollouts"].append(record)
     if header is None:
         raise LogError(f"{path}: empty log (no header record)")
-    log["plays"] = list(log["plays"].values())
+    log["plays"] = _resolved(path, log["plays"].values(), log["calls"], header.protocol or "", strict)
     return Log(path=str(folder), log_version=header.log_version, header=header, torn=torn, **log)
 
 

@@ -13,14 +13,14 @@ working together are its version policy:
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
-from colab_graphs.trace import Trace
+from colab_graphs.trace import Call, Trace
 
 LOG_VERSION = 1
 LOG_FILE = "log.jsonl"
@@ -91,32 +91,58 @@ class PlanRecord(_Record):
     n_examples: int = 0
 
 
-class CallRecord(_Record):
-    """One distinct model call, stored once per log and referred to by its number `n`.
+class CallRecord(Call):
+    """One distinct model call, stored once per log and referred to by its number `n`: the trace's `Call`.
 
     `key` is the call cache's key (the canonical request); `seat` is the seat that first made the call. A call
     that failed after retries has `error`; if a later attempt at the same request succeeds (a resumed audit),
-    the success is stored as a new record and referred to from then on.
+    the success is stored as a new record and referred to from then on. On disk (`call_fields`) its tokens are
+    `prompt_tokens` and `completion_tokens` and empty and default values are left out; whether a play got it
+    from the cache is the play's to say (its `CallRef`); its node, token ids, logprobs and finish reason are
+    not kept.
     """
+
+    model_config = ConfigDict(extra="allow")
 
     type: Literal["call"] = "call"
     n: int
-    key: str
-    member: str
     model: str = ""
-    seat: str | None = None
-    messages: list[dict[str, Any]] | None = None
-    settings: dict[str, Any] = Field(default_factory=dict)
-    sample: int = 0
-    completion: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost_usd: float | None = None
-    latency_s: float = 0.0
-    attempts: int = 0
-    error: str | None = None
-    error_type: str | None = None
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_line(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "usage" not in data:
+            data = dict(data)
+            data["usage"] = {k: data.pop(k) for k in ("prompt_tokens", "completion_tokens") if k in data}
+        return data
+
+    def fields(self) -> dict[str, Any]:
+        """The record as the log writes it, fields a later version wrote kept."""
+        return {**call_fields(self.n, self), **(self.model_extra or {})}
+
+
+_LOGGED = ("model", "seat", "messages", "settings", "sample", "completion", "tool_calls")
+
+
+def call_fields(n: int, call: Call) -> dict[str, Any]:
+    """`call` as the log's record number `n` (see `CallRecord`): empty and default values left out (the reader
+    fills them in), a known zero cost kept (an unknown one is None)."""
+    record: dict[str, Any] = {"type": "call", "n": n, "key": call.key, "member": call.member}
+    optional: dict[str, Any] = {name: getattr(call, name) for name in _LOGGED}
+    optional.update(
+        prompt_tokens=call.usage.prompt_tokens,
+        completion_tokens=call.usage.completion_tokens,
+        cost_usd=call.cost_usd,
+        latency_s=round(call.latency_s, 4),
+        attempts=call.attempts,
+        error=call.error,
+        error_type=call.error_type,
+    )
+    for k, v in optional.items():
+        if v or (k == "cost_usd" and v is not None):
+            record[k] = v
+    return record
 
 
 class CallRef(BaseModel):
@@ -141,9 +167,23 @@ class CallRef(BaseModel):
         ref: list[Any] = [self.n, int(self.cached)]
         return [*ref, self.seat] if self.seat is not None else ref
 
+    def call(self, calls: Mapping[int, CallRecord]) -> CallRecord:
+        """The call as the play used it: its record, at the play's seat, served again when `cached` (latency
+        and attempts 0, as the cache serves it).
+
+        Raises:
+            KeyError: the log holds no record `n` (a line lost to a kill).
+        """
+        record = calls[self.n]
+        seat = self.seat if self.seat is not None else record.seat
+        if self.cached:
+            return record.served_again(seat=seat)
+        return record if seat == record.seat else record.model_copy(update={"seat": seat})
+
 
 class PlayRecord(_Record):
-    """One evaluation of one coalition (or a member alone, or a run's system) on one example.
+    """One evaluation of one coalition (or a member alone, or a run's system) on one example: a play (a
+    `Trace`) as a line of the log, its calls by reference.
 
     `game` is "coalition" or "solo" (audits) or "run"; `answer` is the answer the task extracted from the
     system's output, `output` the output itself (runs only: an audit keeps the calls, which hold it, rather than
@@ -160,6 +200,27 @@ class PlayRecord(_Record):
     failed: bool = False
     error: str | None = None
     calls: list[CallRef] = Field(default_factory=list)
+
+    def play(self, calls: Mapping[int, CallRecord], protocol: str = "") -> Trace:
+        """The play itself, its calls resolved to the log's records; fields this version does not know are kept.
+
+        Raises:
+            KeyError: the play refers to a call the log does not hold (a line lost to a kill).
+        """
+        return Trace.model_construct(
+            example_id=self.example,
+            protocol=protocol,
+            game=self.game,
+            coalition=self.members,
+            calls=[ref.call(calls) for ref in self.calls],
+            output=self.output,
+            answer=self.answer,
+            score=self.score,
+            failed=self.failed,
+            error=self.error,
+            state={},
+            **(self.model_extra or {}),
+        )
 
 
 class StepRecord(_Record):
@@ -178,7 +239,8 @@ class EvaluationRecord(_Record):
 
 
 class RolloutTurn(BaseModel):
-    """One call of a training rollout; policy turns carry the credit (advantage) they were trained with."""
+    """One call of a training rollout (a view of its `Call`); policy turns carry the credit (advantage) they
+    were trained with."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -219,20 +281,12 @@ class RolloutRecord(_Record):
         successful call, as the trainer cuts its segments); `example` has `id` and `input`."""
         turns, i = [], 0
         for call in trace.calls:
-            policy = call.member in policy_members and call.error is None
-            turns.append(
-                RolloutTurn(
-                    seat=call.seat,
-                    member=call.member,
-                    messages=call.messages,
-                    completion=call.completion,
-                    cached=call.cached,
-                    policy=policy,
-                    credit=float(credit[i]) if policy and credit is not None and i < len(credit) else None,
-                    error=call.error,
-                )
-            )
-            i += policy
+            turn = RolloutTurn.model_validate(call, from_attributes=True)
+            turn.policy = call.member in policy_members and call.error is None
+            if turn.policy and credit is not None and i < len(credit):
+                turn.credit = float(credit[i])
+            turns.append(turn)
+            i += turn.policy
         return cls(
             step=step,
             example=example.id,
@@ -243,7 +297,7 @@ class RolloutRecord(_Record):
         )
 
 
-RECORD_TYPES: dict[str, type[_Record]] = {
+RECORD_TYPES: dict[str, type[BaseModel]] = {
     "header": Header,
     "example": ExampleRecord,
     "plan": PlanRecord,

@@ -13,113 +13,56 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from colab_graphs.files import atomic_write_text
-from colab_graphs.log.records import LOG_FILE, CallRecord, Header, PlayRecord
+from colab_graphs.log.records import LOG_FILE, CallRecord, Header, call_fields
 from colab_graphs.redaction import hide_secrets
-from colab_graphs.trace import Call, Usage
+from colab_graphs.trace import Call, Play
 
 if TYPE_CHECKING:
     from colab_graphs.log.model import Log
-
-
-@dataclass
-class Play:
-    """One (game, coalition, example) evaluation in memory: its score and the calls it made, as traced.
-
-    `game` is "coalition" or "solo" in an audit, "run" in a run. Calls are the trace's `Call` records (shared,
-    never copied); a play read back from a log has calls rebuilt from the log's call records.
-    """
-
-    game: str
-    members: list[str]
-    example_id: str
-    score: float | None
-    failed: bool
-    error: str | None = None
-    calls: list[Call] = field(default_factory=list)
-    answer: str | None = None
-    output: str | None = None
-
-    @classmethod
-    def from_record(cls, record: PlayRecord, calls: Mapping[int, CallRecord]) -> Play:
-        """A play read back from a log, its calls rebuilt from the log's call records.
-
-        Raises:
-            KeyError: the play refers to a call the log does not hold (a line lost to a kill).
-        """
-        return cls(
-            record.game,
-            record.members,
-            record.example,
-            record.score,
-            record.failed,
-            record.error,
-            [_call(calls[ref.n], ref.seat, ref.cached) for ref in record.calls],
-            record.answer,
-            record.output,
-        )
-
-
-def _call(record: CallRecord, seat: str | None, cached: bool) -> Call:
-    return Call.model_construct(
-        seat=seat if seat is not None else record.seat,
-        member=record.member,
-        model=record.model,
-        messages=record.messages or [],
-        settings=record.settings,
-        sample=record.sample,
-        key=record.key,
-        completion=record.completion,
-        usage=Usage(prompt_tokens=record.prompt_tokens, completion_tokens=record.completion_tokens),
-        latency_s=record.latency_s,
-        cost_usd=record.cost_usd,
-        cached=cached,
-        attempts=record.attempts,
-        error=record.error,
-        error_type=record.error_type,
-    )
 
 
 def _dumps(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
-def _call_fields(n: int, call: Call) -> dict[str, Any]:
-    """A call's record fields; empty and default values are left out (the reader fills them in)."""
-    record: dict[str, Any] = {"type": "call", "n": n, "key": call.key, "member": call.member}
-    optional = {
-        "model": call.model,
-        "seat": call.seat,
-        "messages": call.messages,
-        "settings": call.settings,
-        "sample": call.sample,
-        "completion": call.completion,
-        "tool_calls": call.tool_calls,
-        "prompt_tokens": call.usage.prompt_tokens,
-        "completion_tokens": call.usage.completion_tokens,
-        "cost_usd": call.cost_usd,
-        "latency_s": round(call.latency_s, 4),
-        "attempts": call.attempts,
-        "error": call.error,
-        "error_type": call.error_type,
-    }
-    for k, v in optional.items():
-        if v or (k == "cost_usd" and v is not None):  # a known zero cost is kept; unknown is None
-            record[k] = v
-    return record
-
-
 def _rank(call: Call) -> tuple[bool, bool]:
     """Which of a request's uses its record is made from: a success before a failure, the call made before a
     reuse of its reply."""
     return call.error is not None, call.cached
+
+
+def _ref(n: int, call: Call, recorded_seat: str | None) -> list[Any]:
+    """A play's reference to record `n` (see `CallRef`)."""
+    ref: list[Any] = [n, 1 if call.cached else 0]
+    return [*ref, call.seat] if call.seat != recorded_seat else ref
+
+
+def play_fields(play: Play, refs: list[list[Any]]) -> dict[str, Any]:
+    """`play` as the log's play record (see `PlayRecord`), its calls given as references `refs`."""
+    record: dict[str, Any] = {
+        "type": "play",
+        "game": play.game,
+        "members": play.coalition,
+        "example": play.example_id,
+        "score": play.score,
+    }
+    if play.answer is not None:
+        record["answer"] = play.answer
+    if play.output is not None and play.game == "run":  # an audit's calls hold its coalitions' outputs
+        record["output"] = play.output
+    if play.failed:
+        record["failed"] = True
+        record["error"] = play.error
+    record.update(play.model_extra or {})  # fields a later version wrote, kept
+    record["calls"] = refs
+    return record
 
 
 class LogWriter:
@@ -187,31 +130,10 @@ class LogWriter:
                 failed.add(key)
             else:
                 failed.discard(key)
-            lines.append(_dumps(_call_fields(n, call)))
+            lines.append(_dumps(call_fields(n, call)))
         for play in plays:
-            refs = []
-            for call in play.calls:
-                n = numbers[call.key]
-                ref: list[Any] = [n, 1 if call.cached else 0]
-                if call.seat != seats[n]:
-                    ref.append(call.seat)
-                refs.append(ref)
-            record: dict[str, Any] = {
-                "type": "play",
-                "game": play.game,
-                "members": play.members,
-                "example": play.example_id,
-                "score": play.score,
-            }
-            if play.answer is not None:
-                record["answer"] = play.answer
-            if play.output is not None:
-                record["output"] = play.output
-            if play.failed:
-                record["failed"] = True
-                record["error"] = play.error
-            record["calls"] = refs
-            lines.append(_dumps(record))
+            refs = [_ref(numbers[c.key], c, seats[numbers[c.key]]) for c in play.calls]
+            lines.append(_dumps(play_fields(play, refs)))
         return "".join(line + "\n" for line in lines)
 
     def append(self, text: str) -> None:
@@ -224,16 +146,22 @@ class LogWriter:
 def write_log(log: Log, path: str | os.PathLike[str]) -> Path:
     """Write `log` as a `log.jsonl` (at `path`, a file or a folder); returns the file written.
 
-    Every record is written in its current form, so this also upgrades a log read from an older version (calls
-    a version-0 audit never recorded stay without text).
+    Every record is written in its current form, so this also upgrades a log read from an older version.
     """
     writer = LogWriter(path)
     header = log.header.model_copy(update={"log_version": log.current_version()})
     body = [r.model_dump_json(exclude_none=True) for r in ([log.plan] if log.plan else [])]
-    body += [c.model_dump_json(exclude_none=True) for c in sorted(log.calls.values(), key=lambda c: c.n)]
-    body += [p.model_dump_json(exclude_none=True) for p in log.plays]
+    body += [_dumps(c.fields()) for c in sorted(log.calls.values(), key=lambda c: c.n)]
+    body += [_dumps(play_fields(p, [_logged_ref(c, log) for c in p.calls])) for p in log.plays]
     body += [s.model_dump_json(exclude_none=True) for s in log.steps]
     body += [e.model_dump_json(exclude_none=True) for e in log.evaluations.values()]
     body += [r.model_dump_json(exclude_none=True) for r in log.rollouts]
     writer.start(header, log.examples, "".join(line + "\n" for line in body))
     return writer.path
+
+
+def _logged_ref(call: Call, log: Log) -> list[Any]:
+    """A read play's reference to the record its call was resolved from."""
+    if not isinstance(call, CallRecord):
+        raise TypeError(f"a play of a log read back holds its calls' records, not {type(call).__name__}")
+    return _ref(call.n, call, log.calls[call.n].seat)

@@ -24,9 +24,10 @@ import contextlib
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from colab_graphs.models.client import ModelClient
+from colab_graphs.models.flight import Memo
 from colab_graphs.pool import Pool
 from colab_graphs.trace import Trace
 
@@ -57,7 +58,7 @@ class MemberBinding:
     client: ModelClient
     coalition: frozenset[str] | None = None
     trace: Trace | None = None
-    memo: dict[str, Any] | None = None
+    memo: Memo | None = None
     loop: asyncio.AbstractEventLoop | None = None
 
 

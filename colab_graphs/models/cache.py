@@ -29,7 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from colab_graphs.redaction import hide_secrets
+from colab_graphs.trace import Reply
 
 logger = logging.getLogger("colab_graphs")
 
@@ -218,6 +221,18 @@ class CallCache:
         except (TypeError, ValueError) as exc:
             self._recent.pop(key, None)
             self._bad_row(key, f"is not JSON ({exc})")
+            return None
+
+    def reply(self, key: str) -> Reply | None:
+        """The stored reply for `key` (see `Reply.cache_entry`), or None: absent, or not a reply (a miss)."""
+        entry = self.get(key)
+        if entry is None:
+            return None
+        try:
+            return Reply.from_cache_entry(entry)
+        except (KeyError, TypeError, ValidationError) as exc:
+            self._recent.pop(key, None)
+            self._bad_row(key, f"is not a reply ({type(exc).__name__}: {exc})")
             return None
 
     def _bad_row(self, key: str, why: str) -> None:

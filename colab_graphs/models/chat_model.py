@@ -39,19 +39,17 @@ from pydantic import ConfigDict, Field, SecretStr, model_validator
 import colab_graphs._env  # noqa: F401  (offline settings before litellm loads)
 from colab_graphs.models.cache import request_key
 from colab_graphs.models.client import (
-    CallResult,
     Delta,
     ModelClient,
     background_loop,
-    being_cancelled,
     default_client,
     deliver,
-    fail_flight,
     whole_calls,
 )
+from colab_graphs.models.flight import Memo
 from colab_graphs.models.lc import ai_message, last_chunk, message_chunk, openai_messages
 from colab_graphs.pool import LITELLM_KWARGS, Member, PoolError, make_member
-from colab_graphs.trace import Trace
+from colab_graphs.trace import Call, Trace
 
 # Keyword arguments LangChain hands a model that are about tracing, not the request.
 _NOT_SENT = frozenset({"ls_structured_output_format", "structured_output_format", "stream"})
@@ -68,7 +66,7 @@ class Target:
     client: ModelClient
     member: Member | None
     trace: Trace | None = None
-    memo: dict[str, Any] | None = None
+    memo: Memo | None = None
     loop: asyncio.AbstractEventLoop | None = None
     node: str | None = None
 
@@ -105,7 +103,7 @@ class CallPathChatModel(BaseChatModel):
         messages: list[BaseMessage],
         overrides: dict[str, Any],
         on_delta: Callable[[Delta], Any] | None = None,
-    ) -> CallResult | None:
+    ) -> Call | None:
         """The call (None when the target's member is absent and answers empty)."""
         member = target.member
         if member is None:
@@ -113,16 +111,15 @@ class CallPathChatModel(BaseChatModel):
         sent = openai_messages(messages)
         options: dict[str, Any] = {"overrides": overrides or None, "node": target.node, "seat": member.name}
         if target.memo is None:
-            result, _ = await target.client.complete_recorded(
+            return await target.client.complete(
                 member, sent, trace=target.trace, on_delta=on_delta, **options
             )
-            return result
-        return await _memoised(target, member, sent, overrides, on_delta, options)
+        return await _memoised(target, target.memo, member, sent, overrides, on_delta, options)
 
     def _model_name(self, target: Target, overrides: dict[str, Any]) -> str:
         return str(overrides.get("model") or (target.member.model if target.member else ""))
 
-    def _result(self, result: CallResult | None, model: str) -> ChatResult:
+    def _result(self, result: Call | None, model: str) -> ChatResult:
         message = AIMessage(content="") if result is None else ai_message(result, model)
         return ChatResult(generations=[ChatGeneration(message=message)])
 
@@ -293,48 +290,32 @@ def _tool_choice(choice: str | bool | dict[str, Any], tools: list[dict[str, Any]
 
 async def _memoised(
     target: Target,
+    memo: Memo,
     member: Member,
     messages: list[dict[str, Any]],
     overrides: dict[str, Any],
     on_delta: Callable[[Delta], Any] | None,
     options: dict[str, Any],
-) -> CallResult:
+) -> Call:
     """The call, shared through the target's memo with the other runs of the example (an audit's coalitions):
-    a request another run made is taken from the memo and recorded as a cached call (what the client's cache
+    a request another run made is taken from the memo and recorded as served again (what the client's cache
     would serve, without its lookup); one in flight is waited for."""
-    assert target.memo is not None
-    memo = target.memo
     request, _ = target.client.canonical_request(member, messages, 0, overrides or None)
-    key = request_key(request)
-    result: CallResult  # the memo holds (result, record) pairs and flights
-    while (hit := memo.get(key)) is not None:
-        if isinstance(hit, asyncio.Future):
-            try:
-                await asyncio.shield(hit)
-            except asyncio.CancelledError:
-                if not (hit.cancelled() and not being_cancelled()):
-                    raise
-            continue
-        result, record = hit
-        replay = {"cached": True, "latency_s": 0.0, "attempts": 0, "node": target.node}
-        if target.trace is not None:
-            target.trace.calls.append(record.model_copy(update=replay))
-        if on_delta is not None:
-            await deliver(on_delta, Delta(result.text, whole_calls(result.tool_calls)))
-        return dataclasses.replace(result, cached=True, latency_s=0.0, attempts=0)
-    flight: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    memo[key] = flight
-    try:
-        result, record = await target.client.complete_recorded(
+
+    async def make() -> Call:
+        return await target.client.complete(
             member, messages, trace=target.trace, on_delta=on_delta, **options
         )
-    except BaseException as exc:
-        del memo[key]
-        fail_flight(flight, exc)
-        raise
-    memo[key] = (result, record)
-    flight.set_result(None)
-    return result
+
+    call, shared = await memo.calls.run(request_key(request), make)
+    if not shared:
+        return call
+    again = call.served_again(node=target.node)
+    if target.trace is not None:
+        target.trace.calls.append(again)
+    if on_delta is not None:
+        await deliver(on_delta, Delta(again.text, whole_calls(again.tool_calls)))
+    return again
 
 
 def run_on(loop: asyncio.AbstractEventLoop | None, coro: Any) -> Any:

@@ -1,10 +1,12 @@
 """The one call path: cache -> single-flight -> per-endpoint concurrency limit -> LiteLLM with retries -> trace.
 
 Every model call in the package (protocol seats, judges, audits, rollouts, the LangChain chat model) goes through
-`ModelClient.complete`. A reply is text and, when the request offered tools, OpenAI `tool_calls`; a caller that
-passes `on_delta` gets the reply as LiteLLM streams it (see `complete_recorded`). A member with `deployments` is called through a `litellm.Router` of its own (built once per event loop), which
-picks a deployment, retries on another one and cools a failing one down; the cache key is the member's
-request and its deployments together, so which replica answered never changes a value or a count.
+`ModelClient.complete`, which returns the call's one record, a `colab_graphs.trace.Call` (the request, its
+`Reply`, and how it was served), and appends that same object to the trace it is given. A reply is text and,
+when the request offered tools, OpenAI `tool_calls`; a caller that passes `on_delta` gets the reply as LiteLLM
+streams it. A member with `deployments` is called through a `litellm.Router` of its own (built once per event
+loop), which picks a deployment, retries on another one and cools a failing one down; the cache key is the
+member's request and its deployments together, so which replica answered never changes a value or a count.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from colab_graphs.models.cache import CallCache, request_key
+from colab_graphs.models.flight import SingleFlight
 from colab_graphs.models.identity import cache_identity
 from colab_graphs.models.spend import SpendCap
 from colab_graphs.pool import CONNECTION_KEYS, Member
 from colab_graphs.redaction import public_url, redact
-from colab_graphs.trace import Call, Trace, Usage
+from colab_graphs.trace import Call, Reply, Trace, Usage
 
 logger = logging.getLogger("colab_graphs")
 
@@ -43,25 +46,6 @@ class CallError(Exception):
 
 
 @dataclass
-class CallResult:
-    """A finished call: the reply's text, its tool calls (OpenAI format; None when it called none), why it
-    stopped, usage, cost (None: unknown), and whether it was served without a call of its own."""
-
-    text: str
-    key: str
-    usage: Usage
-    cost_usd: float | None
-    cached: bool
-    latency_s: float
-    attempts: int
-    prompt_token_ids: list[int] | None = None
-    completion_token_ids: list[int] | None = None
-    logprobs: list[float] | None = None
-    tool_calls: list[dict[str, Any]] | None = None
-    finish_reason: str | None = None
-
-
-@dataclass
 class Delta:
     """A piece of a streamed reply: text, and/or pieces of tool calls as OpenAI streams them (each with its
     `index`; the first piece of a call carries its `id` and name, later ones more of its JSON arguments)."""
@@ -71,7 +55,7 @@ class Delta:
 
 
 DeltaHandler = Callable[[Delta], Any]
-"""Called with each piece of a reply as it arrives (see `ModelClient.complete_recorded`); may be async."""
+"""Called with each piece of a reply as it arrives (see `ModelClient.complete`); may be async."""
 
 
 @dataclass
@@ -135,22 +119,6 @@ def classify_error(exc: BaseException) -> str:
     if name == "APIError":
         return "server"
     return "unknown"
-
-
-def being_cancelled() -> bool:
-    """Whether the current task has been asked to stop (as opposed to an awaited future being cancelled)."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
-
-
-def fail_flight(flight: asyncio.Future[Any], exc: BaseException) -> None:
-    """End a shared flight with its owner's failure: a cancelled owner cancels it (a waiter that was not
-    cancelled itself then takes the call over); any other failure goes to every waiter."""
-    if isinstance(exc, asyncio.CancelledError):
-        flight.cancel()
-    else:
-        flight.set_exception(exc)
-        flight.exception()  # retrieved: waiters re-raise it themselves
 
 
 def _json_error_in_chain(exc: BaseException) -> bool:
@@ -314,7 +282,7 @@ class ModelClient:
         self.timeout_s = timeout_s
         self.stats = CallStats()
         self.cap: SpendCap | None = None
-        self._inflight: dict[str, asyncio.Future[CallResult]] = {}
+        self._flights: SingleFlight[str, Call] = SingleFlight()
         self._limits: dict[str, asyncio.Semaphore] = {}
         self._routers: dict[str, Any] = {}
         self._probes: dict[str, asyncio.Future[str | None]] = {}
@@ -348,13 +316,7 @@ class ModelClient:
         kwargs = {**settings, "messages": messages}
         return request, kwargs
 
-    async def complete(self, member: Member, messages: list[dict[str, Any]], **options: Any) -> CallResult:
-        """Call `member` on `messages` (options as `complete_recorded`). Raises `CallError` when the call fails
-        after retries."""
-        result, _ = await self.complete_recorded(member, messages, **options)
-        return result
-
-    async def complete_recorded(
+    async def complete(
         self,
         member: Member,
         messages: list[dict[str, Any]],
@@ -365,10 +327,11 @@ class ModelClient:
         seat: str | None = None,
         trace: Trace | None = None,
         on_delta: DeltaHandler | None = None,
-    ) -> tuple[CallResult, Call]:
-        """Call `member` on `messages`; the result and the call's trace record (what a replay copies).
+    ) -> Call:
+        """Call `member` on `messages`: the call's record (its reply, usage, cost, whether it was `cached`).
 
-        The call is recorded in `trace` (when given) whether it succeeded, was served from cache, or failed.
+        The same record is appended to `trace` (when given) whether the call succeeded, was served from cache,
+        or failed.
         With `on_delta`, a call that goes upstream streams (LiteLLM's `stream=True`) and `on_delta` gets each
         piece as it arrives; a reply served from the cache or from an identical call in flight comes as one
         piece (the cache keeps the reply, not how it was cut into tokens). Streaming is not part of the
@@ -380,7 +343,7 @@ class ModelClient:
         request, kwargs = self.canonical_request(member, messages, sample, overrides)
         key = request_key(request)
         self.stats.keys.add(key)
-        record = Call(
+        asked = Call(
             node=node,
             seat=seat,
             member=member.name,
@@ -391,26 +354,17 @@ class ModelClient:
             key=key,
         )
         try:
-            result = await self._get(key, member, request, kwargs, on_delta)
+            call = await self._served(asked, member, request, kwargs, on_delta)
         except CallError as err:
-            record.error, record.error_type, record.attempts = err.detail, err.kind, err.attempts
             if trace is not None:
-                trace.calls.append(record)
+                failed = {"error": err.detail, "error_type": err.kind, "attempts": err.attempts}
+                trace.calls.append(asked.model_copy(update=failed))
             raise
-        record.completion = result.text
-        record.tool_calls = result.tool_calls
-        record.usage = result.usage
-        record.latency_s = result.latency_s
-        record.cost_usd = result.cost_usd
-        record.cached = result.cached
-        record.attempts = result.attempts
-        record.prompt_token_ids = result.prompt_token_ids
-        record.completion_token_ids = result.completion_token_ids
-        record.logprobs = result.logprobs
-        record.finish_reason = result.finish_reason
+        if on_delta is not None and call.cached:
+            await deliver(on_delta, Delta(call.text, whole_calls(call.tool_calls)))
         if trace is not None:
-            trace.calls.append(record)
-        return result, record
+            trace.calls.append(call)
+        return call
 
     # --- internals -----------------------------------------------------------------------------------------
 
@@ -419,7 +373,7 @@ class ModelClient:
         if loop is not self._loop:
             # Semaphores and futures belong to one loop; a new loop (a new asyncio.run) gets fresh ones.
             self._loop = loop
-            self._inflight = {}
+            self._flights = SingleFlight()
             self._limits = {}
             self._routers = {}
             self._probes = {}
@@ -433,66 +387,27 @@ class ModelClient:
             return [{"role": "system", "content": merged}, *messages[1:]]
         return [{"role": "system", "content": member.system_prompt}, *messages]
 
-    async def _get(
-        self, key: str, member: Member, request: dict, kwargs: dict, on_delta: DeltaHandler | None = None
-    ) -> CallResult:
-        result = await self._served(key, member, request, kwargs, on_delta)
-        if on_delta is not None and result.cached:
-            await deliver(on_delta, Delta(result.text, whole_calls(result.tool_calls)))
-        return result
-
     async def _served(
-        self, key: str, member: Member, request: dict, kwargs: dict, on_delta: DeltaHandler | None
-    ) -> CallResult:
+        self,
+        asked: Call,
+        member: Member,
+        request: dict[str, Any],
+        kwargs: dict[str, Any],
+        on_delta: DeltaHandler | None,
+    ) -> Call:
+        """The call `asked` answered: from the cache, from an identical call in flight, or upstream."""
         if self.cache is not None:
-            hit = self.cache.get(key)
-            if hit is not None:
+            reply = self.cache.reply(asked.key)
+            if reply is not None:
                 self.stats.cached += 1
-                return self._from_cache(key, hit)
-        while (flight := self._inflight.get(key)) is not None:
-            try:
-                result = await asyncio.shield(flight)
-            except asyncio.CancelledError:
-                if flight.cancelled() and not being_cancelled():
-                    # The caller that owned the flight was cancelled (a sibling branch failed, say), not
-                    # this one: take the call over rather than fail with a cancellation nobody asked for.
-                    continue
-                raise
-            self.stats.cached += 1
-            return CallResult(**{**result.__dict__, "cached": True, "latency_s": 0.0})
-        future: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
-        self._inflight[key] = future
-        try:
-            result = await self._call_upstream(key, member, request, kwargs, on_delta)
-        except asyncio.CancelledError:
-            future.cancel()
-            raise
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # mark retrieved: waiters (if any) re-raise it themselves
-            raise
-        else:
-            future.set_result(result)
-            return result
-        finally:
-            if self._inflight.get(key) is future:
-                del self._inflight[key]
-
-    def _from_cache(self, key: str, hit: dict[str, Any]) -> CallResult:
-        return CallResult(
-            text=hit["text"],
-            key=key,
-            usage=Usage(**hit.get("usage", {})),
-            cost_usd=hit.get("cost_usd"),
-            cached=True,
-            latency_s=0.0,
-            attempts=0,
-            prompt_token_ids=hit.get("prompt_token_ids"),
-            completion_token_ids=hit.get("completion_token_ids"),
-            logprobs=hit.get("logprobs"),
-            tool_calls=hit.get("tool_calls"),
-            finish_reason=hit.get("finish_reason"),
+                return asked.answered(reply, cached=True)
+        call, shared = await self._flights.run(
+            asked.key, lambda: self._call_upstream(asked, member, request, kwargs, on_delta)
         )
+        if shared:
+            self.stats.cached += 1
+            return asked.answered(call, cached=True, attempts=call.attempts)
+        return call
 
     def _router(self, member: Member) -> Any:
         """The member's `litellm.Router` over its deployments (one per member and event loop)."""
@@ -575,8 +490,14 @@ class ModelClient:
         return (response, *_response_message(response))
 
     async def _call_upstream(
-        self, key: str, member: Member, request: dict, kwargs: dict, on_delta: DeltaHandler | None = None
-    ) -> CallResult:
+        self,
+        asked: Call,
+        member: Member,
+        request: dict[str, Any],
+        kwargs: dict[str, Any],
+        on_delta: DeltaHandler | None = None,
+    ) -> Call:
+        """The call `asked` made upstream (with retries), its reply stored in the cache."""
         litellm = _litellm()
         models = [kwargs["model"], *(d.get("model", "") for d in member.deployments)]
         local = any(m.startswith("local/") for m in models)
@@ -643,42 +564,32 @@ class ModelClient:
             from colab_graphs.models.local import local_call_details
 
             details = local_call_details(response)
-        result = CallResult(
-            text=text,
-            key=key,
+        reply = Reply(
+            completion=text,
+            tool_calls=tool_calls,
+            finish_reason=finish_reason,
             usage=usage,
             cost_usd=cost,
-            cached=False,
-            latency_s=latency,
-            attempts=attempts,
             prompt_token_ids=(details or {}).get("prompt_token_ids"),
             completion_token_ids=(details or {}).get("completion_token_ids"),
             logprobs=(details or {}).get("logprobs") or _response_logprobs(response),
-            tool_calls=tool_calls,
-            finish_reason=finish_reason,
         )
-        self.stats.prompt_tokens += usage.prompt_tokens
-        self.stats.completion_tokens += usage.completion_tokens
-        if cost is None:
-            self.stats.cost_usd = None
-        elif self.stats.cost_usd is not None:
-            self.stats.cost_usd += cost
+        self.count(reply)
         if self.cache is not None:
-            stored = {
-                "text": text,
-                "usage": usage.model_dump(),
-                "cost_usd": cost,
-                "prompt_token_ids": result.prompt_token_ids,
-                "completion_token_ids": result.completion_token_ids,
-                "logprobs": result.logprobs,
-                **({"tool_calls": tool_calls} if tool_calls else {}),
-                **({"finish_reason": finish_reason} if finish_reason else {}),
-            }
             try:
-                self.cache.put(key, request["model"], request, stored, member.name)
+                self.cache.put(asked.key, request["model"], request, reply.cache_entry(), member.name)
             except Exception as exc:  # noqa: BLE001 - a full disk must not lose the answer in hand
                 logger.warning("call cache write failed (%s); continuing without caching this call", exc)
-        return result
+        return asked.answered(reply, latency_s=latency, attempts=attempts)
+
+    def count(self, reply: Reply) -> None:
+        """Add an upstream reply's tokens and price to `stats` (None: a price unknown)."""
+        self.stats.prompt_tokens += reply.usage.prompt_tokens
+        self.stats.completion_tokens += reply.usage.completion_tokens
+        if reply.cost_usd is None:
+            self.stats.cost_usd = None
+        elif self.stats.cost_usd is not None:
+            self.stats.cost_usd += reply.cost_usd
 
 
 def whole_calls(tool_calls: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:

@@ -2,8 +2,8 @@
 
 The LangChain chat models (`colab_graphs.models.chat_model`) and the seats of compiled protocols make their
 calls through `ModelClient`; this module turns LangChain messages into the OpenAI messages the client sends,
-a `CallResult` into the `AIMessage` LangChain expects (text, parsed tool calls, usage), a streamed `Delta` into
-an `AIMessageChunk`, and raises the chat-model callback events (`on_chat_model_start`, `on_llm_new_token`,
+a call's record (`Call`) into the `AIMessage` LangChain expects (text, parsed tool calls, usage), a streamed
+`Delta` into an `AIMessageChunk`, and raises the chat-model callback events (`on_chat_model_start`, `on_llm_new_token`,
 `on_llm_end`, `on_llm_error`) for a call made outside a chat model, so LangSmith-style tracers and LangGraph's
 `stream_mode="messages"` see seat calls as they see any chat model's.
 """
@@ -14,8 +14,9 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from colab_graphs.models.client import CallResult, Delta
+from colab_graphs.models.client import Delta
 from colab_graphs.pool import Member
+from colab_graphs.trace import Call
 
 if TYPE_CHECKING:
     from langchain_core.callbacks import AsyncCallbackManagerForLLMRun
@@ -62,7 +63,7 @@ def parsed_tool_calls(raw: list[dict[str, Any]] | None) -> tuple[list[Any], list
     return calls, invalid
 
 
-def usage_metadata(result: CallResult) -> UsageMetadata:
+def usage_metadata(result: Call) -> UsageMetadata:
     usage = result.usage
     return {
         "input_tokens": usage.prompt_tokens,
@@ -71,7 +72,7 @@ def usage_metadata(result: CallResult) -> UsageMetadata:
     }
 
 
-def response_metadata(result: CallResult, model: str) -> dict[str, Any]:
+def response_metadata(result: Call, model: str) -> dict[str, Any]:
     """What a reply says about itself: model, provider, why it stopped, and the call path's view of it
     (served from the cache, the cache key, the cost; None where unknown)."""
     return {
@@ -84,7 +85,7 @@ def response_metadata(result: CallResult, model: str) -> dict[str, Any]:
     }
 
 
-def ai_message(result: CallResult, model: str) -> AIMessage:
+def ai_message(result: Call, model: str) -> AIMessage:
     """The reply as LangChain's `AIMessage`: text, parsed tool calls, usage and metadata."""
     from langchain_core.messages import AIMessage
 
@@ -116,7 +117,7 @@ def message_chunk(delta: Delta) -> ChatGenerationChunk:
     return ChatGenerationChunk(message=AIMessageChunk(content=delta.text, tool_call_chunks=chunks))
 
 
-def last_chunk(result: CallResult | None, model: str) -> ChatGenerationChunk:
+def last_chunk(result: Call | None, model: str) -> ChatGenerationChunk:
     """The chunk that ends a stream: no text, the usage and metadata, `chunk_position="last"` (which turns the
     aggregated tool call chunks into tool calls). None: an absent member's empty answer."""
     from langchain_core.messages import AIMessageChunk
@@ -183,7 +184,7 @@ class ChatRun:
         )
         return cls(run, params.get("model", member.model))
 
-    async def end(self, result: CallResult) -> None:
+    async def end(self, result: Call) -> None:
         from langchain_core.outputs import ChatGeneration, LLMResult
 
         message = ai_message(result, self.model)

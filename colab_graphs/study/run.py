@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from colab_graphs.accounting import account, made_since
 from colab_graphs.audit.game import CoalitionGame, Play, read_plays
 from colab_graphs.audit.run import AuditError, play_audit, plots_available
 from colab_graphs.log import LOG_FILE, Header, LogVersionError, LogWriter
@@ -36,7 +37,7 @@ from colab_graphs.study.report import (
     setting_result,
     write_study,
 )
-from colab_graphs.study.worker import ShardResult, ShardRunner, play_key
+from colab_graphs.study.worker import PlayKey, ShardResult, ShardRunner, play_key
 
 STATE_FILE = "study-state.json"
 
@@ -328,13 +329,13 @@ def _play_on_ray(
 
 
 def _study_calls(plan: StudyPlan, out: Path, client: ModelClient, started_at: float) -> dict[str, Any]:
-    """Calls of the whole study: the audit accounting over every play of every setting (each play once)."""
-    everything = CoalitionGame(plan.solos[0].spec, plan.pools[plan.solos[0].pool], [], client=client)
-    everything.started_at = started_at
+    """Calls of the whole study: the accounting of every play of every setting (each play once: the last one
+    recorded, as an audit resumes from it)."""
+    plays: dict[tuple[str, PlayKey], Play] = {}
     for setting in plan.settings:
         kind = "solo" if setting.protocol is None else "coalition"
         for play in read_plays(out / setting.folder):
             if play.game == kind:
-                cid, example = play_key(play)
-                everything.plays[(f"{setting.key}|{cid}", example)] = play
-    return everything.accounting()["calls"]
+                plays[(setting.key, play_key(play))] = play
+    everything = list(plays.values())
+    return account(everything, made_since(client.cache, everything, started_at)).calls()

@@ -30,7 +30,7 @@ PlayKey = tuple[str, str]  # (coalition id, example id), as `CoalitionGame.plays
 
 
 def play_key(play: Play) -> PlayKey:
-    return coalition_id(play.game, play.members), play.example_id
+    return coalition_id(play.game, play.coalition), play.example_id
 
 
 @dataclass

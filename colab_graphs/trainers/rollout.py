@@ -51,10 +51,10 @@ from typing import Any, TypeVar
 
 from colab_graphs.data.example import Example
 from colab_graphs.data.scoring import apply_scorer
-from colab_graphs.models.client import CallError, CallResult, DeltaHandler, ModelClient
+from colab_graphs.models.client import CallError, DeltaHandler, ModelClient
 from colab_graphs.pool import Member, Pool
 from colab_graphs.spec import GraphSpec
-from colab_graphs.trace import Call, Trace, Usage
+from colab_graphs.trace import Call, Reply, Trace, Usage
 
 T = TypeVar("T")
 
@@ -153,13 +153,18 @@ class InProcessPolicyClient(ModelClient):
     """
 
     async def _call_upstream(
-        self, key: str, member: Member, request: dict, kwargs: dict, on_delta: DeltaHandler | None = None
-    ) -> CallResult:
+        self,
+        asked: Call,
+        member: Member,
+        request: dict[str, Any],
+        kwargs: dict[str, Any],
+        on_delta: DeltaHandler | None = None,
+    ) -> Call:
         from colab_graphs.models.local import DETAILS_KEY, build_request, get_engine
 
         model = str(kwargs["model"])
         if not model.startswith("local/") or DETAILS_KEY in kwargs or kwargs.get("metadata") or on_delta:
-            return await super()._call_upstream(key, member, request, kwargs, on_delta)
+            return await super()._call_upstream(asked, member, request, kwargs, on_delta)
         self.stats.made += 1
         self.stats.attempts += 1
         started = time.perf_counter()
@@ -173,23 +178,17 @@ class InProcessPolicyClient(ModelClient):
         except Exception as exc:  # noqa: BLE001 - reported as a failed call, like any upstream failure
             self.stats.failed += 1
             raise CallError("local", f"{type(exc).__name__}: {exc}", member.name, 1) from None
-        usage = Usage(prompt_tokens=len(result.prompt_ids), completion_tokens=len(result.completion_ids))
-        self.stats.prompt_tokens += usage.prompt_tokens
-        self.stats.completion_tokens += usage.completion_tokens
-        self.stats.cost_usd = None  # as through LiteLLM: a local model has no price
-        return CallResult(
-            text=result.text,
-            key=key,
-            usage=usage,
-            cost_usd=None,
-            cached=False,
-            latency_s=time.perf_counter() - started,
-            attempts=1,
+        reply = Reply(
+            completion=result.text,
+            usage=Usage(prompt_tokens=len(result.prompt_ids), completion_tokens=len(result.completion_ids)),
+            cost_usd=None,  # as through LiteLLM: a local model has no price
             prompt_token_ids=list(result.prompt_ids),
             completion_token_ids=list(result.completion_ids),
             logprobs=list(result.logprobs),
             finish_reason=result.finish_reason,
         )
+        self.count(reply)
+        return asked.answered(reply, latency_s=time.perf_counter() - started, attempts=1)
 
 
 class PolicyRouter:
@@ -235,20 +234,14 @@ class PolicyRouter:
         """The messages as a trace records them (the member's persona included)."""
         return self.client.canonical_request(member, messages)[0]["messages"]
 
-    async def complete(self, member: Member, messages: list[dict[str, Any]], **call: Any) -> CallResult:
+    async def complete(self, member: Member, messages: list[dict[str, Any]], **call: Any) -> Call:
         """Call `member` (keywords as `ModelClient.complete`); policy calls get the policy overrides, and
         every sampled call its seeded sample index."""
-        return (await self.complete_recorded(member, messages, **call))[0]
-
-    async def complete_recorded(
-        self, member: Member, messages: list[dict[str, Any]], **call: Any
-    ) -> tuple[CallResult, Call]:
-        """`complete`, also returning the call's trace record (as `ModelClient.complete_recorded`)."""
         started = _started()
         client, call = self._route(member, messages, call)
-        result, record = await client.complete_recorded(member, messages, **call)
+        record = await client.complete(member, messages, **call)
         _note(record, started)
-        return result, record
+        return record
 
     def _route(
         self, member: Member, messages: list[dict[str, Any]], call: dict[str, Any]
@@ -409,18 +402,10 @@ class ReplayClient:
             if call.error is None
         }
 
-    async def complete(self, member: Member, messages: list[dict[str, Any]], **call: Any) -> CallResult:
+    async def complete(self, member: Member, messages: list[dict[str, Any]], **call: Any) -> Call:
         recorded = self._served(member, messages, call.get("seat"), call.get("trace"))
         if recorded is None:
             return await self.router.complete(member, messages, **call)
-        return self._serve(recorded, call.get("trace"))[0]
-
-    async def complete_recorded(
-        self, member: Member, messages: list[dict[str, Any]], **call: Any
-    ) -> tuple[CallResult, Call]:
-        recorded = self._served(member, messages, call.get("seat"), call.get("trace"))
-        if recorded is None:
-            return await self.router.complete_recorded(member, messages, **call)
         return self._serve(recorded, call.get("trace"))
 
     def _served(
@@ -440,25 +425,13 @@ class ReplayClient:
         return None
 
     @staticmethod
-    def _serve(recorded: Call, trace: Trace | None) -> tuple[CallResult, Call]:
+    def _serve(recorded: Call, trace: Trace | None) -> Call:
+        # The recorded call's latency and attempts stay on the replay: the trace keeps what the turn took.
         record = recorded.model_copy(update={"cached": True})
         _note(record, _started())
         if trace is not None:
             trace.calls.append(record)
-        result = CallResult(
-            text=recorded.completion or "",
-            key=recorded.key,
-            usage=recorded.usage,
-            cost_usd=None,
-            cached=True,
-            latency_s=0.0,
-            attempts=0,
-            prompt_token_ids=recorded.prompt_token_ids,
-            completion_token_ids=recorded.completion_token_ids,
-            logprobs=recorded.logprobs,
-            finish_reason=recorded.finish_reason,
-        )
-        return result, record
+        return record
 
 
 class RolloutRunner:

@@ -15,9 +15,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from colab_graphs.accounting import account
 from colab_graphs.compile import fusion_levels
-from colab_graphs.log import LOG_FILE, Log, PlayRecord, find_kind, read_log
+from colab_graphs.log import LOG_FILE, Log, Turn, find_kind, read_log
 from colab_graphs.spec import GraphSpec
+from colab_graphs.trace import Trace
 
 MAX_ROLLOUTS = 64  # the most recent sample rollouts a training page shows
 INDEX_DEPTH = 4  # how deep a folder that holds several outputs is searched
@@ -141,28 +143,20 @@ def _examples(log: Log) -> list[dict[str, Any]]:
 
 
 def _usage_from_calls(log: Log) -> dict[str, dict[str, Any]]:
-    """Calls made per member, each distinct call once (a report's `usage`, for an audit still going): a call a
-    play got from the cache was not made by this audit and costs it nothing, as in the report."""
-    made: dict[str, dict[str, Any]] = {}
-    counted: set[int] = set()
-    for play in log.plays:
-        for ref in play.calls:
-            call = log.calls[ref.n]
-            if ref.cached or call.n in counted or call.error is not None:
-                continue
-            counted.add(call.n)
-            u = made.setdefault(
-                call.member, {"calls": 0, "tokens": {"prompt": 0, "completion": 0}, "cost_usd": 0.0}
-            )
-            u["calls"] += 1
-            u["tokens"]["prompt"] += call.prompt_tokens
-            u["tokens"]["completion"] += call.completion_tokens
-            u["cost_usd"] = (
-                None if u["cost_usd"] is None or call.cost_usd is None else u["cost_usd"] + call.cost_usd
-            )
-    for u in made.values():
-        u["tokens"]["total"] = u["tokens"]["prompt"] + u["tokens"]["completion"]
-    return made
+    """Calls made per member (a report's `usage`, for an audit still going), from the accounting of the plays
+    logged so far: a call a play got from the cache was not made by this audit and costs it nothing."""
+    return {
+        member: {
+            "calls": share.calls,
+            "tokens": {
+                "prompt": share.prompt_tokens,
+                "completion": share.completion_tokens,
+                "total": share.prompt_tokens + share.completion_tokens,
+            },
+            "cost_usd": share.cost_usd,
+        }
+        for member, share in account(log.plays).per_member.items()
+    }
 
 
 def audit_payload(log: Log, root: Path, folder: Path) -> dict[str, Any]:
@@ -173,8 +167,8 @@ def audit_payload(log: Log, root: Path, folder: Path) -> dict[str, Any]:
     )  # coalition id ("solo:m" alone) -> example -> score
     failed = 0
     for play in log.plays:
-        key = cid(play.members) if play.game == "coalition" else f"solo:{cid(play.members)}"
-        scores[key][play.example] = None if play.failed else play.score
+        key = cid(play.coalition) if play.game == "coalition" else f"solo:{cid(play.coalition)}"
+        scores[key][play.example_id] = None if play.failed else play.score
         failed += play.failed
     planned = None
     if log.plan is not None:
@@ -187,7 +181,7 @@ def audit_payload(log: Log, root: Path, folder: Path) -> dict[str, Any]:
         seen = {cid(c): c for c in (log.plan.coalitions if log.plan is not None else [])}
         for p in log.plays:
             if p.game == "coalition":
-                seen.setdefault(cid(p.members), p.members)
+                seen.setdefault(cid(p.coalition), p.coalition)
         coalitions = []
         for members_ in seen.values():
             done = [s for s in scores.get(cid(members_), {}).values() if s is not None]
@@ -221,14 +215,14 @@ def audit_payload(log: Log, root: Path, folder: Path) -> dict[str, Any]:
 
 def run_payload(log: Log, root: Path, folder: Path) -> dict[str, Any]:
     examples = _examples(log)
-    by_id = {p.example: p for p in log.plays}
+    by_id = {p.example_id: p for p in log.plays}
     for e in examples:
         play = by_id.get(e["id"])
         if play is not None:
             e.update(score=play.score, system_answer=play.answer, failed=play.failed)
     if not examples:  # a run from before the log kept no examples: its plays name them
         examples = [
-            {"id": p.example, "input": "", "score": p.score, "system_answer": p.answer, "failed": p.failed}
+            {"id": p.example_id, "input": "", "score": p.score, "system_answer": p.answer, "failed": p.failed}
             for p in log.plays
         ]
     done = [p.score for p in log.plays if not p.failed and p.score is not None]
@@ -293,19 +287,33 @@ def seat_order(log: Log) -> dict[str, int] | None:
     return {name: i for i, name in enumerate(n for level in levels for n in level)}
 
 
-def _play_json(log: Log, play: PlayRecord, order: dict[str, int] | None) -> dict[str, Any]:
+# What the page shows of a call (the record holds more: settings, sample, attempts, ...).
+_TURN_FIELDS = {"n", "key", "seat", "member", "model", "messages", "completion", "tool_calls", "cost_usd",
+                "latency_s", "cached", "error"}  # fmt: skip
+
+
+def turn_json(call: Turn) -> dict[str, Any]:
+    """A call of a play as the page shows it."""
+    return {
+        **call.model_dump(mode="json", include=_TURN_FIELDS),
+        "prompt_tokens": call.prompt_tokens,
+        "completion_tokens": call.completion_tokens,
+    }
+
+
+def _play_json(log: Log, play: Trace, order: dict[str, int] | None) -> dict[str, Any]:
     turns = log.turns(play)
     if order is not None:  # seats of one level finish in any order; show them as the protocol declares them
         turns.sort(key=lambda t: order.get(t.seat or "", len(order)))
     return {
         "game": play.game,
-        "members": play.members,
+        "members": play.coalition,
         "score": play.score,
         "answer": play.answer,
         "output": play.output,
         "failed": play.failed,
         "error": play.error,
-        "turns": [t.model_dump(mode="json") for t in turns],
+        "turns": [turn_json(t) for t in turns],
     }
 
 
@@ -316,7 +324,7 @@ def example_payload(root: Path, rel: str, example_id: str, cache: LogCache) -> d
     log = cache.get(folder)
     example = next((e for e in log.examples if e.id == example_id), None)
     order = seat_order(log)
-    plays = [_play_json(log, p, order) for p in log.plays if p.example == example_id]
+    plays = [_play_json(log, p, order) for p in log.plays if p.example_id == example_id]
     if example is None and not plays:
         raise ViewerError(404, f"no example {example_id!r} in {rel or '.'}")
     fields = example.model_dump(mode="json", exclude={"type"}) if example is not None else {"id": example_id}
