@@ -162,8 +162,8 @@ def summarize(spec: GraphSpec, outcomes: Sequence[ExampleOutcome], wall_s: float
 
 
 def _check_same_run(out: Path, header: Header, examples: Sequence[Example]) -> bool:
-    """Whether `out` holds an earlier run (its log; `run.json` before the log); raises `RunError`, saying
-    what differs, when that run is not this one."""
+    """Whether `out` holds an earlier run (its log); raises `RunError`, saying what differs, when that run is not
+    this one."""
     log = out / "log.jsonl"
     if log.exists():
         records, _ = read_records(log, strict=False)
@@ -171,14 +171,6 @@ def _check_same_run(out: Path, header: Header, examples: Sequence[Example]) -> b
         if stored is None or stored.fingerprint != header.fingerprint:
             stored_examples = [r for _, r in records if isinstance(r, ExampleRecord)]
             raise RunError(refusal(out, "run", stored, header, stored_examples, examples))
-        return True
-    manifest = out / "run.json"
-    if manifest.exists():
-        if json.loads(manifest.read_text()).get("fingerprint") != header.fingerprint:
-            raise RunError(
-                f"{out} holds a different run (protocol, pool, data or scorer changed); choose another --out "
-                "or pass --overwrite"
-            )
         return True
     return False
 
@@ -225,7 +217,7 @@ async def run_dataset(
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         if overwrite:
-            for name in ("results.jsonl", "traces.jsonl", "summary.json", "run.json", "log.jsonl"):
+            for name in ("results.jsonl", "traces.jsonl", "summary.json", "log.jsonl"):
                 (out_dir / name).unlink(missing_ok=True)
         header = Header(
             kind="run",
@@ -238,7 +230,6 @@ async def run_dataset(
             fingerprint=fingerprint,
         )
         finished = _load_finished(out_dir, header, examples)
-        (out_dir / "run.json").unlink(missing_ok=True)  # a run from before the log: its log takes over
         log = LogWriter(out_dir)
         log.start(header, examples, log.plays_text([o.trace for o in finished.values()]))
         # Keep only lines of finished examples, so a resumed file has each example once.

@@ -192,31 +192,6 @@ def test_plays_whose_call_line_was_lost_are_played_again_on_resume(server, tmp_p
     assert len(log.plays) == (8 + 3) * 5 and len(log.calls) == DISTINCT_REQUESTS
 
 
-def legacy_audit(folder: Path, report_from: Path) -> None:
-    """An audit folder as colab-graphs wrote it before the log: game.json, game.jsonl, report.json."""
-    folder.mkdir(parents=True)
-    (folder / "game.json").write_text(
-        json.dumps({"fingerprint": "f", "protocol": "majority_vote", "started_at": 1.0})
-    )
-    key = "k" * 64
-    plays = [
-        {"game": "coalition", "members": ["a"], "example_id": "[q1]", "score": 1.0, "failed": False,
-         "error": None, "calls": [[key, "a", False, False, 12, 4, None]]},
-        {"game": "solo", "members": ["a"], "example_id": "[q1]", "score": 1.0, "failed": False,
-         "error": None, "calls": [[key, "a", True, False, 12, 4, None]]},
-    ]  # fmt: skip
-    (folder / "game.jsonl").write_text("".join(json.dumps(p) + "\n" for p in plays))
-    shutil.copy(report_from / "report.json", folder / "report.json")
-
-
-def test_resuming_an_audit_from_before_the_log_is_refused_naming_the_version(
-    server, exact_audit, tmp_path, arun
-):
-    legacy_audit(tmp_path / "old", exact_audit[0])
-    with pytest.raises(LogVersionError, match=r"log version 0.*--overwrite"):
-        arun(audit(server, tmp_path / "old"))
-
-
 def test_a_run_logs_one_play_per_example_and_keeps_its_contract_files(server, tmp_path, arun):
     spec = build_protocol("majority_vote", PLAYERS)
     client = ModelClient(CallCache(tmp_path / "cache"))
@@ -229,7 +204,7 @@ def test_a_run_logs_one_play_per_example_and_keeps_its_contract_files(server, tm
     assert all({"id", "answer", "score", "failed"} <= set(r) for r in results)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert {"protocol", "score", "n", "failed", "calls", "tokens", "cost_usd", "wall_s"} <= set(summary)
-    assert (tmp_path / "run" / "traces.jsonl").exists() and not (tmp_path / "run" / "run.json").exists()
+    assert (tmp_path / "run" / "traces.jsonl").exists()
 
 
 def test_a_study_logs_its_settings_and_each_audit_its_plays(tmp_path):

@@ -32,11 +32,9 @@ from colab_graphs.data.scoring import view_for
 from colab_graphs.data.tasks import TaskView
 from colab_graphs.fitting import Fitted, fit_coalition
 from colab_graphs.log import (
-    LOG_VERSION,
     CallRecord,
     ExampleRecord,
     Header,
-    LogVersionError,
     LogWriter,
     PlanRecord,
     Play,
@@ -52,8 +50,6 @@ from colab_graphs.runner import run_example, run_fingerprint
 from colab_graphs.spec import GraphSpec
 
 Coalition = frozenset[str]
-# What audits wrote before the log (log version 0): read by `colab_graphs.log`, not continued.
-LEGACY_FILES = ("game.jsonl", "game.json")
 
 
 def coalition_id(game: str, members: Sequence[str]) -> str:
@@ -130,12 +126,6 @@ class CoalitionGame:
         self.store.mkdir(parents=True, exist_ok=True)
         self.log = LogWriter(self.store)
         if not self.log.path.exists():
-            if any((self.store / name).exists() for name in LEGACY_FILES):
-                raise LogVersionError(
-                    f"{self.store} holds an audit written before colab-graphs kept a log (game.jsonl, log version "
-                    f"0); this version (log version {LOG_VERSION}) views it but does not continue it: run again "
-                    "with --overwrite (its calls are cached: nothing is called again)"
-                )
             self.log.start(self._header(), self.examples)
             return
         records, _ = read_records(self.log.path, strict=False)
