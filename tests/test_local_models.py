@@ -69,6 +69,16 @@ def test_response_carries_usage_and_exact_token_ids(litellm, tiny, arun):
     assert all(lp <= 0 for lp in details["logprobs"])
 
 
+def test_a_local_members_call_costs_nothing_not_an_unknown_price(arun):
+    # (An audit of the embedded default used to report "Cost: unknown" while its plan priced it at $0.)
+    from colab_graphs.models.client import ModelClient
+    from colab_graphs.pool import Member
+
+    member = Member(name="t", settings={"model": f"local/{TINY}", "max_tokens": 4, "temperature": 0})
+    call = arun(ModelClient(None).complete(member, QUESTION))
+    assert call.cost_usd == 0.0 and call.usage.completion_tokens == 4
+
+
 def test_token_details_survive_model_dump_and_rebuild(litellm, arun):
     from litellm import ModelResponse
 

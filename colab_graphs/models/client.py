@@ -556,7 +556,10 @@ class ModelClient:
             prompt_tokens=int(getattr(usage_obj, "prompt_tokens", 0) or 0),
             completion_tokens=int(getattr(usage_obj, "completion_tokens", 0) or 0),
         )
-        cost = _response_cost(litellm, response, models)
+        # In-process `local/` models cost nothing to call (as `models.pricing` plans them), not "unknown".
+        cost = (
+            0.0 if all(m.startswith("local/") for m in models) else _response_cost(litellm, response, models)
+        )
         if self.cap is not None:
             self.cap.settle(reserved, cost)
         details = None
