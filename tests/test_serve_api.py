@@ -3,9 +3,7 @@ ReAct agent against served zoo models (tiny-random for exact comparisons, SmolLM
 
 from __future__ import annotations
 
-import ast
 import json
-import operator
 from typing import Any
 
 import pytest
@@ -254,22 +252,17 @@ def test_litellm_gets_the_tool_calls_of_a_served_model(smol):
     assert call.function.name == "calc" and "expression" in json.loads(call.function.arguments)
 
 
-_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+def example_calculator() -> Any:
+    """The calculator tool of `examples/react_critic_app.py` (arithmetic only), as an app hands it to a model."""
+    import importlib.util
+    from pathlib import Path
 
-
-def evaluate(expression: str) -> float:
-    """Arithmetic only (+ - * / on numbers): the calculator a model's text is handed to."""
-
-    def value(node: ast.AST) -> float:
-        if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
-            return node.value
-        if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-            return _OPERATORS[type(node.op)](value(node.left), value(node.right))
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            return -value(node.operand)
-        raise ValueError(f"not arithmetic: {expression!r}")
-
-    return value(ast.parse(expression, mode="eval").body)
+    path = Path(__file__).resolve().parents[1] / "examples" / "react_critic_app.py"
+    spec = importlib.util.spec_from_file_location("react_critic_app", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.calculator.func
 
 
 def test_a_langgraph_react_agent_calls_a_calculator_through_the_served_model(smol_client):
@@ -279,10 +272,12 @@ def test_a_langgraph_react_agent_calls_a_calculator_through_the_served_model(smo
     from langgraph.graph import START, MessagesState, StateGraph
     from langgraph.prebuilt import ToolNode, tools_condition
 
+    evaluate = example_calculator()
+
     @tool
     def calc(expression: str) -> str:
         """Evaluate an arithmetic expression such as 12 * 7."""
-        return str(evaluate(expression))
+        return evaluate(expression)
 
     sent: list[list[dict[str, Any]]] = []
 
@@ -320,7 +315,7 @@ def test_a_langgraph_react_agent_calls_a_calculator_through_the_served_model(smo
     human, call, result, answer = final["messages"]
     assert isinstance(call, AIMessage) and call.tool_calls[0]["name"] == "calc"
     assert isinstance(result, ToolMessage) and result.tool_call_id == call.tool_calls[0]["id"]
-    assert result.content == str(evaluate(call.tool_calls[0]["args"]["expression"]))
+    assert result.content == evaluate(call.tool_calls[0]["args"]["expression"])
     assert isinstance(answer, AIMessage) and answer.content and not answer.tool_calls
     roles = [m["role"] for m in sent[-1]]
     assert roles == ["user", "assistant", "tool"]  # the served model read its own call and the result
