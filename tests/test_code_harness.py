@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from colab_graphs.data.code_tests import run_tests, unusable_test
+from colab_graphs.sandbox.code_tests import run_tests, unusable_test
 
 ECHO = "def echo(value):\n    return value\n"
 

@@ -18,7 +18,7 @@ import pytest
 
 from colab_graphs.data.example import Example
 from colab_graphs.data.loaders import DatasetError, load_examples
-from colab_graphs.data.sandbox import arun_code, run_code
+from colab_graphs.sandbox.runner import arun_code, run_code
 from colab_graphs.data.scoring import apply_scorer, get_scorer
 
 FULL_ISOLATION = {
@@ -171,7 +171,7 @@ def test_memory_bomb_fails_without_touching_host_memory():
     # earlier child of the suite (CLI subprocesses loading torch), not just the sandboxed code.
     probe = (
         "import json, resource\n"
-        "from colab_graphs.data.sandbox import run_code\n"
+        "from colab_graphs.sandbox.runner import run_code\n"
         "r = run_code(\"block = bytearray(6 * 1024**3)\\nprint('allocated')\", memory_mb=512)\n"
         "print(json.dumps({'passed': r.passed, 'stdout': r.stdout, 'reason': r.killed_reason,\n"
         "                  'peak_mib': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))\n"
@@ -390,8 +390,8 @@ ADD_TEST = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n"
 
 
 def test_without_namespaces_the_judge_still_decides(monkeypatch):
-    from colab_graphs.data import sandbox
-    from colab_graphs.data.code_tests import run_tests
+    from colab_graphs.sandbox import runner as sandbox
+    from colab_graphs.sandbox.code_tests import run_tests
 
     monkeypatch.setattr(sandbox, "_usable_namespaces", lambda wanted: ([], []))
     verdicts = {name: run_tests(code, ADD_TEST) for name, (code, _) in VERDICT_CASES.items()}

@@ -203,7 +203,7 @@ class CodeTask(TaskType):
     calls: a helper defined before it is not it). A `test` that defines `check(candidate)` and never calls it
     (HumanEval's and MoCo's form) is called with that function, as MoCo's evaluator does.
 
-    The verdict is the tests' (`colab_graphs.data.code_tests`): the reply's code runs in a process of its own
+    The verdict is the tests' (`colab_graphs.sandbox.code_tests`): the reply's code runs in a process of its own
     and answers the judge's calls with plain data, so it cannot read the tests, patch what they run on, exit
     early, print a token, or hand back a value that equals anything. A test that cannot fail (missing, blank,
     nothing to assert) is refused, as is one that passes without calling the code: either would pass anything.
@@ -248,7 +248,7 @@ class CodeTask(TaskType):
         return code
 
     async def score(self, output: str, example: Example) -> Score:
-        from colab_graphs.data.code_tests import arun_tests, unusable_test
+        from colab_graphs.sandbox.code_tests import arun_tests, unusable_test
 
         problem = unusable_test(example.test)
         if problem or example.test is None:  # (unusable_test names a missing test)

@@ -3,7 +3,7 @@
 Two ways in:
 
 - `run_code(code)`: one program in the sandbox; it passes when it exits 0 in time (its output comes back).
-- `run_judged(code, harness, request)`: the judged run behind the code scorer (`colab_graphs.data.code_harness`).
+- `run_judged(code, harness, request)`: the judged run behind the code scorer (`colab_graphs.sandbox.harness`).
   The **candidate** process runs `code` and serves requests; a separate **judge** process holds the tests and
   the verdict, calls the candidate over a pipe with plain data, and alone writes the verdict (with a nonce the
   candidate never sees) on a pipe only it holds. The candidate's output never decides anything.
@@ -49,7 +49,7 @@ Not covered (the threat model's edges):
 - The judge runs the dataset's tests: trusted to be tests, yet contained like the candidate (its own uid or no
   capabilities, no writable directory at all).
 
-The sandbox's inside is `colab_graphs.data.sandbox_launcher`, a standard-library script run by the system
+The sandbox's inside is `colab_graphs.sandbox.launcher`, a standard-library script run by the system
 interpreter (the venv's may sit under a directory the unprivileged uid cannot enter).
 """
 
@@ -77,6 +77,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypedDict, TypeVar
 
+from colab_graphs.sandbox import backends
+
 logger = logging.getLogger(__name__)
 
 # Unprivileged uids handed to concurrent runs (one each for the candidate and the judge, so no two processes of
@@ -87,7 +89,7 @@ _UID_COUNT = 512
 _FILE_SIZE_LIMIT = 64 * 1024**2
 _OPEN_FILES_LIMIT = 256
 _LAUNCHER_FAILED = 125
-_LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_launcher.py")
+_LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.py")
 _JUDGE_GRACE_S = 2.0  # the judge times its own deadline; the host kills only a judge that overran it
 T = TypeVar("T")
 
@@ -105,6 +107,7 @@ class SandboxResult:
     wall_s: float
     isolation: list[str] = field(default_factory=list)
     output_truncated: bool = False
+    backend: str = ""  # the backend that ran it (`colab_graphs.sandbox.backends`)
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,7 @@ class JudgedRun:
     stdout: str
     stderr: str
     judge_output: str
+    backend: str = ""  # the backend that ran it (`colab_graphs.sandbox.backends`)
 
 
 def run_code(
@@ -132,6 +136,7 @@ def run_code(
     disk_mb: int = 128,
     network: bool = False,
     stdin: str | None = None,
+    backend: str | None = None,
 ) -> SandboxResult:
     """Run Python source in the sandbox and wait for it (at most `timeout_s` of wall clock).
 
@@ -147,6 +152,10 @@ def run_code(
         disk_mb: size of the work directory (a tmpfs) where the machine allows a private root.
         network: allow network access (no network namespace).
         stdin: text fed to the program's standard input (empty when None).
+        backend: the sandbox setting (`colab_graphs.sandbox.backends`; None: env, else ``auto``).
+
+    Raises:
+        SandboxUnavailable: no backend meets `backend` here (nothing ran).
 
     Returns:
         A `SandboxResult`; the run never raises for anything the code does.
@@ -155,9 +164,16 @@ def run_code(
         >>> run_code("print(1 + 1)").stdout
         '2\\n'
     """
+    chosen = resolve(backend)
     files: dict[str, str | bytes] = {"main.py": code}
     run = _Run(
-        _isolation_plan(network), timeout_s, memory_mb, cpu_s, max_procs, disk_mb, roles=("candidate",)
+        _isolation_plan(network, chosen),
+        timeout_s,
+        memory_mb,
+        cpu_s,
+        max_procs,
+        disk_mb,
+        roles=("candidate",),
     )
     with run:
         out = run.start(
@@ -176,6 +192,7 @@ def run_code(
         wall_s=out.wall_s,
         isolation=out.isolation,
         output_truncated=out.stdout.truncated or out.stderr.truncated,
+        backend=chosen.name,
     )
 
 
@@ -191,6 +208,7 @@ def run_judged(
     max_output_bytes: int = 64_000,
     disk_mb: int = 128,
     network: bool = False,
+    backend: str | None = None,
 ) -> JudgedRun:
     """Run `code` as the candidate and `harness`'s `judge(reply_fd, request_fd, request)` as its judge.
 
@@ -199,11 +217,12 @@ def run_judged(
     `request` (the tests) reaches only the judge. The judge times itself (`timeout_s`, which the request should
     carry); the host kills the run `_JUDGE_GRACE_S` later. Other arguments as `run_code`.
     """
+    chosen = resolve(backend)
     nonce = secrets.token_hex(16)
     judge: JudgeInput = {"input": request, "nonce": nonce}
     files: dict[str, str | bytes] = {"solution.py": code, "harness.code": _compiled(harness)}
     run = _Run(
-        _isolation_plan(network), timeout_s + _JUDGE_GRACE_S, memory_mb, cpu_s or int(timeout_s) + 1,
+        _isolation_plan(network, chosen), timeout_s + _JUDGE_GRACE_S, memory_mb, cpu_s or int(timeout_s) + 1,
         max_procs, disk_mb, roles=("candidate", "judge"),
     )  # fmt: skip
     with run:
@@ -226,6 +245,7 @@ def run_judged(
         stdout=out.stdout.text(),
         stderr=out.stderr.text(),
         judge_output=out.judge_log.text() if out.judge_log else "",
+        backend=chosen.name,
     )
 
 
@@ -278,6 +298,53 @@ def _executor() -> ThreadPoolExecutor:
     # A dedicated pool is the process-wide bound: it serves every event loop and never starves the default
     # executor that other `to_thread` users share.
     return ThreadPoolExecutor(max_workers=max_parallel(), thread_name_prefix="cg-sandbox")
+
+
+# --- which backend ----------------------------------------------------------------------------------------------
+
+
+def resolve(setting: str | None = None) -> backends.Backend:
+    """The backend for `setting` (None: env `COLAB_GRAPHS_SANDBOX`, else ``auto``), or `backends.SandboxUnavailable`."""
+    setting = setting or backends.setting_from_env()
+    if setting not in backends.SETTINGS:
+        raise backends.SandboxUnavailable(
+            f"sandbox {setting!r} is not a sandbox setting; use one of {', '.join(backends.SETTINGS)}"
+        )
+    if setting == "unsafe-local":
+        return backends.Backend("unsafe-local", safe=False)
+    why_not = availability()
+    order = ["namespaces", "landlock"] if setting == "auto" else [setting]
+    for name in order:
+        if why_not[name] is None:
+            return backends.Backend(name, safe=True)
+    missing = "; ".join(f"{name}: {why_not[name]}" for name in order)
+    raise backends.SandboxUnavailable(
+        f"code cannot be scored safely here ({missing}). Ways out: run where user namespaces are allowed "
+        "(as root, or a container started with --security-opt seccomp=unconfined / CAP_SYS_ADMIN), "
+        "or on a kernel with Landlock (5.13+) for --sandbox landlock; or accept running model-written code "
+        "unconfined with --sandbox unsafe-local (recorded in every result and report)"
+    )
+
+
+@functools.cache
+def availability() -> dict[str, str | None]:
+    """Each safe backend -> None when this machine gives it, else why not (probed once per process)."""
+    return {"namespaces": _namespaces_missing(), "landlock": _landlock_missing()}
+
+
+def _namespaces_missing() -> str | None:
+    wanted = ("mountns", "pidns", "ipcns", "netns")
+    prefix, names = _usable_namespaces(wanted)
+    lacking = [n for n in wanted if n not in names]
+    if lacking:
+        return f"unshare cannot create {', '.join(lacking)} (user namespaces refused, or unshare denied by seccomp)"
+    if not _private_root_works(tuple(prefix)):
+        return "the private root cannot be mounted (mounts refused inside the namespace)"
+    return None
+
+
+def _landlock_missing() -> str | None:
+    return "not built yet"
 
 
 # --- one run ----------------------------------------------------------------------------------------------------
@@ -465,7 +532,11 @@ class _Run:
         return applied
 
 
-def _isolation_plan(network: bool) -> _Plan:
+def _isolation_plan(network: bool, backend: backends.Backend) -> _Plan:
+    if backend.name == "unsafe-local":
+        return _Plan([], [], private_root=False)
+    if backend.name != "namespaces":
+        raise backends.SandboxUnavailable(f"the {backend.name} backend is not built yet")
     wanted = ("mountns", "pidns", "ipcns") + (() if network else ("netns",))
     prefix, names = _usable_namespaces(wanted)
     return _Plan(prefix, names, private_root="mountns" in names and _private_root_works(tuple(prefix)))

@@ -1,6 +1,6 @@
 """The inside of the sandbox: `python -I -S sandbox_launcher.py FD` builds the sandbox and starts its processes.
 
-`colab_graphs.data.sandbox` starts this script (inside fresh namespaces when the machine allows them, where it is
+`colab_graphs.sandbox.runner` starts this script (inside fresh namespaces when the machine allows them, where it is
 root) with its plan on pipe `FD` (marshal: no import to pay); what it reports back (the status and the
 verdict) are Python literals, one per line, which the host reads with `ast.literal_eval`. The script:
 
@@ -36,7 +36,7 @@ TYPE_CHECKING = False  # `typing` is not imported at run time (nothing slow: thi
 if TYPE_CHECKING:
     from typing import NoReturn, TextIO
 
-    from colab_graphs.data.sandbox import JudgePlan, LaunchPlan
+    from colab_graphs.sandbox.runner import JudgePlan, LaunchPlan
 
 _FAILED = 125
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8

@@ -1,7 +1,7 @@
 """Scoring code by its tests: a judged run in the sandbox, and the refusal of a test that tests nothing.
 
 `run_tests(code, test)` runs the code in the sandbox's candidate process and the test in its judge process
-(`colab_graphs.data.code_harness` says what crosses between them and what the test sees); the verdict is the
+(`colab_graphs.sandbox.harness` says what crosses between them and what the test sees); the verdict is the
 judge's alone. The question's code and the test are read here, on the host (they are the dataset's, not the
 candidate's), so the judge gets them ready to run: which names the test takes from the solution, whether it
 only defines `check(candidate)`, the question's definitions one statement at a time.
@@ -37,6 +37,7 @@ class CodeVerdict:
     isolation: list[str] = field(default_factory=list)
     stdout: str = ""  # the candidate's, capped: for reading, never for judging
     stderr: str = ""
+    backend: str = ""  # the sandbox backend that ran it (`colab_graphs.sandbox.backends`)
 
 
 def unusable_test(test: str | None) -> str | None:
@@ -70,6 +71,7 @@ def run_tests(
     timeout_s: float = 10,
     call_timeout_s: float | None = None,
     memory_mb: int = 512,
+    sandbox: str | None = None,
 ) -> CodeVerdict:
     """Run `test` against `code` in the sandbox, candidate and judge apart, and return the judge's verdict.
 
@@ -81,22 +83,26 @@ def run_tests(
         timeout_s: wall clock for the whole run (loading the code and every call).
         call_timeout_s: wall clock for one call of the solution (default: only the total limit).
         memory_mb: address-space limit per process.
+        sandbox: the sandbox setting (`colab_graphs.sandbox.backends`; None: env, else ``auto``).
 
     Raises:
         ValueError: the test cannot fail (`unusable_test`).
+        SandboxUnavailable: no sandbox backend meets `sandbox` here (nothing ran).
 
     Example:
         >>> run_tests("def add(a, b):\\n    return a + b\\n", "assert add(2, 3) == 5").passed
         True
     """
-    from colab_graphs.data import sandbox
+    from colab_graphs.sandbox import runner
 
     problem = unusable_test(test)
     if problem:
         raise ValueError(problem)
     request = _judge_request(test, entry_point, prompt_code or "")
     request |= {"timeout_s": timeout_s, "call_timeout_s": call_timeout_s}
-    run = sandbox.run_judged(code, _harness_source(), request, timeout_s=timeout_s, memory_mb=memory_mb)
+    run = runner.run_judged(
+        code, _harness_source(), request, timeout_s=timeout_s, memory_mb=memory_mb, backend=sandbox
+    )
     verdict = run.verdict or {}
     passed = verdict.get("passed") is True
     reason = verdict.get("reason") or ("timeout" if run.timed_out else "the judge gave no verdict")
@@ -108,19 +114,20 @@ def run_tests(
         isolation=run.isolation,
         stdout=run.stdout,
         stderr=run.stderr,
+        backend=run.backend,
     )
 
 
 async def arun_tests(code: str, test: str, **options: object) -> CodeVerdict:
     """`run_tests` for async callers, bounded by the sandbox's process-wide parallelism."""
-    from colab_graphs.data import sandbox
+    from colab_graphs.sandbox import runner as sandbox
 
     return await sandbox.in_sandbox_pool(run_tests, code, test, **options)
 
 
 @functools.cache
 def _harness_source() -> str:
-    from colab_graphs.data import code_harness
+    from colab_graphs.sandbox import harness as code_harness
 
     with open(code_harness.__file__, encoding="utf-8") as fh:
         return fh.read()

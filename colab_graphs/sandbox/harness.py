@@ -1,7 +1,7 @@
 """The code harness: the tests decide, in a judge process that the code under test cannot reach.
 
-One scored answer runs as two processes (`colab_graphs.data.code_tests.run_tests` asks
-`colab_graphs.data.sandbox.run_judged` to start and contain both):
+One scored answer runs as two processes (`colab_graphs.sandbox.code_tests.run_tests` asks
+`colab_graphs.sandbox.runner.run_judged` to start and contain both):
 
 - the **candidate**: a fresh interpreter runs the reply's code as module ``solution`` (so an
   ``if __name__ == "__main__":`` demo does not run), reports the callables it defined, then answers requests on
@@ -436,7 +436,7 @@ class Handle:
 def judge(reply_fd: int, request_fd: int, request: dict[str, Any]) -> dict[str, Any]:
     """Run the tests against the candidate on the other end of the pipes; return the verdict (plain data).
 
-    `request` (made by `colab_graphs.data.code_tests` from the dataset's test and question): ``test`` (source),
+    `request` (made by `colab_graphs.sandbox.code_tests` from the dataset's test and question): ``test`` (source),
     ``question`` (the question's definitions, one snippet each), ``entry_point``, ``from_solution`` (the names
     the test uses that neither it, the question nor the builtins define), ``call_check`` (the test only
     defines `check`), ``bind_candidate`` (the test uses `candidate` at module level), ``timeout_s``,
