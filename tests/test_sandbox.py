@@ -18,8 +18,8 @@ import pytest
 
 from colab_graphs.data.example import Example
 from colab_graphs.data.loaders import DatasetError, load_examples
-from colab_graphs.sandbox.runner import arun_code, run_code
 from colab_graphs.data.scoring import apply_scorer, get_scorer
+from colab_graphs.sandbox.runner import arun_code, run_code
 
 FULL_ISOLATION = {
     "netns",
