@@ -28,9 +28,9 @@ import statistics
 import time
 from datetime import date
 
-from colab_graphs.sandbox import runner as sandbox
 from colab_graphs.data.loaders import load_examples
 from colab_graphs.data.scoring import apply_scorer, get_scorer
+from colab_graphs.sandbox import runner as sandbox
 
 _SINGLE_PROCESS = """\
 _ns = {{"__name__": "solution"}}
