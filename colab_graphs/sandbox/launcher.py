@@ -1,25 +1,31 @@
-"""The inside of the sandbox: `python -I -S sandbox_launcher.py FD` builds the sandbox and starts its processes.
+"""The inside of the sandbox: `python -I -S launcher.py FD` builds the sandbox and starts its processes.
 
-`colab_graphs.sandbox.runner` starts this script (inside fresh namespaces when the machine allows them, where it is
-root) with its plan on pipe `FD` (marshal: no import to pay); what it reports back (the status and the
-verdict) are Python literals, one per line, which the host reads with `ast.literal_eval`. The script:
+`colab_graphs.sandbox.runner` starts this script (inside fresh namespaces for the namespaces backend, where it
+is root; as a plain process for the landlock backend) with its plan on pipe `FD` (marshal: no import to pay);
+what it reports back (the status and the verdict) are Python literals, one per line, which the host reads with
+`ast.literal_eval`. It runs on the interpreter the code will run on (the plan's `python`). The script:
 
 1. makes itself non-dumpable (its memory holds the tests: no process of its uid may read it through /proc);
-2. with a mount namespace, builds a **private root**: a read-only tmpfs holding only the system directories
-   Python needs (`/usr`, `/bin`, `/lib*`, `/sbin`, `/etc`, the interpreter's prefix), bound read-only, a `/dev`
-   of null/zero/full/random/urandom, a fresh `/proc`, a size-capped tmpfs `/tmp` (the work directory and the
-   only writable place) and a size-capped `/dev/shm`; then `pivot_root`s into it and detaches the host's tree;
+2. namespaces: builds a **private root**: a read-only tmpfs holding only the system directories Python needs
+   (`/usr`, `/bin`, `/lib*`, `/sbin`, `/etc`, the interpreter's prefixes), bound read-only, a `/dev` of
+   null/zero/full/random/urandom, a fresh `/proc`, a size-capped tmpfs `/tmp` (the work directory and the
+   only writable place) and a size-capped `/dev/shm`; then `pivot_root`s into it and detaches the host's tree.
+   landlock: writes the programs into the host's per-run work directory and becomes a child subreaper;
 3. starts the **judge** (when the plan has one): a fork of this process that drops to its own uid (or all
-   capabilities), turns non-dumpable, keeps only its pipes, runs the harness program's `judge(...)` and writes
-   the verdict, with the plan's nonce, on the verdict pipe;
-4. starts the **candidate**: in a PID namespace of its own (so it can see, signal or trace no other process of
-   the sandbox) with its own `/proc`, as another uid (or without capabilities), under rlimits, with
-   `no_new_privs`, only stdin/stdout/stderr and (judged runs) its two request/reply pipes, exec'ing a fresh
-   interpreter (so nothing of this process's memory, the tests included, survives into it);
-5. waits: a judged run ends when the judge does, a plain run when the candidate does; as PID 1 of the sandbox's
-   PID namespace, its exit kills everything still running.
+   capabilities), turns non-dumpable, keeps only its pipes (landlock: confines itself, reading only and
+   writing nothing), runs the harness program's `judge(...)` and writes the verdict, with the plan's nonce,
+   on the verdict pipe;
+4. starts the **candidate**: (namespaces) in a PID namespace of its own (so it can see, signal or trace no
+   other process of the sandbox) with its own `/proc`; as another uid (or without capabilities), under
+   rlimits, with `no_new_privs`, (landlock) under Landlock and the seccomp filter, only stdin/stdout/stderr
+   and (judged runs) its two request/reply pipes, exec'ing a fresh interpreter (so nothing of this
+   process's memory, the tests included, survives into it);
+5. waits: a judged run ends when the judge does, a plain run when the candidate does; namespaces: as PID 1 of
+   the sandbox's PID namespace, its exit kills everything still running; landlock: it kills every process the
+   run left (`_sweep`), also when the host sends SIGTERM at the time limit.
 
-Only the standard library, and nothing slow to import: this runs once per scored answer.
+A failure to build any of it is reported on the status pipe (`launcher_error`, which the code never holds) and
+the code does not run. Only the standard library, and nothing slow to import: this runs once per scored answer.
 """
 
 from __future__ import annotations

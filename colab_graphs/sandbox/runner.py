@@ -8,7 +8,10 @@ Two ways in:
   the verdict, calls the candidate over a pipe with plain data, and alone writes the verdict (with a nonce the
   candidate never sees) on a pipe only it holds. The candidate's output never decides anything.
 
-Containment (`isolation` on each result names what was applied; the machine decides what is possible):
+Which containment a run gets is its **backend** (`colab_graphs.sandbox.backends`; `resolve(setting)` picks it,
+`availability()` says why each is or is not available here). ``isolation`` on each result names what was applied.
+
+The **namespaces** backend (`unshare`; as root, or any user where user namespaces are allowed):
 
 - ``netns``: a network namespace with only a loopback that is down: no TCP/UDP anywhere, and no abstract Unix
   sockets of the host (they belong to the host's network namespace).
@@ -18,14 +21,38 @@ Containment (`isolation` on each result names what was applied; the machine deci
   even ones that called `setsid`; ``nested_pidns``: the candidate runs in a PID namespace of its own inside it,
   so it cannot signal, trace or even see the judge (or anything but its own processes) in its `/proc`.
 - ``mountns`` + ``private_root`` + ``readonly_fs``: the sandbox's root is a fresh read-only tree holding only
-  `/usr`, `/bin`, `/sbin`, `/lib*`, `/etc` and the interpreter's prefix (bound read-only, without the mounts
-  below them), a minimal `/dev`, its own `/proc`. The host's `/tmp`, `/run`, `/var`, `/home`, `/root`,
-  `/work`... are not in it, so no Unix socket there (a mode-666 one in /tmp, Docker's) can be reached, and no
-  file there read.
+  `/usr`, `/bin`, `/sbin`, `/lib*`, `/etc` and the interpreter's prefixes (a venv's and its base install's,
+  bound read-only, without the mounts below them), a minimal `/dev`, its own `/proc`. The host's `/tmp`,
+  `/run`, `/var`, `/home`, `/root`, `/work`... are not in it, so no Unix socket there (a mode-666 one in /tmp,
+  Docker's) can be reached, and no file there read.
 - ``disk_cap``: the work directory is a tmpfs of `disk_mb` MiB (`/tmp` inside, also `HOME` and `TMPDIR`), the
   only writable place besides a 16 MiB `/dev/shm`; both vanish with the run. `RLIMIT_FSIZE` caps one file.
+
+The **landlock** backend (no namespaces: where `unshare` is refused, as in a container under Docker's default
+seccomp profile; `launcher` has the details):
+
+- ``landlock_fs`` (``landlock_abi_N`` names the kernel's ABI): reading only the system directories, the files
+  of `/etc` that the C library and Python read, and the interpreter's prefixes; writing only the work
+  directory (a fresh `cg_sandbox_*` directory of the run's uid); no `/proc` at all. ``landlock_tcp`` (ABI 4):
+  no TCP bind or connect. ``landlock_scopes`` (ABI 6): no signal to, and no abstract Unix socket of, any
+  process outside the run's Landlock domain.
+- ``seccomp``: no `socket()` (Landlock does not cover connecting to a Unix socket by path), only connected
+  AF_UNIX `socketpair`s; no ptrace, `process_vm_*`, namespaces, mounts, BPF, keyrings, file handles, perf,
+  userfaultfd, kexec, modules, io_uring, SysV IPC, POSIX message queues.
+- ``own_session`` + ``sweep``: the run has its own session and process group, killed as a whole; its launcher
+  is a child subreaper that kills every process left (a `setsid` daemon included) at the end, or when the
+  host times the run out; as root also every process of the run's uids. The work directory is measured as
+  the run goes and the run killed past `disk_mb` (``killed_reason == "disk_limit"``).
+- ``read_search_cap``: as root, when the interpreter sits behind a directory closed to others (a venv under
+  /root), the run's uids keep CAP_DAC_READ_SEARCH alone, so that they can read it; Landlock limits what they
+  read, and `open_by_handle_at` is refused.
+
+Both safe backends, and ``unsafe-local`` (an explicit opt-in: rlimits, an empty environment and its own uid as
+root, nothing else):
+
 - ``uid_drop``: as root, the candidate and the judge each run as an unprivileged uid of their own (root ignores
-  `RLIMIT_NPROC` and file permissions); otherwise (root of a user namespace) both drop every capability.
+  `RLIMIT_NPROC` and file permissions), locked machine-wide for the run (no other run, of this process or
+  another, shares it); otherwise (root of a user namespace, a plain user) both drop every capability.
   Either way `no_new_privs`, and the judge and the launcher are non-dumpable: no process of their uid can read
   their memory or file descriptors through `/proc` or `ptrace`.
 - ``rlimits``: address space, CPU seconds, processes, file size, open files, no core dumps; ``empty_env``: only
@@ -33,24 +60,31 @@ Containment (`isolation` on each result names what was applied; the machine deci
   request/reply pipes are its only file descriptors. Output beyond `max_output_bytes` is read and dropped:
   it never blocks the program, and in a judged run it cannot change the verdict.
 
+Backend x threat (docs/sandbox.md has the full table):
+
+| threat | namespaces | landlock | unsafe-local |
+|---|---|---|---|
+| host files, the data file | not in the root | Landlock: system + interpreter only | its uid's |
+| TCP, host Unix sockets | netns, private root | no `socket()`; Landlock TCP | open |
+| `setsid` daemons | PID namespace | subreaper sweep; uid sweep as root | survive |
+| scorer's /proc mem, environ; ptrace | own /proc, other uid | no /proc; seccomp; Landlock | other uid as root |
+| SysV IPC | IPC namespace | seccomp refuses | shared |
+| disk | tmpfs cap | measured, killed | measured, killed |
+| fork bomb, memory, CPU | rlimits | rlimits | rlimits (non-root: no NPROC) |
+
 Not covered (the threat model's edges):
 
-- Without `unshare` (or the privilege to use it) there are no namespaces: the code can reach the network and
-  any host socket, write wherever its uid may, outlive the run through `setsid`, keep SysV IPC alive, and fill
-  the disk up to `RLIMIT_FSIZE` per file. The verdict still comes from the judge's process; but as a non-root
-  caller the candidate then has the caller's uid and, where `ptrace` between a user's processes is allowed,
-  could read the calling process's memory (the tests, the API keys); it can always kill the judge (which only
-  fails the run). A warning is logged once; score untrusted code as root or where user namespaces are allowed.
 - Memory is limited per process (`RLIMIT_AS`), not per run (no cgroup): `max_procs` processes may each use
   `memory_mb`. CPU time competes with the host's (use `cpu_s` and bounded parallelism).
 - The system directories are readable (installed packages, `/etc/passwd`); a Unix socket placed inside them
-  would be reachable. Kernel exploits, timing side channels, and anything the tests themselves leak through the
-  arguments they pass are out of scope.
+  would be reachable under the namespaces backend. Under landlock an unlinked file held open escapes the disk
+  measure (bounded by `RLIMIT_FSIZE` x `RLIMIT_NOFILE`). Kernel exploits, timing side channels, and anything
+  the tests themselves leak through the arguments they pass are out of scope.
 - The judge runs the dataset's tests: trusted to be tests, yet contained like the candidate (its own uid or no
   capabilities, no writable directory at all).
 
-The sandbox's inside is `colab_graphs.sandbox.launcher`, a standard-library script run by the system
-interpreter (the venv's may sit under a directory the unprivileged uid cannot enter).
+The sandbox's inside is `colab_graphs.sandbox.launcher`, a standard-library script run (`-I -S`) by the
+interpreter the code will run on (`sandbox_python()`: this environment's, so the code sees its packages).
 """
 
 from __future__ import annotations
