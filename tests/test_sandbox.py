@@ -239,16 +239,17 @@ def test_a_daemon_of_one_run_cannot_touch_the_next_run_that_gets_its_uid(backend
 
     # The daemon kills every process its uid may signal, for as long as it lives; the next run reuses the
     # uid (the pool hands out the lowest free one) and must still pass.
+    marker = f"cg-killer-{uuid.uuid4().hex}"
+    loop = "import os, signal, time\nwhile True:\n    try:\n        os.kill(-1, signal.SIGKILL)\n    except OSError:\n        pass\n    time.sleep(0.01)\n"
     killer = (
-        "import os, signal, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-        "        while True:\n            try:\n                os.kill(-1, signal.SIGKILL)\n"
-        "            except OSError:\n                pass\n            time.sleep(0.01)\n    os._exit(0)\n"
+        "import os, sys\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        f"        os.execv(sys.executable, [sys.executable, '-c', {loop!r}, {marker!r}])\n    os._exit(0)\n"
         "def add(a, b):\n    return a + b\n"
     )
     run_tests(killer, ADD_TEST, sandbox=backend)  # its daemon kills it too: only what it leaves matters
+    assert processes_running(marker) == []
     second = run_tests("def add(a, b):\n    return a + b\n", ADD_TEST, sandbox=backend)
     assert second.passed, second.reason
-    assert processes_of_uids_at_least(61000) == [] or backend == "namespaces"
 
 
 @pytest.mark.parametrize("backend", SAFE_BACKENDS)
@@ -460,7 +461,7 @@ def test_the_work_directory_is_capped_in_total_not_only_per_file(backend):
         assert int(lines[-2]) <= 128
     else:  # measured as it grows: the run is killed soon after it passes 128 MiB
         assert result.killed_reason == "disk_limit" and not result.passed
-        assert 128 <= int(lines[-1]) < 40 * 32
+        assert 64 <= int(lines[-1]) < 128 + 64, lines[-1]  # stopped near the cap, well before 1,280 MiB
 
 
 def test_network_can_be_allowed_explicitly():
