@@ -138,6 +138,13 @@ def _build_private_root(plan: LaunchPlan) -> tuple[str, str]:
     """Mount the private root on /tmp (this namespace's copy of it), fill it, pivot into it. Returns the
     directory of the programs and the work directory, as seen from inside."""
     root = "/tmp"
+    os.umask(0o022)
+    # The interpreter's prefixes are held open first: one may lie under /tmp (a clone's .venv), which the
+    # private root is about to cover; they are bound last, over the work directory where they lie in it.
+    prefixes = {
+        p: os.open(p, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        for p in _interpreter_prefixes(plan["python"])
+    }
     _mount("cg-root", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=8m,mode=755")
     for name in ("proc", "dev", "tmp", "sandbox", ".old"):
         os.mkdir(f"{root}/{name}")
@@ -148,20 +155,22 @@ def _build_private_root(plan: LaunchPlan) -> tuple[str, str]:
         elif os.path.isdir(host):
             os.mkdir(f"{root}{host}")
             _bind_readonly(host, f"{root}{host}")
-    for prefix in _interpreter_prefixes(plan["python"]):
-        os.makedirs(f"{root}{prefix}", exist_ok=True)
-        _bind_readonly(prefix, f"{root}{prefix}")
     _make_dev(f"{root}/dev")
     _mount("proc", f"{root}/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     uid = plan["uids"]["candidate"]
     owner = f",uid={uid},gid={uid}" if uid is not None else ""
+    # Mode 711: the judge's uid may pass through to an interpreter prefix bound inside it, not list it.
     _mount(
         "cg-work",
         f"{root}/tmp",
         "tmpfs",
         _MS_NOSUID | _MS_NODEV,
-        f"size={plan['disk_bytes']},mode=700{owner}",
+        f"size={plan['disk_bytes']},mode=711{owner}",
     )
+    for prefix, fd in prefixes.items():
+        os.makedirs(f"{root}{prefix}", exist_ok=True)
+        _bind_readonly(f"/proc/self/fd/{fd}", f"{root}{prefix}")
+        os.close(fd)
     for name, text in plan["files"].items():
         _write(f"{root}/sandbox/{name}", text, None)
     os.chdir(root)
