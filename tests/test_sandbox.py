@@ -603,6 +603,15 @@ def test_correct_numpy_code_scores_one_on_the_users_interpreter(backend):
     assert not wrong.passed and "AssertionError" in wrong.reason
 
 
+@pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="no system interpreter to name")
+def test_a_run_may_name_its_interpreter():
+    from colab_graphs.sandbox.code_tests import run_tests
+
+    code = "import sys\ndef where():\n    return sys.executable\n"
+    verdict = run_tests(code, "assert where() == '/usr/bin/python3'\n", python="/usr/bin/python3")
+    assert verdict.passed, verdict.reason
+
+
 def test_an_interpreter_the_sandbox_cannot_run_is_refused_not_scored_zero(monkeypatch, tmp_path):
     from colab_graphs.sandbox.backends import SandboxUnavailable
     from colab_graphs.sandbox.code_tests import run_tests
