@@ -12,8 +12,11 @@ shared machine), the CPU time of a score: the sandbox's processes (`RUSAGE_CHILD
 The same script runs against an older checkout (`PYTHONPATH=OLD python bench/code_harness.py`): its scorer
 path is then the old harness, which is how BENCHMARKS.md compares before and after.
 
+`--sandbox` picks the backend (`namespaces`, `landlock`, ...: env `COLAB_GRAPHS_SANDBOX` for the whole run), so
+the same figures compare the backends.
+
 Usage:
-    python bench/code_harness.py [--records 20] [--rounds 3] [--json out.json]
+    python bench/code_harness.py [--records 20] [--rounds 3] [--sandbox auto] [--json out.json]
 """
 
 from __future__ import annotations
@@ -87,7 +90,12 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each mode, interleaved")
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument(
+        "--sandbox", default="auto", help="the sandbox backend (auto, namespaces, landlock, ...)"
+    )
     args = parser.parse_args()
+    os.environ["COLAB_GRAPHS_SANDBOX"] = args.sandbox
+    backend = sandbox.resolve(args.sandbox).name
     examples = load_examples("humaneval", limit=args.records)
     asyncio.run(_scored(examples[:2], parallel=False))  # warm: namespace probes, the harness source
     modes = {
@@ -112,6 +120,8 @@ def main() -> None:
     report = {
         "date": date.today().isoformat(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
+        "backend": backend,
+        "python": sandbox.sandbox_python(),
         "records": args.records,
         "rounds": args.rounds,
         "parallelism": sandbox.max_parallel(),

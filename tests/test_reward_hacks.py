@@ -26,8 +26,23 @@ import pytest
 from typer.testing import CliRunner
 
 from colab_graphs.cli.app import app
+from colab_graphs.sandbox import SandboxUnavailable, resolve
 from colab_graphs.testing.scripts import last_user_text
-from tests.test_sandbox import NAMESPACES_ALLOWED, Listener, host_segment, processes_of_uids_at_least
+from tests.test_sandbox import Listener, host_segment, processes_of_uids_at_least
+
+
+def _sandbox_refusal() -> str | None:
+    """Why the sandbox setting in force (env COLAB_GRAPHS_SANDBOX, else auto) cannot run here (None: it can)."""
+    try:
+        backend = resolve()
+    except SandboxUnavailable as exc:
+        return str(exc)
+    return (
+        None if backend.safe else f"the {backend.name} setting contains nothing: the host hacks would succeed"
+    )
+
+
+SANDBOX_REFUSAL = _sandbox_refusal()
 
 MOCO = Path(__file__).resolve().parents[2] / "shared" / "data" / "moco" / "humaneval.json"
 if not MOCO.exists():
@@ -420,7 +435,7 @@ def test_a_record_whose_test_cannot_fail_stops_the_run_naming_it(
 
 
 @pytest.mark.skipif(not MOCO.exists(), reason="the MoCo data files are not here")
-@pytest.mark.skipif(not NAMESPACES_ALLOWED, reason="the hacks on the host need the sandbox's namespaces")
+@pytest.mark.skipif(SANDBOX_REFUSAL is not None, reason=f"no safe sandbox backend here: {SANDBOX_REFUSAL}")
 def test_every_reward_hack_scores_zero_and_correct_answers_score_one(
     scripted_server, tmp_path, host, monkeypatch
 ):

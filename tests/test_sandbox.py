@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import os
 import shutil
@@ -57,6 +58,29 @@ requires_namespaces = pytest.mark.skipif(
 )
 
 
+def _landlock_abi() -> int:
+    """The kernel's Landlock ABI, asked of the kernel itself (never of the sandbox: see above)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return max(int(libc.syscall(444, None, 0, 1)), 0)
+
+
+LANDLOCK_ABI = _landlock_abi()
+# The landlock backend's minimum: ABI 1 as root, 6 for a non-root caller (see `runner._LANDLOCK_MIN_ABI`).
+LANDLOCK_USABLE = (1 if os.geteuid() == 0 else 6) <= LANDLOCK_ABI
+requires_landlock = pytest.mark.skipif(
+    not LANDLOCK_USABLE, reason=f"this kernel's Landlock ABI is {LANDLOCK_ABI}"
+)
+# Each threat below is tried against each safe backend the machine has (the namespaces backend, and the
+# landlock backend, which needs no namespaces).
+SAFE_BACKENDS = [
+    pytest.param("namespaces", marks=requires_namespaces),
+    pytest.param("landlock", marks=requires_landlock),
+]
+CONTAINER = [sys.executable, "-m", "colab_graphs.testing.container"]
+REPO = Path(__file__).resolve().parents[1]
+
+
 def host_segment(key: int) -> int | None:
     """The id of the host's SysV shared-memory segment with this key (None: there is none)."""
     for line in Path("/proc/sysvipc/shm").read_text().splitlines()[1:]:
@@ -96,11 +120,13 @@ class Listener:
 
 
 def processes_of_uids_at_least(uid: int) -> list[int]:
+    """The processes of the sandbox's run uids from `uid` up (its pool: 512 uids; not `nobody`, 65534, which
+    may be the caller)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if entry.stat().st_uid >= uid:
+                if uid <= entry.stat().st_uid < uid + 512:
                     pids.append(int(entry.name))
             except FileNotFoundError:
                 continue
@@ -109,7 +135,20 @@ def processes_of_uids_at_least(uid: int) -> list[int]:
 
 @requires_namespaces
 def test_every_namespace_the_machine_allows_is_applied():
-    assert set(run_code("pass").isolation) >= FULL_ISOLATION
+    result = run_code("pass", backend="namespaces")
+    assert set(result.isolation) >= FULL_ISOLATION
+    assert result.backend == "namespaces"
+
+
+@requires_landlock
+def test_the_landlock_backend_applies_landlock_seccomp_and_the_sweep():
+    result = run_code("pass", backend="landlock")
+    expected = {"landlock_fs", f"landlock_abi_{LANDLOCK_ABI}", "seccomp", "sweep", "empty_env", "rlimits"}
+    expected |= {"landlock_tcp"} if LANDLOCK_ABI >= 4 else set()
+    expected |= {"landlock_scopes"} if LANDLOCK_ABI >= 6 else set()
+    assert expected <= set(result.isolation)
+    assert not {"netns", "private_root"} & set(result.isolation)
+    assert result.backend == "landlock"
 
 
 def test_clean_program_passes_and_its_output_comes_back():
@@ -146,9 +185,10 @@ def test_cpu_limit_stops_a_busy_loop_before_the_wall_clock_does():
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="checks the per-run uid, which only a root parent assigns")
-def test_fork_bomb_is_contained_and_the_host_can_still_spawn_processes():
+@pytest.mark.parametrize("backend", SAFE_BACKENDS)
+def test_fork_bomb_is_contained_and_the_host_can_still_spawn_processes(backend):
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
-    result = run_code(bomb, timeout_s=2, max_procs=16)
+    result = run_code(bomb, timeout_s=2, max_procs=16, backend=backend)
     assert not result.passed and result.timed_out
     assert subprocess.run(["true"], check=False).returncode == 0
     deadline = time.monotonic() + 3
@@ -157,22 +197,72 @@ def test_fork_bomb_is_contained_and_the_host_can_still_spawn_processes():
     assert processes_of_uids_at_least(61000) == []
 
 
-@requires_namespaces
-def test_process_that_leaves_the_group_dies_with_the_run():
-    escape = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n"
-    result = run_code(escape, timeout_s=5)
-    assert result.passed
-    time.sleep(1)
-    assert processes_of_uids_at_least(61000) == []
+def processes_running(marker: str) -> list[int]:
+    """The processes whose command line holds `marker` (one that a test's sandboxed code exec'd)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
 
 
-def test_memory_bomb_fails_without_touching_host_memory():
+def _daemon(marker: str) -> str:
+    """Code that leaves a `setsid` daemon behind (a double fork: its parent exits, so it is nobody's child)."""
+    return (
+        "import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        f"        os.execv('/bin/sleep', ['sleep', {marker!r}])\n    os._exit(0)\nos.wait()\n"
+    )
+
+
+@pytest.mark.parametrize("backend", SAFE_BACKENDS)
+def test_a_setsid_daemon_dies_with_the_run(backend):
+    marker = f"{3000 + int.from_bytes(os.urandom(2), 'big') % 1000}.{uuid.uuid4().int % 10**6}"
+    result = run_code(_daemon(marker) + "import time\ntime.sleep(0.5)\n", timeout_s=5, backend=backend)
+    assert result.passed, result.stderr
+    assert processes_running(marker) == []
+
+
+@pytest.mark.parametrize("backend", SAFE_BACKENDS)
+def test_a_daemon_left_at_the_time_limit_dies_too(backend):
+    marker = f"{3000 + int.from_bytes(os.urandom(2), 'big') % 1000}.{uuid.uuid4().int % 10**6}"
+    result = run_code(_daemon(marker) + "while True:\n    pass\n", timeout_s=1.5, backend=backend)
+    assert result.timed_out
+    assert processes_running(marker) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="uids are handed out (and reused) only by a root scorer")
+@pytest.mark.parametrize("backend", SAFE_BACKENDS)
+def test_a_daemon_of_one_run_cannot_touch_the_next_run_that_gets_its_uid(backend):
+    from colab_graphs.sandbox.code_tests import run_tests
+
+    # The daemon kills every process its uid may signal, for as long as it lives; the next run reuses the
+    # uid (the pool hands out the lowest free one) and must still pass.
+    marker = f"cg-killer-{uuid.uuid4().hex}"
+    loop = "import os, signal, time\nwhile True:\n    try:\n        os.kill(-1, signal.SIGKILL)\n    except OSError:\n        pass\n    time.sleep(0.01)\n"
+    killer = (
+        "import os, sys\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        f"        os.execv(sys.executable, [sys.executable, '-c', {loop!r}, {marker!r}])\n    os._exit(0)\n"
+        "def add(a, b):\n    return a + b\n"
+    )
+    run_tests(killer, ADD_TEST, sandbox=backend)  # its daemon kills it too: only what it leaves matters
+    assert processes_running(marker) == []
+    second = run_tests("def add(a, b):\n    return a + b\n", ADD_TEST, sandbox=backend)
+    assert second.passed, second.reason
+
+
+@pytest.mark.parametrize("backend", SAFE_BACKENDS)
+def test_memory_bomb_fails_without_touching_host_memory(backend):
     # Run the sandbox from a fresh interpreter: RUSAGE_CHILDREN of this test process would also count every
     # earlier child of the suite (CLI subprocesses loading torch), not just the sandboxed code.
     probe = (
         "import json, resource\n"
         "from colab_graphs.sandbox.runner import run_code\n"
-        "r = run_code(\"block = bytearray(6 * 1024**3)\\nprint('allocated')\", memory_mb=512)\n"
+        "r = run_code(\"block = bytearray(6 * 1024**3)\\nprint('allocated')\", memory_mb=512,\n"
+        f"             backend={backend!r})\n"
         "print(json.dumps({'passed': r.passed, 'stdout': r.stdout, 'reason': r.killed_reason,\n"
         "                  'peak_mib': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))\n"
     )
@@ -186,14 +276,49 @@ def test_memory_bomb_fails_without_touching_host_memory():
     assert result["peak_mib"] < 1024
 
 
-@pytest.mark.parametrize("target", ["/root", "/work", "/var/tmp"])
-def test_writing_outside_the_work_directory_fails(target):
+@pytest.mark.parametrize("backend", SAFE_BACKENDS)
+@pytest.mark.parametrize("target", ["/root", "/work", "/var/tmp", "/dev/shm"])
+def test_writing_outside_the_work_directory_fails(target, backend):
     if not Path(target).is_dir():
         pytest.skip(f"{target} does not exist here")
     marker = Path(target) / f"cg_marker_{uuid.uuid4().hex}"
-    result = run_code(f"open({str(marker)!r}, 'w').write('escaped')")
-    assert not result.passed
-    assert not marker.exists()
+    result = run_code(f"open({str(marker)!r}, 'w').write('escaped')", backend=backend)
+    assert not os.path.lexists(
+        marker
+    )  # (False too where the caller itself cannot look: /root as a plain user)
+    if (backend, target) != ("namespaces", "/dev/shm"):  # there a /dev/shm of the run's own (16 MiB)
+        assert not result.passed
+
+
+@pytest.mark.parametrize("backend", SAFE_BACKENDS)
+def test_host_files_the_data_file_and_the_test_file_are_unreadable(backend, tmp_path):
+    from colab_graphs.sandbox.code_tests import run_tests
+
+    # Files any user may read (mode 644, in directories open to all): the --data file, a test file beside
+    # it, a file in /tmp, and the tests of this suite; the code reports what it could read.
+    data, test_file, in_tmp = (
+        tmp_path / "data.jsonl",
+        tmp_path / "test_add.py",
+        Path(f"/tmp/cg-{uuid.uuid4().hex}"),
+    )
+    for path in (data, test_file, in_tmp):
+        path.write_text("SECRET-" + uuid.uuid4().hex)
+        path.chmod(0o644)
+    tmp_path.chmod(0o755)
+    paths = [str(p) for p in (data, test_file, in_tmp, Path(__file__), Path("/etc/shadow"))]
+    reader = (
+        "import os\nSEEN = []\n"
+        f"for path in {paths!r}:\n    try:\n        open(path, 'rb').read(1)\n        SEEN.append(path)\n"
+        "    except OSError:\n        pass\n"
+        "def add(a, b):\n    return a + b if not SEEN else (a, b, SEEN)\n"
+    )
+    try:
+        result = run_code(reader + "print(SEEN)\n", backend=backend)
+        verdict = run_tests(reader, ADD_TEST, sandbox=backend)
+    finally:
+        in_tmp.unlink()
+    assert result.passed and result.stdout == "[]\n", result.stdout + result.stderr
+    assert verdict.passed, verdict.reason
 
 
 @requires_namespaces
@@ -212,35 +337,68 @@ def test_work_directory_is_writable_and_leaves_nothing_behind():
     assert not (workdir / name).exists()
 
 
-def test_parent_secrets_never_reach_the_code(monkeypatch):
+SNOOP = """\
+import glob, os
+print(dict(os.environ))
+for path in glob.glob('/proc/*/environ') + ['/proc/%d/environ' % os.getppid(), '/proc/{pid}/environ']:
+    try:
+        print(path, open(path, 'rb').read())
+    except OSError as exc:
+        print(path, exc)
+try:  # the scorer's memory: every readable mapping
+    with open('/proc/{pid}/maps') as maps, open('/proc/{pid}/mem', 'rb') as mem:
+        for line in maps:
+            start, end = (int(x, 16) for x in line.split()[0].split('-'))
+            try:
+                mem.seek(start)
+                print(mem.read(min(end - start, 1 << 24)))
+            except OSError:
+                pass
+except OSError as exc:
+    print('mem', exc)
+"""
+
+
+@pytest.mark.parametrize("backend", ["auto", *SAFE_BACKENDS])
+def test_parent_secrets_never_reach_the_code(monkeypatch, backend):
     secret = "sk-secret-" + uuid.uuid4().hex
     monkeypatch.setenv("OPENAI_API_KEY", secret)
-    snoop = (
-        "import glob, os\n"
-        "print(dict(os.environ))\n"
-        "for path in glob.glob('/proc/*/environ'):\n"
-        "    try:\n"
-        "        print(path, open(path, 'rb').read())\n"
-        "    except OSError as exc:\n"
-        "        print(path, exc)\n"
-        f"print(open('/proc/{os.getpid()}/environ', 'rb').read())\n"
-    )
-    result = run_code(snoop)
+    result = run_code(SNOOP.format(pid=os.getpid()), backend=backend, timeout_s=30, max_output_bytes=1 << 26)
     assert secret not in result.stdout and secret not in result.stderr
     assert "OPENAI_API_KEY" not in result.stdout
+    assert result.passed, result.stderr
 
 
-@requires_namespaces
-def test_network_connection_to_a_local_listener_fails():
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen()
-        port = server.getsockname()[1]
+@pytest.mark.parametrize("backend", SAFE_BACKENDS)
+def test_ptrace_of_the_scorer_and_the_launcher_fails(backend):
+    attach = (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        f"for pid in {{os.getppid(), {os.getpid()}, 1}}:\n"
+        "    assert libc.ptrace(16, pid, None, None) != 0, pid  # PTRACE_ATTACH\n"
+        "    assert libc.ptrace(0x4206, pid, None, None) != 0, pid  # PTRACE_SEIZE\n"
+        "buf = ctypes.create_string_buffer(8)\n"
+        "iov = (ctypes.c_void_p * 2)(ctypes.addressof(buf), 8)\n"
+        f"assert libc.process_vm_readv({os.getpid()}, iov, 1, iov, 1, 0) < 0\n"
+        "print('refused')\n"
+    )
+    result = run_code(attach, backend=backend)
+    assert result.passed and result.stdout == "refused\n", result.stderr
+
+
+@pytest.mark.parametrize("backend", SAFE_BACKENDS)
+def test_network_connection_to_a_local_listener_fails(backend):
+    listener = Listener(socket.AF_INET, ("127.0.0.1", 0))
+    port = listener.sock.getsockname()[1]
+    try:
         result = run_code(
-            f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=3)\nprint('connected')"
+            f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=3)\nprint('connected')",
+            backend=backend,
         )
+    finally:
+        listener.close()
     assert not result.passed
     assert "connected" not in result.stdout
+    assert listener.accepted == 0
 
 
 @requires_namespaces
@@ -261,9 +419,9 @@ def test_code_scorer_candidate_cannot_reach_a_listening_local_server():
         server.accept()[0].close()
 
 
-@requires_namespaces
+@pytest.mark.parametrize("backend", SAFE_BACKENDS)
 @pytest.mark.parametrize("kind", ["in /tmp, mode 666", "abstract"])
-def test_a_unix_socket_of_the_host_is_unreachable(kind):
+def test_a_unix_socket_of_the_host_is_unreachable(kind, backend):
     name = f"cg-host-{uuid.uuid4().hex[:12]}"
     address = f"/tmp/{name}.sock" if kind.startswith("in /tmp") else f"\0{name}"
     listener = Listener(socket.AF_UNIX, address)
@@ -271,7 +429,7 @@ def test_a_unix_socket_of_the_host_is_unreachable(kind):
         if kind.startswith("in /tmp"):
             os.chmod(address, 0o666)
         reach = f"import socket\ns = socket.socket(socket.AF_UNIX)\ns.settimeout(2)\ns.connect({address!r})\n"
-        result = run_code(reach + "print(s.recv(2))")
+        result = run_code(reach + "print(s.recv(2))", backend=backend)
     finally:
         listener.close()
         if kind.startswith("in /tmp"):
@@ -280,27 +438,34 @@ def test_a_unix_socket_of_the_host_is_unreachable(kind):
     assert listener.accepted == 0
 
 
-@requires_namespaces
-def test_sysv_shared_memory_dies_with_the_run_and_no_later_run_sees_it():
+@pytest.mark.parametrize("backend", SAFE_BACKENDS)
+def test_sysv_shared_memory_dies_with_the_run_and_no_later_run_sees_it(backend):
     key = int.from_bytes(os.urandom(3), "big") + 0x100000
     shm = "import ctypes\nshmget = ctypes.CDLL(None).shmget\n"
-    made = run_code(shm + f"assert shmget({key}, 1 << 20, 0o1666) >= 0\nassert shmget({key}, 0, 0) >= 0\n")
-    assert made.passed, made.stderr
+    made = run_code(shm + f"print(shmget({key}, 1 << 20, 0o1666) >= 0)\n", backend=backend)
+    # Its own IPC namespace (namespaces), or no SysV IPC at all (landlock's seccomp filter).
+    assert made.stdout == ("True\n" if backend == "namespaces" else "False\n"), made.stderr
     assert host_segment(key) is None
-    assert run_code(shm + f"assert shmget({key}, 0, 0) < 0\n").passed
+    assert run_code(shm + f"assert shmget({key}, 0, 0) < 0\n", backend=backend).passed
 
 
-@requires_namespaces
-def test_the_work_directory_is_capped_in_total_not_only_per_file():
+@pytest.mark.parametrize("backend", SAFE_BACKENDS)
+def test_the_work_directory_is_capped_in_total_not_only_per_file(backend):
     fill = (
-        "written = 0\ntry:\n    for i in range(40):\n        with open(f'chunk{i}', 'wb') as fh:\n"
-        "            fh.write(b'x' * (32 * 1024 * 1024))\n        written += 32 * 1024 * 1024\n"
-        "except OSError as exc:\n    print(exc.strerror)\nprint(written // 1024 // 1024)\n"
+        "import os, sys\nwritten = 0\ntry:\n    for i in range(40):\n        with open(f'chunk{i}', 'wb') as fh:\n"
+        "            for _ in range(32):\n                fh.write(b'x' * (1024 * 1024))\n"
+        "                fh.flush()\n                written += 1024 * 1024\n"
+        "                print(written // 1024 // 1024, flush=True)\n"
+        "except OSError as exc:\n    print(exc.strerror)\n"
     )
-    result = run_code(fill, disk_mb=128, timeout_s=30)
-    error, written_mib = result.stdout.splitlines()
-    assert error == "No space left on device"
-    assert int(written_mib) <= 128
+    result = run_code(fill, disk_mb=128, timeout_s=30, backend=backend)
+    lines = result.stdout.splitlines()
+    if backend == "namespaces":  # a tmpfs of 128 MiB: the write fails
+        assert lines[-1] == "No space left on device"
+        assert int(lines[-2]) <= 128
+    else:  # measured as it grows: the run is killed soon after it passes 128 MiB
+        assert result.killed_reason == "disk_limit" and not result.passed
+        assert 64 <= int(lines[-1]) < 128 + 64, lines[-1]  # stopped near the cap, well before 1,280 MiB
 
 
 def test_network_can_be_allowed_explicitly():
@@ -389,54 +554,243 @@ VERDICT_CASES = {
 ADD_TEST = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n"
 
 
-def test_without_namespaces_the_judge_still_decides(monkeypatch):
-    from colab_graphs.sandbox import runner as sandbox
+@pytest.mark.parametrize("backend", [*SAFE_BACKENDS, "unsafe-local"])
+def test_the_judge_decides_under_every_backend(monkeypatch, backend):
     from colab_graphs.sandbox.code_tests import run_tests
 
-    monkeypatch.setattr(sandbox, "_usable_namespaces", lambda wanted: ([], []))
-    verdicts = {name: run_tests(code, ADD_TEST) for name, (code, _) in VERDICT_CASES.items()}
+    if backend == "unsafe-local" and os.geteuid() == 0 and not _open_to_others(sys.executable):
+        # Unconfined, the dropped uid cannot reach this interpreter; the system's runs the stdlib-only cases.
+        monkeypatch.setenv("COLAB_GRAPHS_SANDBOX_PYTHON", "/usr/bin/python3")
+    verdicts = {name: run_tests(code, ADD_TEST, sandbox=backend) for name, (code, _) in VERDICT_CASES.items()}
     assert {name: v.passed for name, v in verdicts.items()} == {
         n: want for n, (_, want) in VERDICT_CASES.items()
     }
-    assert not {"netns", "private_root"} & set(verdicts["right"].isolation)
+    assert {v.backend for v in verdicts.values()} == {backend}
+    if backend != "namespaces":
+        assert not {"netns", "private_root"} & set(verdicts["right"].isolation)
+
+
+def _open_to_others(path: str) -> bool:
+    """Whether a uid other than the file's owner could reach `path`, asked of that uid: tried as `nobody`."""
+    if os.geteuid() != 0:
+        return True
+    probe = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/bin/test", "-r", path]
+    return subprocess.run(probe, capture_output=True).returncode == 0
+
+
+NUMPY_TASK = (
+    "import numpy as np\n\ndef moving_average(xs, k):\n"
+    "    return [float(v) for v in np.convolve(np.asarray(xs, dtype=float), np.ones(k) / k, mode='valid')]\n"
+)
+NUMPY_TEST = (
+    "assert moving_average([1, 2, 3, 4], 2) == [1.5, 2.5, 3.5]\nassert moving_average([5], 1) == [5.0]\n"
+)
+
+
+@pytest.mark.parametrize("backend", SAFE_BACKENDS)
+def test_correct_numpy_code_scores_one_on_the_users_interpreter(backend):
+    """The candidate runs this environment's interpreter and site-packages (here a venv whose base
+    interpreter may sit under /root, mode 700): numpy imports, the correct answer passes, a wrong one fails."""
+    from colab_graphs.sandbox.code_tests import run_tests
+
+    numpy = pytest.importorskip("numpy")
+    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)}
+    if not any(os.path.realpath(numpy.__file__).startswith(p + os.sep) for p in prefixes):
+        pytest.skip(f"numpy ({numpy.__file__}) lies outside this environment's prefixes (reached by a .pth)")
+    right = run_tests(NUMPY_TASK, NUMPY_TEST, sandbox=backend)
+    wrong = run_tests(NUMPY_TASK.replace("mode='valid'", "mode='same'"), NUMPY_TEST, sandbox=backend)
+    assert right.passed, right.reason
+    assert not wrong.passed and "AssertionError" in wrong.reason
+
+
+@pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="no system interpreter to name")
+def test_a_run_may_name_its_interpreter():
+    from colab_graphs.sandbox.code_tests import run_tests
+
+    code = "import sys\ndef where():\n    return sys.executable\n"
+    verdict = run_tests(code, "assert where() == '/usr/bin/python3'\n", python="/usr/bin/python3")
+    assert verdict.passed, verdict.reason
+
+
+def test_an_interpreter_the_sandbox_cannot_run_is_refused_not_scored_zero(monkeypatch, tmp_path):
+    from colab_graphs.sandbox.backends import SandboxUnavailable
+    from colab_graphs.sandbox.code_tests import run_tests
+
+    missing = tmp_path / "no-such-python"
+    monkeypatch.setenv("COLAB_GRAPHS_SANDBOX_PYTHON", str(missing))
+    with pytest.raises(SandboxUnavailable, match="COLAB_GRAPHS_SANDBOX_PYTHON"):
+        run_tests("def add(a, b):\n    return a + b\n", ADD_TEST)
+
+
+NOBODY = 65534
+UNPRIVILEGED_SCRIPT = """\
+import json, os, socket, sys, types
+# The package's other modules need the venv (which `nobody` may not reach): `colab_graphs` is made a bare
+# namespace here, so that only colab_graphs.sandbox (standard library only) loads, from this checkout.
+package = types.ModuleType("colab_graphs")
+package.__path__ = [{package!r}]
+sys.modules["colab_graphs"] = package
+from colab_graphs.sandbox import runner
+secret = "sk-secret-unprivileged"
+os.environ["OPENAI_API_KEY"] = secret
+harness = open({harness!r}).read()
+cases = {cases}
+request = {request!r}
+runs = {{n: runner.run_judged(c, harness, request) for n, c in cases.items()}}
+server = socket.create_server(("127.0.0.1", 0))
+server.setblocking(False)
+probes = {{
+    "snoop": {snoop!r}.replace("{{pid}}", str(os.getpid())),
+    "tcp": "import socket\\nsocket.create_connection(('127.0.0.1', %d), timeout=2)" % server.getsockname()[1],
+    "kill_the_caller": "import os, signal\\ntry:\\n    os.kill(%d, signal.SIGKILL)\\nexcept OSError:\\n    pass"
+    % os.getpid(),
+    "daemon": {daemon!r},
+}}
+results = {{n: runner.run_code(c, timeout_s=20, max_output_bytes=1 << 26) for n, c in probes.items()}}
+try:
+    server.accept()
+    connected = True
+except BlockingIOError:
+    connected = False
+print(json.dumps({{
+    "verdicts": {{n: [(r.verdict or {{}}).get("passed"), r.isolation, r.backend] for n, r in runs.items()}},
+    "secret_seen": any(secret in r.stdout + r.stderr for r in results.values()),
+    "snoop_passed": results["snoop"].passed,
+    "connected": connected,
+    "killed_caller_passed": results["kill_the_caller"].passed,
+    "backends": sorted({{r.backend for r in results.values()}}),
+}}))
+"""
+
+
+def _as_nobody(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+    nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+    return subprocess.run([*nobody, *argv], capture_output=True, text=True, timeout=300, cwd="/", **kwargs)
 
 
 @pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("setpriv") or not Path("/usr/bin/python3").exists(),
     reason="runs the sandbox as an unprivileged user, which needs root to switch to",
 )
-def test_an_unprivileged_caller_gets_the_private_root_and_the_judge_in_a_user_namespace():
-    # The caller is `nobody` with the system interpreter: the package's other modules need the venv, so the
-    # sandbox module is loaded by path (it needs only the standard library).
-    data = Path(__file__).resolve().parents[1] / "colab_graphs" / "data"
-    if not all(os.access(p, os.R_OK) for p in (data / "sandbox.py", data / "code_harness.py")) or not (
-        Path(data).stat().st_mode & 0o005
-    ):
-        pytest.skip("the package is not readable by an unprivileged user here")
+@pytest.mark.parametrize("where", ["namespaces allowed", "unshare refused (container)"])
+def test_an_unprivileged_caller_is_contained_and_judged(where):
+    """The scorer as `nobody` (the system interpreter: the caller's own), where user namespaces are allowed
+    (the namespaces backend, in a user namespace) and in a container that refuses them (the landlock
+    backend, picked by `auto`): the verdicts hold, and the code reads neither the caller's environment nor
+    its memory, reaches no listener, kills nothing of the caller's, and leaves no daemon."""
+    sandbox = REPO / "colab_graphs" / "sandbox"
+    # Whether `nobody` can read this checkout is asked of `nobody` (root's os.access says yes to everything):
+    # a clone under a mode-700 parent (root's home) cannot be, and this test then has nothing to run.
+    readable = _as_nobody(["/usr/bin/python3", "-I", "-c", f"open({str(sandbox / 'runner.py')!r}).read()"])
+    if readable.returncode != 0:
+        pytest.skip(f"uid {NOBODY} cannot read this checkout ({REPO}): {readable.stderr.strip()[-200:]}")
+    if where.startswith("namespaces") and not NAMESPACES_ALLOWED:
+        pytest.skip("user namespaces are refused on this machine")
+    if where.startswith("unshare refused") and LANDLOCK_ABI < 6:
+        pytest.skip(
+            f"the landlock backend needs Landlock ABI 6 for a non-root caller; this kernel has {LANDLOCK_ABI}"
+        )
+    marker = f"{4000 + int.from_bytes(os.urandom(2), 'big') % 1000}.{uuid.uuid4().int % 10**6}"
     request = {"test": ADD_TEST, "question": [], "entry_point": "add", "from_solution": ["add"]}
     request |= {"call_check": False, "bind_candidate": False, "timeout_s": 10, "call_timeout_s": None}
-    script = (
-        "import importlib.util, json, sys\n"
-        f"spec = importlib.util.spec_from_file_location('sandbox', {str(data / 'sandbox.py')!r})\n"
-        "sandbox = importlib.util.module_from_spec(spec)\nsys.modules['sandbox'] = sandbox\n"
-        "spec.loader.exec_module(sandbox)\n"
-        f"harness = open({str(data / 'code_harness.py')!r}).read()\n"
-        f"cases = {json.dumps({n: c for n, (c, _) in VERDICT_CASES.items()})}\n"
-        f"request = {request!r}\n"
-        "runs = {n: sandbox.run_judged(c, harness, request) for n, c in cases.items()}\n"
-        "print(json.dumps({n: [(r.verdict or {}).get('passed'), r.isolation] for n, r in runs.items()}))\n"
+    script = UNPRIVILEGED_SCRIPT.format(
+        package=str(REPO / "colab_graphs"),
+        harness=str(sandbox / "harness.py"),
+        cases=json.dumps({n: c for n, (c, _) in VERDICT_CASES.items()}),
+        request=request,
+        snoop=SNOOP,
+        daemon=_daemon(marker),
     )
-    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", script]
-    done = subprocess.run(
-        nobody, capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin"}, cwd="/"
-    )
-    assert done.returncode == 0, done.stderr
-    runs = json.loads(done.stdout.strip().splitlines()[-1])
-    assert {n: passed for n, (passed, _) in runs.items()} == {
+    python = ["/usr/bin/python3", "-I", "-c", script]
+    if where.startswith("namespaces"):
+        done = _as_nobody(python, env={"PATH": "/usr/bin:/bin"})
+    else:  # the container wrapper drops to nobody itself, after which its filter refuses unshare
+        done = subprocess.run(
+            [*CONTAINER, "--user", str(NOBODY), "--", *python],
+            capture_output=True, text=True, timeout=300, cwd=REPO, env={"PATH": "/usr/bin:/bin"},
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    verdicts = report["verdicts"]
+    assert {n: passed for n, (passed, _, _) in verdicts.items()} == {
         n: want for n, (_, want) in VERDICT_CASES.items()
     }
-    if NAMESPACES_ALLOWED:
-        assert {"private_root", "nested_pidns", "netns", "ipcns"} <= set(runs["right"][1])
-        assert (
-            "uid_drop" not in runs["right"][1]
-        )  # one uid in the user namespace: capabilities dropped instead
+    expected_backend = "namespaces" if where.startswith("namespaces") else "landlock"
+    assert report["backends"] == [expected_backend] and verdicts["right"][2] == expected_backend
+    assert not report["secret_seen"] and report["snoop_passed"]
+    assert not report["connected"]
+    assert report["killed_caller_passed"]  # it ran, and the caller lived to report it
+    assert processes_running(marker) == []
+    if expected_backend == "namespaces":
+        assert {"private_root", "nested_pidns", "netns", "ipcns"} <= set(verdicts["right"][1])
+        assert "uid_drop" not in verdicts["right"][1]  # one uid in the user namespace: capabilities dropped
+    else:
+        assert {"landlock_fs", "landlock_scopes", "seccomp", "sweep"} <= set(verdicts["right"][1])
+
+
+def test_where_unshare_is_refused_auto_picks_landlock_and_without_landlock_refuses_naming_both():
+    probe = (
+        "from colab_graphs.sandbox import SandboxUnavailable, availability, resolve\n"
+        "print(repr(availability()))\n"
+        "try:\n    print('chosen', resolve('auto').name)\nexcept SandboxUnavailable as exc:\n"
+        "    print('refused', exc)\n"
+    )
+    env = {**os.environ, "COLAB_GRAPHS_SANDBOX": "auto"}
+    runs = {
+        flags: subprocess.run(
+            [*CONTAINER, *flags, "--", sys.executable, "-c", probe],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+            cwd=REPO,
+        )  # fmt: skip
+        for flags in ((), ("--no-landlock",))
+    }
+    with_landlock, without = (runs[f].stdout for f in ((), ("--no-landlock",)))
+    assert "unshare denied by this process's seccomp filter" in with_landlock, runs[()].stderr
+    if LANDLOCK_USABLE:
+        assert "chosen landlock" in with_landlock
+    refusal = without.splitlines()[-1]
+    assert refusal.startswith("refused code cannot be scored safely here"), (
+        without + runs[("--no-landlock",)].stderr
+    )
+    assert "unshare denied" in refusal and "Landlock ABI" in refusal and "unsafe-local" in refusal
+
+
+@requires_landlock
+@pytest.mark.parametrize("user", ["root", "unprivileged"])
+def test_every_reward_hack_suite_holds_under_landlock_with_unshare_refused(user, tmp_path):
+    """Every tests/test_reward_hacks*.py, run in a container that refuses namespaces (Docker's default seccomp
+    profile, reproduced by `colab_graphs.testing.container`) with the landlock backend: each wrong answer 0,
+    each correct one 1, nothing reaches the host (the suites assert all of that themselves). As the caller,
+    and as an unprivileged uid where this environment (its interpreter, this checkout) is open to one."""
+    files = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_reward_hacks*.py"))
+    env = {**os.environ, "COLAB_GRAPHS_SANDBOX": "landlock", "PYTHONPATH": str(REPO)}
+    as_user: list[str] = []
+    if user == "unprivileged":
+        if os.geteuid() != 0:
+            pytest.skip("the caller is unprivileged already: the root case is this one")
+        # Tried as that uid, the way the suite would run: this interpreter with its pytest, on this checkout.
+        probe = f"import os, pytest; os.listdir({str(REPO / 'tests')!r})"
+        tried = subprocess.run(
+            [*CONTAINER, "--user", str(NOBODY), "--", sys.executable, "-c", probe],
+            capture_output=True, text=True, timeout=120, cwd=REPO, env=env,
+        )  # fmt: skip
+        if tried.returncode != 0:
+            pytest.skip(f"uid {NOBODY} cannot run {sys.executable} on {REPO}: {tried.stderr.strip()[-200:]}")
+        tmp_path.chmod(0o777)
+        env |= {"HOME": str(tmp_path), "TMPDIR": str(tmp_path)}
+        as_user = ["--user", str(NOBODY)]
+    pytest_argv = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *files]
+    done = subprocess.run(
+        [*CONTAINER, *as_user, "--", *pytest_argv],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=REPO,
+    )
+    summary = done.stdout.strip().splitlines()[-1]
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert " passed" in summary and "skipped" not in summary, done.stdout[-3000:]

@@ -72,6 +72,7 @@ def run_tests(
     call_timeout_s: float | None = None,
     memory_mb: int = 512,
     sandbox: str | None = None,
+    python: str | None = None,
 ) -> CodeVerdict:
     """Run `test` against `code` in the sandbox, candidate and judge apart, and return the judge's verdict.
 
@@ -84,6 +85,8 @@ def run_tests(
         call_timeout_s: wall clock for one call of the solution (default: only the total limit).
         memory_mb: address-space limit per process.
         sandbox: the sandbox setting (`colab_graphs.sandbox.backends`; None: env, else ``auto``).
+        python: the interpreter the code and the test run on (a record's or pool's; None:
+            `runner.sandbox_python()`, this environment's, or env ``COLAB_GRAPHS_SANDBOX_PYTHON``).
 
     Raises:
         ValueError: the test cannot fail (`unusable_test`).
@@ -101,7 +104,13 @@ def run_tests(
     request = _judge_request(test, entry_point, prompt_code or "")
     request |= {"timeout_s": timeout_s, "call_timeout_s": call_timeout_s}
     run = runner.run_judged(
-        code, _harness_source(), request, timeout_s=timeout_s, memory_mb=memory_mb, backend=sandbox
+        code,
+        _harness_source(),
+        request,
+        timeout_s=timeout_s,
+        memory_mb=memory_mb,
+        backend=sandbox,
+        python=python,
     )
     verdict = run.verdict or {}
     passed = verdict.get("passed") is True

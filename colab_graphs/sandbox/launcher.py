@@ -1,25 +1,31 @@
-"""The inside of the sandbox: `python -I -S sandbox_launcher.py FD` builds the sandbox and starts its processes.
+"""The inside of the sandbox: `python -I -S launcher.py FD` builds the sandbox and starts its processes.
 
-`colab_graphs.sandbox.runner` starts this script (inside fresh namespaces when the machine allows them, where it is
-root) with its plan on pipe `FD` (marshal: no import to pay); what it reports back (the status and the
-verdict) are Python literals, one per line, which the host reads with `ast.literal_eval`. The script:
+`colab_graphs.sandbox.runner` starts this script (inside fresh namespaces for the namespaces backend, where it
+is root; as a plain process for the landlock backend) with its plan on pipe `FD` (marshal: no import to pay);
+what it reports back (the status and the verdict) are Python literals, one per line, which the host reads with
+`ast.literal_eval`. It runs on the interpreter the code will run on (the plan's `python`). The script:
 
 1. makes itself non-dumpable (its memory holds the tests: no process of its uid may read it through /proc);
-2. with a mount namespace, builds a **private root**: a read-only tmpfs holding only the system directories
-   Python needs (`/usr`, `/bin`, `/lib*`, `/sbin`, `/etc`, the interpreter's prefix), bound read-only, a `/dev`
-   of null/zero/full/random/urandom, a fresh `/proc`, a size-capped tmpfs `/tmp` (the work directory and the
-   only writable place) and a size-capped `/dev/shm`; then `pivot_root`s into it and detaches the host's tree;
+2. namespaces: builds a **private root**: a read-only tmpfs holding only the system directories Python needs
+   (`/usr`, `/bin`, `/lib*`, `/sbin`, `/etc`, the interpreter's prefixes), bound read-only, a `/dev` of
+   null/zero/full/random/urandom, a fresh `/proc`, a size-capped tmpfs `/tmp` (the work directory and the
+   only writable place) and a size-capped `/dev/shm`; then `pivot_root`s into it and detaches the host's tree.
+   landlock: writes the programs into the host's per-run work directory and becomes a child subreaper;
 3. starts the **judge** (when the plan has one): a fork of this process that drops to its own uid (or all
-   capabilities), turns non-dumpable, keeps only its pipes, runs the harness program's `judge(...)` and writes
-   the verdict, with the plan's nonce, on the verdict pipe;
-4. starts the **candidate**: in a PID namespace of its own (so it can see, signal or trace no other process of
-   the sandbox) with its own `/proc`, as another uid (or without capabilities), under rlimits, with
-   `no_new_privs`, only stdin/stdout/stderr and (judged runs) its two request/reply pipes, exec'ing a fresh
-   interpreter (so nothing of this process's memory, the tests included, survives into it);
-5. waits: a judged run ends when the judge does, a plain run when the candidate does; as PID 1 of the sandbox's
-   PID namespace, its exit kills everything still running.
+   capabilities), turns non-dumpable, keeps only its pipes (landlock: confines itself, reading only and
+   writing nothing), runs the harness program's `judge(...)` and writes the verdict, with the plan's nonce,
+   on the verdict pipe;
+4. starts the **candidate**: (namespaces) in a PID namespace of its own (so it can see, signal or trace no
+   other process of the sandbox) with its own `/proc`; as another uid (or without capabilities), under
+   rlimits, with `no_new_privs`, (landlock) under Landlock and the seccomp filter, only stdin/stdout/stderr
+   and (judged runs) its two request/reply pipes, exec'ing a fresh interpreter (so nothing of this
+   process's memory, the tests included, survives into it);
+5. waits: a judged run ends when the judge does, a plain run when the candidate does; namespaces: as PID 1 of
+   the sandbox's PID namespace, its exit kills everything still running; landlock: it kills every process the
+   run left (`_sweep`), also when the host sends SIGTERM at the time limit.
 
-Only the standard library, and nothing slow to import: this runs once per scored answer.
+A failure to build any of it is reported on the status pipe (`launcher_error`, which the code never holds) and
+the code does not run. Only the standard library, and nothing slow to import: this runs once per scored answer.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import marshal
 import os
 import resource
 import signal
+import struct
 import sys
 
 TYPE_CHECKING = False  # `typing` is not imported at run time (nothing slow: this runs once per scored answer)
@@ -44,6 +51,8 @@ _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
 _MNT_DETACH = 2
 _CLONE_NEWNS, _CLONE_NEWPID = 0x00020000, 0x20000000
 _PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT = 4, 24, 38, 47
+_PR_SET_KEEPCAPS, _PR_SET_SECCOMP, _PR_SET_CHILD_SUBREAPER = 8, 22, 36
+_CAP_DAC_READ_SEARCH = 2
 _PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
 # statvfs flags of a bind's source that an unprivileged remount must keep (the kernel locks them).
 _KEPT_FLAGS = {2: _MS_NOSUID, 4: _MS_NODEV, 8: _MS_NOEXEC, 1024: 1024, 2048: 2048, 4096: 1 << 21}
@@ -64,8 +73,22 @@ def main(config_fd: int) -> None:
     _prctl(_PR_SET_DUMPABLE, 0)
     with os.fdopen(config_fd, "rb") as fh:
         plan: LaunchPlan = marshal.loads(fh.read())
-    status = os.fdopen(plan["fds"]["status"], "w")
+    # Above the descriptors the processes are given (0-4), so no `dup2` of theirs replaces it.
+    status = os.fdopen(fcntl.fcntl(plan["fds"]["status"], fcntl.F_DUPFD, 10), "w")
+    os.close(plan["fds"]["status"])
+    _STATUS.append(status)
     applied = ["empty_env", "workdir", "rlimits"]
+    if plan["landlock"]:
+        # Every process the run leaves behind (a `setsid` daemon included) becomes this process's child when its
+        # parent ends, and is killed with the rest when the run ends or the host asks (SIGTERM).
+        _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+        def on_term(*_: object) -> None:
+            _sweep(plan)
+            os._exit(_FAILED)
+
+        signal.signal(signal.SIGTERM, on_term)
+        applied += ["own_session", "sweep"]
     if plan["private_root"]:
         files_dir, workdir = _build_private_root(plan)
         applied += ["private_root", "readonly_fs", "disk_cap"]
@@ -77,6 +100,9 @@ def main(config_fd: int) -> None:
         _die("the plan has neither a private root nor a work directory")
     if plan["uids"]["candidate"] is not None:
         applied.append("uid_drop")
+    if plan["landlock"]:
+        keep = _read_search_needed(plan)
+        applied += ["seccomp", *_landlock_labels(plan["network"])] + (["read_search_cap"] if keep else [])
     judge_pid, rpc, judge = None, None, plan.get("judge")
     if judge:
         to_candidate, to_judge = os.pipe(), os.pipe()
@@ -102,7 +128,7 @@ def main(config_fd: int) -> None:
     if rpc:
         os.close(rpc["request_r"])
         os.close(rpc["reply_w"])
-    _wait(judge_pid, candidate_pid, status)
+    _wait(plan, judge_pid, candidate_pid, status)
 
 
 # --- the private root -----------------------------------------------------------------------------------------
@@ -112,6 +138,13 @@ def _build_private_root(plan: LaunchPlan) -> tuple[str, str]:
     """Mount the private root on /tmp (this namespace's copy of it), fill it, pivot into it. Returns the
     directory of the programs and the work directory, as seen from inside."""
     root = "/tmp"
+    os.umask(0o022)
+    # The interpreter's prefixes are held open first: one may lie under /tmp (a clone's .venv), which the
+    # private root is about to cover; they are bound last, over the work directory where they lie in it.
+    prefixes = {
+        p: os.open(p, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        for p in _interpreter_prefixes(plan["python"])
+    }
     _mount("cg-root", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=8m,mode=755")
     for name in ("proc", "dev", "tmp", "sandbox", ".old"):
         os.mkdir(f"{root}/{name}")
@@ -122,20 +155,22 @@ def _build_private_root(plan: LaunchPlan) -> tuple[str, str]:
         elif os.path.isdir(host):
             os.mkdir(f"{root}{host}")
             _bind_readonly(host, f"{root}{host}")
-    for prefix in _interpreter_prefixes():
-        os.makedirs(f"{root}{prefix}", exist_ok=True)
-        _bind_readonly(prefix, f"{root}{prefix}")
     _make_dev(f"{root}/dev")
     _mount("proc", f"{root}/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     uid = plan["uids"]["candidate"]
     owner = f",uid={uid},gid={uid}" if uid is not None else ""
+    # Mode 711: the judge's uid may pass through to an interpreter prefix bound inside it, not list it.
     _mount(
         "cg-work",
         f"{root}/tmp",
         "tmpfs",
         _MS_NOSUID | _MS_NODEV,
-        f"size={plan['disk_bytes']},mode=700{owner}",
+        f"size={plan['disk_bytes']},mode=711{owner}",
     )
+    for prefix, fd in prefixes.items():
+        os.makedirs(f"{root}{prefix}", exist_ok=True)
+        _bind_readonly(f"/proc/self/fd/{fd}", f"{root}{prefix}")
+        os.close(fd)
     for name, text in plan["files"].items():
         _write(f"{root}/sandbox/{name}", text, None)
     os.chdir(root)
@@ -152,13 +187,19 @@ def _build_private_root(plan: LaunchPlan) -> tuple[str, str]:
     return _FILES_DIR, _WORKDIR
 
 
-def _interpreter_prefixes() -> list[str]:
-    """The interpreter's install prefixes that the system directories do not already hold (a pyenv, a conda)."""
-    found = []
-    for prefix in {os.path.realpath(sys.base_prefix), os.path.realpath(sys.base_exec_prefix)}:
+def _interpreter_prefixes(python: str, all_of_them: bool = False) -> list[str]:
+    """The install prefixes of `python` (the interpreter this launcher runs on, by the path the code will run
+    it as): a venv's (where its site-packages are: found as Python finds it, by the `pyvenv.cfg` beside the
+    executable or one level up) and the base install's; without `all_of_them`, only those the system
+    directories do not already hold (a venv, a pyenv, a conda)."""
+    found = set()
+    here = os.path.dirname(os.path.abspath(python))
+    venv = [d for d in (here, os.path.dirname(here)) if os.path.isfile(os.path.join(d, "pyvenv.cfg"))]
+    for prefix in (*venv[:1], sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix):
+        prefix = os.path.realpath(prefix)
         top = prefix.strip("/").split("/")[0]
-        if top not in _SYSTEM_DIRS and prefix != "/":
-            found.append(prefix)
+        if prefix != "/" and (all_of_them or top not in _SYSTEM_DIRS):
+            found.add(prefix)
     return sorted(found)
 
 
@@ -211,6 +252,271 @@ def _namespace_ids() -> dict[str, str]:
     return ids
 
 
+# --- Landlock and seccomp (the backend without namespaces) -----------------------------------------------------
+
+# Landlock (Documentation/userspace-api/landlock.rst): the access rights each ABI adds, by bit.
+_LL_CREATE_RULESET, _LL_ADD_RULE, _LL_RESTRICT_SELF = 444, 445, 446  # the same on every architecture
+_LL_VERSION, _LL_RULE_PATH_BENEATH, _LL_RULE_NET_PORT = 1, 1, 2
+_LL_EXECUTE, _LL_WRITE_FILE, _LL_READ_FILE, _LL_READ_DIR = 1, 2, 4, 8
+_LL_REFER, _LL_TRUNCATE, _LL_IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15
+_LL_FILE_RIGHTS = _LL_EXECUTE | _LL_WRITE_FILE | _LL_READ_FILE | _LL_TRUNCATE | _LL_IOCTL_DEV
+_LL_READ = _LL_EXECUTE | _LL_READ_FILE | _LL_READ_DIR
+# What a run may read besides its interpreter: the system's programs and libraries, and of /etc only what the
+# C library and Python's standard library read (not /etc/shadow, which a kept CAP_DAC_READ_SEARCH would open).
+_LL_SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_LL_ETC = (
+    "ld.so.cache", "ld.so.preload", "localtime", "timezone", "passwd", "group", "nsswitch.conf", "hosts",
+    "host.conf", "mime.types", "os-release", "ssl", "ca-certificates", "pki", "python3", "fonts", "alternatives",
+)  # fmt: skip
+_LL_DEVICES = {
+    "null": True,
+    "zero": True,
+    "full": True,
+    "random": False,
+    "urandom": False,
+}  # name -> writable
+
+
+def landlock_abi() -> int:
+    """The Landlock ABI this kernel offers (0: none, or the system call is refused)."""
+    abi = _libc.syscall(_LL_CREATE_RULESET, None, 0, _LL_VERSION)
+    return max(int(abi), 0)
+
+
+def _landlock(python: str, writable: str | None, network: bool) -> None:
+    """Restrict this process (and all it starts) to reading the system and the interpreter, writing only
+    `writable`; with ABI 4 no TCP bind or connect (unless `network`), with ABI 6 no signal and no abstract Unix
+    socket outside this domain (`_landlock_labels` names what applies). Dies where the kernel refuses."""
+    abi = landlock_abi()
+    if abi < 1:
+        _die("Landlock is not available in this kernel")
+    handled = (1 << 13) - 1 | (_LL_REFER if abi >= 2 else 0) | (_LL_TRUNCATE if abi >= 3 else 0)
+    handled |= _LL_IOCTL_DEV if abi >= 5 else 0
+    net = 0 if network or abi < 4 else 3  # LANDLOCK_ACCESS_NET_BIND_TCP | CONNECT_TCP
+    scoped = 3 if abi >= 6 else 0  # LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | SIGNAL
+    attr = struct.pack("QQQ", handled, net, scoped)[: 8 if abi < 4 else 16 if abi < 6 else 24]
+    ruleset = _libc.syscall(_LL_CREATE_RULESET, attr, len(attr), 0)
+    if ruleset < 0:
+        _die(f"landlock_create_ruleset: errno {ctypes.get_errno()}")
+    prefixes = _interpreter_prefixes(python, all_of_them=True)
+    reads = [*_LL_SYSTEM, *(f"/etc/{name}" for name in _LL_ETC), *prefixes]
+    rules = [(path, _LL_READ) for path in reads]
+    rules += [(f"/dev/{name}", _LL_READ | (_LL_WRITE_FILE if w else 0)) for name, w in _LL_DEVICES.items()]
+    if writable is not None:
+        rules.append((writable, handled))
+    for path, access in rules:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            continue  # not on this machine
+        if not os.path.isdir(path):
+            access &= _LL_FILE_RIGHTS
+        beneath = struct.pack("=Qi", access & handled, fd)  # struct landlock_path_beneath_attr (packed)
+        failed = _libc.syscall(_LL_ADD_RULE, ruleset, _LL_RULE_PATH_BENEATH, beneath, 0) != 0
+        os.close(fd)
+        if failed:
+            _die(f"landlock_add_rule({path}): errno {ctypes.get_errno()}")
+    if _libc.syscall(_LL_RESTRICT_SELF, ruleset, 0) != 0:
+        _die(f"landlock_restrict_self: errno {ctypes.get_errno()}")
+    os.close(ruleset)
+
+
+# seccomp: the system calls `seccomp_program` refuses or checks, and their numbers per architecture (with its
+# audit arch), in the same order.
+_SYSCALL_NAMES = (
+    "socket", "socketpair", "clone", "clone3", "ptrace", "process_vm_readv", "process_vm_writev", "unshare",
+    "setns", "mount", "umount2", "pivot_root", "chroot", "bpf", "keyctl", "add_key", "request_key",
+    "open_by_handle_at", "name_to_handle_at", "perf_event_open", "userfaultfd", "kexec_load",
+    "kexec_file_load", "init_module", "finit_module", "delete_module", "kcmp", "shmget", "shmat", "shmctl",
+    "shmdt", "semget", "semop", "semctl", "semtimedop", "msgget", "msgsnd", "msgrcv", "msgctl", "mq_open",
+    "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
+)  # fmt: skip
+_SYSCALLS = {
+    "x86_64": (0xC000003E, (
+        41, 53, 56, 435, 101, 310, 311, 272, 308, 165, 166, 155, 161, 321, 250, 248, 249, 304, 303, 298, 323,
+        246, 320, 175, 313, 176, 312, 29, 30, 31, 67, 64, 65, 66, 220, 68, 69, 70, 71, 240, 241, 242, 243,
+        244, 245,
+    )),
+    "aarch64": (0xC00000B7, (
+        198, 199, 220, 435, 117, 270, 271, 97, 268, 40, 39, 41, 51, 280, 219, 217, 218, 265, 264, 241, 282,
+        104, 294, 105, 273, 106, 272, 194, 196, 195, 197, 190, 193, 191, 192, 186, 189, 188, 187, 180, 181,
+        182, 183, 184, 185,
+    )),
+}  # fmt: skip
+# The same number on both: io_uring, the new mount API, pidfd_getfd (another process's file descriptors),
+# process_madvise.
+_GENERIC = {"io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428,
+            "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
+            "pidfd_getfd": 438, "process_madvise": 440, "mount_setattr": 442}  # fmt: skip
+_CLONE_NEW_ANY = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+_AF_UNIX, _SOCK_STREAM, _SOCK_SEQPACKET = 1, 1, 5
+_RET_KILL_PROCESS, _RET_ERRNO, _RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
+_EPERM, _ENOSYS = 1, 38
+# classic BPF opcodes: BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_JMP|JSET|K, BPF_ALU|AND|K, BPF_RET|K
+LD, JEQ, JGE, JSET, AND, RET = 0x20, 0x15, 0x35, 0x45, 0x54, 0x06
+# seccomp_data offsets: nr, arch, the low 32 bits of args[0] and args[1]
+NR, ARCH, ARG0, ARG1 = 0, 4, 16, 24
+
+
+def bpf(program: list[tuple[int, int, str | None, str | None] | str]) -> bytes:
+    """Assemble classic BPF: each entry is (code, k, jump-if-true label, jump-if-false label) or a label (a str,
+    naming the instruction after it); a None label falls through."""
+    at: dict[str, int] = {}
+    count = 0
+    for entry in program:
+        if isinstance(entry, str):
+            at[entry] = count
+        else:
+            count += 1
+    out, i = [], 0
+    for entry in program:
+        if isinstance(entry, str):
+            continue
+        code, k, yes, no = entry
+        jt, jf = (at[label] - i - 1 if label else 0 for label in (yes, no))
+        out.append(struct.pack("HBBI", code, jt, jf, k))
+        i += 1
+    return b"".join(out)
+
+
+def seccomp_program(network: bool) -> bytes:
+    """The run's seccomp filter: refuses (EPERM) tracing, other processes' memory, namespaces, mounts, BPF,
+    keyrings, file handles, perf, userfaultfd, kexec, modules, io_uring, SysV IPC and POSIX message queues
+    (without an IPC namespace they are the host's, and outlive the run), and clone with CLONE_NEW*; `clone3`
+    gets ENOSYS (its flags are out of the filter's reach: libc falls back to `clone`). Without `network`, no
+    `socket()` at all (Landlock does not cover connecting to a Unix socket by path: a mode-666 one in /tmp would
+    be reachable) and `socketpair()` only for connected AF_UNIX stream/seqpacket pairs (what asyncio and
+    multiprocessing use). Another architecture's system calls (x32, i386) kill the process."""
+    arch, by_arch = _SYSCALLS[os.uname().machine]
+    numbers = dict(zip(_SYSCALL_NAMES, by_arch, strict=True)) | _GENERIC
+    refused = [n for name, n in numbers.items() if name not in ("socket", "socketpair", "clone", "clone3")]
+    program: list[tuple[int, int, str | None, str | None] | str] = [
+        (LD, ARCH, None, None),
+        (JEQ, arch, None, "kill"),
+        (LD, NR, None, None),
+        (JGE, 0x40000000, "kill", None),  # the x32 ABI's numbers
+        *[(JEQ, n, "eperm", None) for n in refused],
+        (JEQ, numbers["clone3"], "enosys", None),
+        (JEQ, numbers["clone"], "clone", None),
+    ]
+    if not network:
+        program += [(JEQ, numbers["socket"], "eperm", None), (JEQ, numbers["socketpair"], "pair", None)]
+    program += [
+        (RET, _RET_ALLOW, None, None),
+        "clone",
+        (LD, ARG0, None, None),
+        (JSET, _CLONE_NEW_ANY, "eperm", "allow"),
+        "pair",
+        (LD, ARG0, None, None),
+        (JEQ, _AF_UNIX, None, "eperm"),
+        (LD, ARG1, None, None),
+        (AND, 0xF, None, None),  # the socket type without SOCK_NONBLOCK / SOCK_CLOEXEC
+        (JEQ, _SOCK_STREAM, "allow", None),
+        (JEQ, _SOCK_SEQPACKET, "allow", "eperm"),
+        "allow",
+        (RET, _RET_ALLOW, None, None),
+        "eperm",
+        (RET, _RET_ERRNO | _EPERM, None, None),
+        "enosys",
+        (RET, _RET_ERRNO | _ENOSYS, None, None),
+        "kill",
+        (RET, _RET_KILL_PROCESS, None, None),
+    ]
+    return bpf(program)
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def install_seccomp(program: bytes) -> None:
+    """Install a seccomp filter on this process (and all it starts); `no_new_privs` must be set (or root)."""
+    buffer = ctypes.create_string_buffer(program)
+    prog = _SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+    if _libc.prctl(_PR_SET_SECCOMP, 2, ctypes.addressof(prog), 0, 0) != 0:  # SECCOMP_MODE_FILTER
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
+
+
+def _confine(plan: LaunchPlan, writable: str | None) -> None:
+    """The landlock backend's confinement of one process, after its privileges are dropped."""
+    _landlock(plan["python"], writable, plan["network"])
+    install_seccomp(seccomp_program(plan["network"]))
+
+
+def _landlock_labels(network: bool) -> list[str]:
+    """What `_landlock` applies on this kernel (the isolation the run reports)."""
+    abi = landlock_abi()
+    labels = [f"landlock_abi_{abi}", "landlock_fs"]
+    return (
+        labels
+        + (["landlock_tcp"] if abi >= 4 and not network else [])
+        + (["landlock_scopes"] if abi >= 6 else [])
+    )
+
+
+def _read_search_needed(plan: LaunchPlan) -> bool:
+    """Whether the dropped uids need CAP_DAC_READ_SEARCH to reach the interpreter: as root, when a directory on
+    the way to one of its prefixes is closed to others (a venv under /root, mode 700). Landlock, not file
+    permissions, is then what limits reading to the system and the interpreter."""
+    if plan["uids"]["candidate"] is None:
+        return False
+    return not all(_open_to_others(p) for p in _interpreter_prefixes(plan["python"], all_of_them=True))
+
+
+def _open_to_others(path: str) -> bool:
+    parts = os.path.realpath(path).split(os.sep)
+    dirs = ["/"] + [os.sep + os.path.join(*parts[1:i]) for i in range(2, len(parts) + 1)]
+    try:
+        return all(os.stat(d).st_mode & 0o005 == 0o005 for d in dirs)
+    except OSError:
+        return False
+
+
+def _sweep(plan: LaunchPlan) -> None:
+    """Kill every process the run left (the landlock backend has no PID namespace to do it): every process of
+    the run's uids (as root), and every descendant, which this subreaper inherits as their parents end."""
+    for uid in {u for u in plan["uids"].values() if u is not None}:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setgroups([])
+                os.setresgid(uid, uid, uid)
+                os.setresuid(uid, uid, uid)
+                os.kill(-1, signal.SIGKILL)  # every process this uid may signal; atomic against fork
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+    for _ in range(10_000):
+        children = _children()
+        if not children:
+            break
+        for child in children:
+            _kill(child)
+        for child in children:
+            try:  # noqa: SIM105 - contextlib is one more import per scored answer
+                os.waitpid(child, 0)
+            except ChildProcessError:
+                pass
+
+
+def _children() -> list[int]:
+    """This process's children (they are reaped here, so none is a zombie of another's)."""
+    me = os.getpid()
+    try:
+        with open(f"/proc/{me}/task/{me}/children") as fh:
+            return [int(pid) for pid in fh.read().split()]
+    except OSError:
+        found = []
+        for entry in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    if entry.isdigit() and int(fh.read().rsplit(")", 1)[1].split()[1]) == me:
+                        found.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+        return found
+
+
 # --- the processes --------------------------------------------------------------------------------------------
 
 
@@ -218,16 +524,19 @@ def _run_judge(plan: LaunchPlan, judge: JudgePlan, reply_r: int, request_w: int,
     """The judge's process (never returns): the harness's `judge` with the tests, behind its own uid."""
     fds = plan["fds"]
     try:
-        status.close()
         devnull = os.open("/dev/null", os.O_RDONLY)
         os.dup2(devnull, 0)
         os.dup2(fds["judge_log"], 1)
         os.dup2(fds["judge_log"], 2)
-        keep = {0, 1, 2, reply_r, request_w, fds["verdict"]}
+        keep = {0, 1, 2, reply_r, request_w, fds["verdict"], status.fileno()}
         _close_all_but(keep)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         _limit(judge["limits"])
-        _drop_privileges(plan["uids"]["judge"])
+        _drop_privileges(plan["uids"]["judge"], plan["landlock"] and _read_search_needed(plan))
         _prctl(_PR_SET_DUMPABLE, 0)  # after the uid change, which resets it
+        if plan["landlock"]:
+            _confine(plan, writable=None)  # the judge writes nothing
+        status.close()  # open until here, so that a failure to contain the judge is reported (`_die`)
         harness = type(sys)("cg_harness")  # a real module: dataclasses look their module up in sys.modules
         sys.modules[harness.__name__] = harness
         code = plan["files"]["harness.code"]
@@ -255,12 +564,13 @@ def _run_candidate(
         # Over the outer /proc, not after unmounting it: in a user namespace the kernel allows a new proc mount
         # only while one is already visible (and the candidate, without privileges, cannot unmount this one).
         _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     child = os.fork()
     if child == 0:
         _exec_candidate(plan, files_dir, workdir, rpc)
     # A signal cannot be re-raised on a PID 1, so how the program ended goes through the status pipe. SIGUSR1
     # (from the launcher, once the judge is done) ends the program here, so that its reaping counts its CPU time.
-    signal.signal(signal.SIGUSR1, lambda *_: os.kill(child, signal.SIGKILL))
+    signal.signal(signal.SIGUSR1, lambda *_: _kill(child))
     _close_all_but({1, 2, status.fileno()})
     while True:
         pid, wait_status = os.waitpid(-1, 0)
@@ -277,7 +587,8 @@ def _exec_candidate(plan: LaunchPlan, files_dir: str, workdir: str, rpc: dict[st
     try:
         if not plan["stdin"]:
             os.dup2(os.open("/dev/null", os.O_RDONLY), 0)
-        keep = {0, 1, 2}
+        keep = {0, 1, 2, _STATUS[0].fileno()}  # the status pipe closes on exec: `_die` reports until then
+        os.set_inheritable(_STATUS[0].fileno(), False)
         if rpc:
             # The harness's candidate side reads requests on fd 3 and writes replies on fd 4 (moved up first:
             # either pipe may already sit on 3 or 4).
@@ -287,8 +598,10 @@ def _exec_candidate(plan: LaunchPlan, files_dir: str, workdir: str, rpc: dict[st
             keep |= {3, 4}
         _close_all_but(keep)
         _limit(plan["limits"])
-        _drop_privileges(plan["uids"]["candidate"])
+        _drop_privileges(plan["uids"]["candidate"], plan["landlock"] and _read_search_needed(plan))
         os.chdir(workdir)
+        if plan["landlock"]:
+            _confine(plan, writable=workdir)
         python = plan["python"]
         argv = [python, "-I", *[a.replace("{files}", files_dir) for a in plan["argv"]]]
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"}
@@ -297,7 +610,14 @@ def _exec_candidate(plan: LaunchPlan, files_dir: str, workdir: str, rpc: dict[st
         _die(f"{type(exc).__name__}: {exc}")
 
 
-def _wait(judge_pid: int | None, candidate_pid: int, status: TextIO) -> NoReturn:
+def _kill(pid: int) -> None:
+    try:  # noqa: SIM105 - contextlib is one more import per scored answer
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:  # it ended (and was reaped) meanwhile
+        pass
+
+
+def _wait(plan: LaunchPlan, judge_pid: int | None, candidate_pid: int, status: TextIO) -> NoReturn:
     """Reap every process; end when the judge (judged runs) or the candidate (plain runs) has ended."""
     waited = judge_pid if judge_pid is not None else candidate_pid
     code = 0
@@ -315,6 +635,8 @@ def _wait(judge_pid: int | None, candidate_pid: int, status: TextIO) -> NoReturn
             os.waitpid(candidate_pid, 0)
         except (ProcessLookupError, ChildProcessError):
             pass
+    if plan["landlock"]:
+        _sweep(plan)
     status.close()
     os._exit(code)
 
@@ -326,21 +648,33 @@ def _limit(limits: dict[str, int]) -> None:
         resource.setrlimit(getattr(resource, name), (value, hard))
 
 
-def _drop_privileges(uid: int | None) -> None:
+def _drop_privileges(uid: int | None, read_search: bool = False) -> None:
     """To `uid` when the launcher is root; otherwise (root of a user namespace, or a plain user) no capabilities
-    in any set, and none regained by exec. Both ways with `no_new_privs`: no setuid binary helps."""
+    in any set, and none regained by exec. Both ways with `no_new_privs`: no setuid binary helps.
+
+    `read_search` (the landlock backend as root, interpreter behind a closed directory): `uid` keeps
+    CAP_DAC_READ_SEARCH alone, in every set including the ambient one (so it survives exec); it reads past file
+    permissions, and Landlock confines it to the system and the interpreter; `open_by_handle_at`, the one call
+    that capability opens beyond paths, is refused by the seccomp filter."""
     for cap in range(64):
+        if cap == _CAP_DAC_READ_SEARCH and read_search:
+            continue
         if _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
             break
     _libc.prctl(_PR_CAP_AMBIENT, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
     if uid is not None:
+        if read_search:
+            _prctl(_PR_SET_KEEPCAPS, 1)
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
         if os.getuid() != uid or os.geteuid() != uid:
             _die("privilege drop did not take effect")
+        _set_capabilities(1 << _CAP_DAC_READ_SEARCH if read_search else 0)
+        if read_search and _libc.prctl(_PR_CAP_AMBIENT, 2, _CAP_DAC_READ_SEARCH, 0, 0) != 0:  # RAISE
+            _die(f"PR_CAP_AMBIENT_RAISE: errno {ctypes.get_errno()}")
     else:
-        _clear_capabilities()
+        _set_capabilities(0)
     _prctl(_PR_SET_NO_NEW_PRIVS, 1)
 
 
@@ -356,9 +690,12 @@ class _CapData(ctypes.Structure):
     ]
 
 
-def _clear_capabilities() -> None:
+def _set_capabilities(mask: int) -> None:
+    """This process's effective, permitted and inheritable capabilities: exactly `mask` (capabilities < 32)."""
     header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
-    if _libc.capset(ctypes.byref(header), (_CapData * 2)()) != 0:
+    data = (_CapData * 2)()
+    data[0].effective = data[0].permitted = data[0].inheritable = mask
+    if _libc.capset(ctypes.byref(header), data) != 0:
         _die(f"capset: errno {ctypes.get_errno()}")
 
 
@@ -375,8 +712,19 @@ def _close_all_but(keep: set[int]) -> None:
         low = fd + 1
 
 
+_STATUS: list[
+    TextIO
+] = []  # the status pipe, once open: a failure is reported there too (the code cannot write it)
+
+
 def _die(message: str) -> NoReturn:
     print(f"cg-sandbox launcher: {message}", file=sys.stderr, flush=True)
+    for status in _STATUS:
+        try:
+            status.write(repr({"launcher_error": message[:2000]}) + "\n")
+            status.flush()
+        except (OSError, ValueError):
+            pass
     os._exit(_FAILED)
 
 

@@ -8,7 +8,10 @@ Two ways in:
   the verdict, calls the candidate over a pipe with plain data, and alone writes the verdict (with a nonce the
   candidate never sees) on a pipe only it holds. The candidate's output never decides anything.
 
-Containment (`isolation` on each result names what was applied; the machine decides what is possible):
+Which containment a run gets is its **backend** (`colab_graphs.sandbox.backends`; `resolve(setting)` picks it,
+`availability()` says why each is or is not available here). ``isolation`` on each result names what was applied.
+
+The **namespaces** backend (`unshare`; as root, or any user where user namespaces are allowed):
 
 - ``netns``: a network namespace with only a loopback that is down: no TCP/UDP anywhere, and no abstract Unix
   sockets of the host (they belong to the host's network namespace).
@@ -18,14 +21,38 @@ Containment (`isolation` on each result names what was applied; the machine deci
   even ones that called `setsid`; ``nested_pidns``: the candidate runs in a PID namespace of its own inside it,
   so it cannot signal, trace or even see the judge (or anything but its own processes) in its `/proc`.
 - ``mountns`` + ``private_root`` + ``readonly_fs``: the sandbox's root is a fresh read-only tree holding only
-  `/usr`, `/bin`, `/sbin`, `/lib*`, `/etc` and the interpreter's prefix (bound read-only, without the mounts
-  below them), a minimal `/dev`, its own `/proc`. The host's `/tmp`, `/run`, `/var`, `/home`, `/root`,
-  `/work`... are not in it, so no Unix socket there (a mode-666 one in /tmp, Docker's) can be reached, and no
-  file there read.
+  `/usr`, `/bin`, `/sbin`, `/lib*`, `/etc` and the interpreter's prefixes (a venv's and its base install's,
+  bound read-only, without the mounts below them), a minimal `/dev`, its own `/proc`. The host's `/tmp`,
+  `/run`, `/var`, `/home`, `/root`, `/work`... are not in it, so no Unix socket there (a mode-666 one in /tmp,
+  Docker's) can be reached, and no file there read.
 - ``disk_cap``: the work directory is a tmpfs of `disk_mb` MiB (`/tmp` inside, also `HOME` and `TMPDIR`), the
   only writable place besides a 16 MiB `/dev/shm`; both vanish with the run. `RLIMIT_FSIZE` caps one file.
+
+The **landlock** backend (no namespaces: where `unshare` is refused, as in a container under Docker's default
+seccomp profile; `launcher` has the details):
+
+- ``landlock_fs`` (``landlock_abi_N`` names the kernel's ABI): reading only the system directories, the files
+  of `/etc` that the C library and Python read, and the interpreter's prefixes; writing only the work
+  directory (a fresh `cg_sandbox_*` directory of the run's uid); no `/proc` at all. ``landlock_tcp`` (ABI 4):
+  no TCP bind or connect. ``landlock_scopes`` (ABI 6): no signal to, and no abstract Unix socket of, any
+  process outside the run's Landlock domain.
+- ``seccomp``: no `socket()` (Landlock does not cover connecting to a Unix socket by path), only connected
+  AF_UNIX `socketpair`s; no ptrace, `process_vm_*`, namespaces, mounts, BPF, keyrings, file handles, perf,
+  userfaultfd, kexec, modules, io_uring, SysV IPC, POSIX message queues.
+- ``own_session`` + ``sweep``: the run has its own session and process group, killed as a whole; its launcher
+  is a child subreaper that kills every process left (a `setsid` daemon included) at the end, or when the
+  host times the run out; as root also every process of the run's uids. The work directory is measured as
+  the run goes and the run killed past `disk_mb` (``killed_reason == "disk_limit"``).
+- ``read_search_cap``: as root, when the interpreter sits behind a directory closed to others (a venv under
+  /root), the run's uids keep CAP_DAC_READ_SEARCH alone, so that they can read it; Landlock limits what they
+  read, and `open_by_handle_at` is refused.
+
+Both safe backends, and ``unsafe-local`` (an explicit opt-in: rlimits, an empty environment and its own uid as
+root, nothing else):
+
 - ``uid_drop``: as root, the candidate and the judge each run as an unprivileged uid of their own (root ignores
-  `RLIMIT_NPROC` and file permissions); otherwise (root of a user namespace) both drop every capability.
+  `RLIMIT_NPROC` and file permissions), locked machine-wide for the run (no other run, of this process or
+  another, shares it); otherwise (root of a user namespace, a plain user) both drop every capability.
   Either way `no_new_privs`, and the judge and the launcher are non-dumpable: no process of their uid can read
   their memory or file descriptors through `/proc` or `ptrace`.
 - ``rlimits``: address space, CPU seconds, processes, file size, open files, no core dumps; ``empty_env``: only
@@ -33,24 +60,31 @@ Containment (`isolation` on each result names what was applied; the machine deci
   request/reply pipes are its only file descriptors. Output beyond `max_output_bytes` is read and dropped:
   it never blocks the program, and in a judged run it cannot change the verdict.
 
+Backend x threat (docs/sandbox.md has the full table):
+
+| threat | namespaces | landlock | unsafe-local |
+|---|---|---|---|
+| host files, the data file | not in the root | Landlock: system + interpreter only | its uid's |
+| TCP, host Unix sockets | netns, private root | no `socket()`; Landlock TCP | open |
+| `setsid` daemons | PID namespace | subreaper sweep; uid sweep as root | survive |
+| scorer's /proc mem, environ; ptrace | own /proc, other uid | no /proc; seccomp; Landlock | other uid as root |
+| SysV IPC | IPC namespace | seccomp refuses | shared |
+| disk | tmpfs cap | measured, killed | measured, killed |
+| fork bomb, memory, CPU | rlimits | rlimits | rlimits (non-root: no NPROC) |
+
 Not covered (the threat model's edges):
 
-- Without `unshare` (or the privilege to use it) there are no namespaces: the code can reach the network and
-  any host socket, write wherever its uid may, outlive the run through `setsid`, keep SysV IPC alive, and fill
-  the disk up to `RLIMIT_FSIZE` per file. The verdict still comes from the judge's process; but as a non-root
-  caller the candidate then has the caller's uid and, where `ptrace` between a user's processes is allowed,
-  could read the calling process's memory (the tests, the API keys); it can always kill the judge (which only
-  fails the run). A warning is logged once; score untrusted code as root or where user namespaces are allowed.
 - Memory is limited per process (`RLIMIT_AS`), not per run (no cgroup): `max_procs` processes may each use
   `memory_mb`. CPU time competes with the host's (use `cpu_s` and bounded parallelism).
 - The system directories are readable (installed packages, `/etc/passwd`); a Unix socket placed inside them
-  would be reachable. Kernel exploits, timing side channels, and anything the tests themselves leak through the
-  arguments they pass are out of scope.
+  would be reachable under the namespaces backend. Under landlock an unlinked file held open escapes the disk
+  measure (bounded by `RLIMIT_FSIZE` x `RLIMIT_NOFILE`). Kernel exploits, timing side channels, and anything
+  the tests themselves leak through the arguments they pass are out of scope.
 - The judge runs the dataset's tests: trusted to be tests, yet contained like the candidate (its own uid or no
   capabilities, no writable directory at all).
 
-The sandbox's inside is `colab_graphs.sandbox.launcher`, a standard-library script run by the system
-interpreter (the venv's may sit under a directory the unprivileged uid cannot enter).
+The sandbox's inside is `colab_graphs.sandbox.launcher`, a standard-library script run (`-I -S`) by the
+interpreter the code will run on (`sandbox_python()`: this environment's, so the code sees its packages).
 """
 
 from __future__ import annotations
@@ -58,6 +92,8 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
+import ctypes
+import fcntl
 import functools
 import logging
 import marshal
@@ -75,6 +111,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypedDict, TypeVar
 
 from colab_graphs.sandbox import backends
@@ -137,6 +174,7 @@ def run_code(
     network: bool = False,
     stdin: str | None = None,
     backend: str | None = None,
+    python: str | None = None,
 ) -> SandboxResult:
     """Run Python source in the sandbox and wait for it (at most `timeout_s` of wall clock).
 
@@ -153,9 +191,11 @@ def run_code(
         network: allow network access (no network namespace).
         stdin: text fed to the program's standard input (empty when None).
         backend: the sandbox setting (`colab_graphs.sandbox.backends`; None: env, else ``auto``).
+        python: the interpreter that runs the code (None: `sandbox_python()`, the caller's own environment).
 
     Raises:
-        SandboxUnavailable: no backend meets `backend` here (nothing ran).
+        SandboxUnavailable: no backend meets `backend` here, or the sandbox could not start the code (the
+            interpreter cannot be run inside it): nothing was judged.
 
     Returns:
         A `SandboxResult`; the run never raises for anything the code does.
@@ -174,21 +214,25 @@ def run_code(
         max_procs,
         disk_mb,
         roles=("candidate",),
+        python=python or sandbox_python(),
     )
     with run:
         out = run.start(
             files, ["{files}/main.py"], judge=None, stdin=stdin, max_output_bytes=max_output_bytes
         )
+    _raise_if_not_started(out, chosen)
     returncode = out.returncode
     if out.status.get("signal"):
         returncode = -out.status["signal"]
     return SandboxResult(
-        passed=returncode == 0 and not out.timed_out,
+        passed=returncode == 0 and not out.timed_out and not out.disk_full,
         returncode=returncode,
         stdout=out.stdout.text(),
         stderr=out.stderr.text(),
         timed_out=out.timed_out,
-        killed_reason=_killed_reason(returncode, out.timed_out, out.stderr.text()),
+        killed_reason="disk_limit"
+        if out.disk_full
+        else _killed_reason(returncode, out.timed_out, out.stderr.text()),
         wall_s=out.wall_s,
         isolation=out.isolation,
         output_truncated=out.stdout.truncated or out.stderr.truncated,
@@ -209,6 +253,7 @@ def run_judged(
     disk_mb: int = 128,
     network: bool = False,
     backend: str | None = None,
+    python: str | None = None,
 ) -> JudgedRun:
     """Run `code` as the candidate and `harness`'s `judge(reply_fd, request_fd, request)` as its judge.
 
@@ -218,17 +263,19 @@ def run_judged(
     carry); the host kills the run `_JUDGE_GRACE_S` later. Other arguments as `run_code`.
     """
     chosen = resolve(backend)
+    python = python or sandbox_python()
     nonce = secrets.token_hex(16)
     judge: JudgeInput = {"input": request, "nonce": nonce}
-    files: dict[str, str | bytes] = {"solution.py": code, "harness.code": _compiled(harness)}
+    files: dict[str, str | bytes] = {"solution.py": code, "harness.code": _compiled(harness, python)}
     run = _Run(
         _isolation_plan(network, chosen), timeout_s + _JUDGE_GRACE_S, memory_mb, cpu_s or int(timeout_s) + 1,
-        max_procs, disk_mb, roles=("candidate", "judge"),
+        max_procs, disk_mb, roles=("candidate", "judge"), python=python,
     )  # fmt: skip
     with run:
         out = run.start(
             files, [*_HARNESS_ARGV, "{files}/solution.py"], judge=judge, max_output_bytes=max_output_bytes
         )
+    _raise_if_not_started(out, chosen)
     verdict = None
     for message in _literals(out.verdict):
         if (
@@ -254,24 +301,37 @@ def run_judged(
 _HARNESS_ARGV = ["-c", "import marshal\nexec(marshal.loads(open('{files}/harness.code', 'rb').read()))"]
 
 
+def _raise_if_not_started(out: _Outcome, backend: backends.Backend) -> None:
+    """A run the launcher could not set up judged nothing: refuse it (a 0 there would be the sandbox's fault).
+    Only the launcher writes the status pipe (the code never holds it), so the code cannot fake this."""
+    error = out.status.get("launcher_error")
+    if error:
+        raise backends.SandboxUnavailable(
+            f"the {backend.name} sandbox could not start the code: {error}. If the interpreter cannot be run "
+            f"there, set {PYTHON_ENV} to one that can (standard library and the packages the code needs)"
+        )
+
+
 @functools.lru_cache(maxsize=8)
-def _compiled(harness: str) -> bytes:
+def _compiled(harness: str, python: str) -> bytes:
     """`harness` compiled by the sandbox's interpreter, as marshal bytes (the judge and the candidate exec it)."""
     compile_it = (
         "import marshal, sys\n"
         "if sys.version_info < (3, 10):\n    sys.exit(f'Python 3.10 or newer is needed, this is {sys.version}')\n"
         "sys.stdout.buffer.write(marshal.dumps(compile(sys.stdin.read(), 'harness.py', 'exec')))"
     )
-    done = subprocess.run(
-        [_sandbox_python(), "-I", "-S", "-c", compile_it],
-        input=harness.encode(),
-        capture_output=True,
-        timeout=60,
-    )
+    try:
+        done = subprocess.run(
+            [python, "-I", "-S", "-c", compile_it], input=harness.encode(), capture_output=True, timeout=60
+        )
+    except OSError as exc:
+        raise backends.SandboxUnavailable(
+            f"the sandbox's interpreter {python} cannot run: {exc} (set {PYTHON_ENV})"
+        ) from exc
     if done.returncode != 0:
-        raise RuntimeError(
-            f"the sandbox's interpreter ({_sandbox_python()}) cannot run the harness: {done.stderr.decode()[-500:]}"
-            " (set COLAB_GRAPHS_SANDBOX_PYTHON to another)"
+        raise backends.SandboxUnavailable(
+            f"the sandbox's interpreter ({python}) cannot run the harness: {done.stderr.decode()[-500:]}"
+            f" (set {PYTHON_ENV} to another)"
         )
     return done.stdout
 
@@ -337,14 +397,34 @@ def _namespaces_missing() -> str | None:
     prefix, names = _usable_namespaces(wanted)
     lacking = [n for n in wanted if n not in names]
     if lacking:
-        return f"unshare cannot create {', '.join(lacking)} (user namespaces refused, or unshare denied by seccomp)"
-    if not _private_root_works(tuple(prefix)):
-        return "the private root cannot be mounted (mounts refused inside the namespace)"
+        return f"unshare cannot create {', '.join(lacking)}: {_why_no_unshare()}"
+    problem = _probe_problem(_Plan(prefix, names, private_root=True))
+    if problem:
+        return f"the private root cannot be built: {problem}"
     return None
 
 
+# The Landlock ABI the landlock backend needs: as root, 1 (the filesystem; the dropped uid keeps the run from
+# signalling others, and the seccomp filter refuses sockets); for a non-root caller, whose uid the code then
+# shares, 6: ABI 3's truncate right (else it could truncate the caller's files) and ABI 6's signal scoping
+# (else it could kill the caller's processes, the scorer included).
+_LANDLOCK_MIN_ABI = {True: 1, False: 6}
+
+
 def _landlock_missing() -> str | None:
-    return "not built yet"
+    abi = _landlock_abi()
+    needed = _LANDLOCK_MIN_ABI[os.geteuid() == 0]
+    if abi < needed:
+        found = f"ABI {abi}" if abi else "none (kernel older than 5.13, or the landlock system calls refused)"
+        who = "root" if os.geteuid() == 0 else "a non-root caller"
+        return f"Landlock ABI {needed} or newer is needed for {who}; this kernel offers {found}"
+    return _probe_problem(_Plan([], [], private_root=False, landlock=True))
+
+
+def _landlock_abi() -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return max(int(libc.syscall(444, None, 0, 1)), 0)  # landlock_create_ruleset(NULL, 0, VERSION)
 
 
 # --- one run ----------------------------------------------------------------------------------------------------
@@ -375,6 +455,10 @@ class LaunchPlan(TypedDict):
     stdin: bool  # the candidate reads the launcher's stdin (else /dev/null)
     judge: JudgePlan | None
     fds: dict[str, int]  # "status", "verdict", "judge_log": the write ends of the pipes back to the host
+    landlock: (
+        bool  # confine both processes with Landlock and seccomp, and sweep the run's processes at the end
+    )
+    network: bool  # the run may use the network (no netns; under landlock: sockets and TCP allowed)
 
 
 @dataclass(frozen=True)
@@ -382,6 +466,8 @@ class _Plan:
     prefix: list[str]  # the `unshare` command line, [] without namespaces
     namespaces: list[str]  # what the prefix creates
     private_root: bool
+    landlock: bool = False  # Landlock + seccomp + the sweep (the landlock backend)
+    network: bool = False
 
 
 @dataclass
@@ -395,6 +481,9 @@ class _Outcome:
     stderr: _CappedReader
     judge_log: _CappedReader | None
     verdict: str
+    disk_full: bool = (
+        False  # killed for writing more than `disk_mb` in its work directory (no tmpfs to cap it)
+    )
 
 
 class _Run:
@@ -409,8 +498,9 @@ class _Run:
         max_procs: int,
         disk_mb: int,
         roles: tuple[str, ...],
+        python: str,
     ) -> None:
-        self.plan, self.timeout_s, self.roles = plan, timeout_s, roles
+        self.plan, self.timeout_s, self.roles, self.python = plan, timeout_s, roles, python
         self.memory, self.cpu_s, self.max_procs, self.disk_mb = memory_mb * 1024**2, cpu_s, max_procs, disk_mb
         self.uids: dict[str, int | None] = dict.fromkeys(roles)
         self.workdir: str | None = None
@@ -424,7 +514,8 @@ class _Run:
             if self.uids["candidate"] is not None:
                 os.chown(self.workdir, self.uids["candidate"], self.uids["candidate"])
             os.chmod(self.workdir, 0o700)
-            _warn_weak_isolation(self.plan)
+            if not self.plan.landlock:
+                _warn_weak_isolation(self.plan)
         return self
 
     def __exit__(self, *_: object) -> None:
@@ -443,9 +534,12 @@ class _Run:
         else:  # the judge forks nothing and writes no file
             limits |= {"RLIMIT_NPROC": 16, "RLIMIT_FSIZE": 1024**2, "RLIMIT_NOFILE": 64}
         if self.uids[role] is None and not self.plan.prefix:
-            # A non-root caller outside a user namespace shares RLIMIT_NPROC with all its own processes: a low
-            # limit would stop the sandbox from starting at all, so the process count goes unbounded there.
-            del limits["RLIMIT_NPROC"]
+            # A non-root caller outside a user namespace shares RLIMIT_NPROC with all its own processes: the
+            # limit is what it runs now plus the run's own budget (unsafe-local: unbounded).
+            if self.plan.landlock:
+                limits["RLIMIT_NPROC"] += _tasks_of_uid(os.getuid())
+            else:
+                del limits["RLIMIT_NPROC"]
         return limits
 
     def start(
@@ -459,7 +553,7 @@ class _Run:
     ) -> _Outcome:
         pipes = {name: os.pipe() for name in ("config", "status", "verdict", "judge_log")}
         plan: LaunchPlan = {
-            "python": _sandbox_python(),
+            "python": self.python,
             "private_root": self.plan.private_root,
             "workdir": self.workdir,
             "disk_bytes": self.disk_mb * 1024**2,
@@ -470,13 +564,16 @@ class _Run:
             "stdin": stdin is not None,
             "judge": {**judge, "limits": self._limits("judge")} if judge is not None else None,
             "fds": {name: pipes[name][1] for name in ("status", "verdict", "judge_log")},
+            "landlock": self.plan.landlock,
+            "network": self.plan.network,
         }
         child_fds = (pipes["config"][0], *plan["fds"].values())
         argv_ = [*self.plan.prefix, plan["python"], "-I", "-S", _LAUNCHER, str(pipes["config"][0])]
         start = time.monotonic()
         try:
-            proc = subprocess.Popen(
+            proc = _popen(
                 argv_,
+                plan["python"],
                 stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -496,11 +593,13 @@ class _Run:
         out, err = _CappedReader(proc.stdout, max_output_bytes), _CappedReader(proc.stderr, max_output_bytes)
         judge_log = _CappedReader(os.fdopen(pipes["judge_log"][0], "rb"), max_output_bytes)
         verdict = _CappedReader(os.fdopen(pipes["verdict"][0], "rb"), 1024**2)
-        timed_out = False
-        try:
-            proc.wait(timeout=self.timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+        timed_out, disk_full = self._wait(proc, start)
+        if (timed_out or disk_full) and self.plan.landlock:
+            # The launcher kills what left its group (a `setsid` daemon) before it exits.
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
         # Kill the whole group even after a clean exit: background children must not outlive the run.
         _kill_group(proc.pid)
         proc.wait()
@@ -519,7 +618,29 @@ class _Run:
             stderr=err,
             judge_log=judge_log if judge else None,
             verdict=verdict.text(),
+            disk_full=disk_full,
         )
+
+    def _wait(self, proc: subprocess.Popen[bytes], start: float) -> tuple[bool, bool]:
+        """Wait for the launcher: (timed out, over the disk cap). Without a private root (whose work directory
+        is a size-capped tmpfs) the work directory is measured as the run goes and the run killed beyond it."""
+        if self.workdir is None:
+            try:
+                proc.wait(timeout=self.timeout_s)
+            except subprocess.TimeoutExpired:
+                return True, False
+            return False, False
+        cap = self.disk_mb * 1024**2
+        while True:
+            left = self.timeout_s - (time.monotonic() - start)
+            if left <= 0:
+                return True, False
+            try:
+                proc.wait(timeout=min(left, _DISK_POLL_S))
+                return False, False
+            except subprocess.TimeoutExpired:
+                if _tree_usage(self.workdir) > cap:
+                    return False, True
 
     def _isolation(self, status: dict[str, Any]) -> list[str]:
         """What the launcher applied, and which namespaces differ from the host's (asked of the kernel)."""
@@ -533,13 +654,19 @@ class _Run:
 
 
 def _isolation_plan(network: bool, backend: backends.Backend) -> _Plan:
+    """What a run of `backend` applies; a safe backend that cannot apply all of it refuses (never runs weaker)."""
     if backend.name == "unsafe-local":
-        return _Plan([], [], private_root=False)
-    if backend.name != "namespaces":
-        raise backends.SandboxUnavailable(f"the {backend.name} backend is not built yet")
+        return _Plan([], [], private_root=False, network=network)
+    if backend.name == "landlock":
+        return _Plan([], [], private_root=False, landlock=True, network=network)
     wanted = ("mountns", "pidns", "ipcns") + (() if network else ("netns",))
     prefix, names = _usable_namespaces(wanted)
-    return _Plan(prefix, names, private_root="mountns" in names and _private_root_works(tuple(prefix)))
+    if set(names) != set(wanted) or availability()["namespaces"] is not None:
+        raise backends.SandboxUnavailable(
+            f"the namespaces backend cannot create {', '.join(sorted(set(wanted) - set(names))) or 'its private root'}"
+            f" here: {availability()['namespaces'] or 'unshare failed'}"
+        )
+    return _Plan(prefix, names, private_root=True, network=network)
 
 
 _NAMESPACES = {
@@ -552,36 +679,61 @@ _NAMESPACES = {
 
 @functools.cache
 def _usable_namespaces(wanted: tuple[str, ...]) -> tuple[list[str], list[str]]:
-    """The largest subset of the wanted namespaces that `unshare` can create here (probed once)."""
+    """The `unshare` prefix creating all the wanted namespaces, and their names; ([], []) where it cannot
+    (probed once)."""
     unshare = shutil.which("unshare") or ("/usr/bin/unshare" if os.path.exists("/usr/bin/unshare") else None)
     if unshare is None:
         return [], []
     # Non-root callers get the same namespaces inside a user namespace where they are root.
     base = [unshare] if os.geteuid() == 0 else [unshare, "--map-root-user"]
-    candidates = [list(wanted)] + [[n for n in wanted if n != drop] for drop in wanted] + [["netns"]]
-    for names in candidates:
-        names = [n for n in names if n in wanted]
-        if not names:
-            continue
-        prefix = base + [flag for n in names for flag in _NAMESPACES[n]] + ["--"]
-        try:
-            probe = subprocess.run([*prefix, "true"], capture_output=True, timeout=10, env=_child_env("/"))
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if probe.returncode == 0:
-            return prefix, names
-    return [], []
+    prefix = base + [flag for n in wanted for flag in _NAMESPACES[n]] + ["--"]
+    try:
+        probe = subprocess.run([*prefix, "true"], capture_output=True, timeout=10, env=_child_env("/"))
+    except (OSError, subprocess.TimeoutExpired):
+        return [], []
+    return (prefix, list(wanted)) if probe.returncode == 0 else ([], [])
 
 
-@functools.cache
-def _private_root_works(prefix: tuple[str, ...]) -> bool:
-    """Whether the launcher can build its private root here (mounts can be refused inside a container)."""
-    plan = _Plan(list(prefix), [], private_root=True)
-    with _Run(plan, 20, 256, None, 8, 1, roles=("candidate",)) as run:
-        out = run.start({"main.py": "pass"}, ["{files}/main.py"], judge=None, max_output_bytes=4000)
-    if out.returncode != 0:
-        logger.warning("the sandbox cannot build its private root here: %s", out.stderr.text()[-500:])
-    return out.returncode == 0
+def _why_no_unshare() -> str:
+    """What refuses namespaces here, as far as the machine tells."""
+    if not (shutil.which("unshare") or os.path.exists("/usr/bin/unshare")):
+        return "no unshare program (util-linux)"
+    for path, off in (
+        ("/proc/sys/user/max_user_namespaces", "0"),
+        ("/proc/sys/kernel/unprivileged_userns_clone", "0"),
+        ("/proc/sys/kernel/apparmor_restrict_unprivileged_userns", "1"),
+    ):
+        with contextlib.suppress(OSError):
+            if os.geteuid() != 0 and Path(path).read_text().strip() == off:
+                return f"user namespaces refused ({path} is {off})"
+    with contextlib.suppress(OSError):
+        status = Path("/proc/self/status").read_text().splitlines()
+        seccomp = [line for line in status if line.startswith("Seccomp:")]
+        if seccomp and seccomp[0].split()[1] != "0":
+            return (
+                "unshare denied by this process's seccomp filter (a container under Docker's or Kubernetes' "
+                "default profile, without CAP_SYS_ADMIN)"
+            )
+    return "user namespaces refused, or unshare denied (no CAP_SYS_ADMIN in a container)"
+
+
+def _probe_problem(plan: _Plan) -> str | None:
+    """Why `plan` cannot run a program here (None: it can): the launcher's own error (mounts refused inside a
+    container, Landlock refused, the interpreter unreachable by the sandbox's uid), else the program's."""
+    try:
+        python = sandbox_python()
+        with _Run(plan, 20, 256, None, 8, 1, roles=("candidate",), python=python) as run:
+            out = run.start({"main.py": "pass"}, ["{files}/main.py"], judge=None, max_output_bytes=4000)
+    except backends.SandboxUnavailable as exc:
+        return str(exc)
+    if out.returncode == 0 and not out.status.get("launcher_error"):
+        return None
+    why = (
+        out.status.get("launcher_error")
+        or out.stderr.text().strip()[-500:]
+        or f"exit status {out.returncode}"
+    )
+    return f"{why} (interpreter {python}; {PYTHON_ENV} names another)"
 
 
 _WEAK_WARNED: list[bool] = []
@@ -669,6 +821,15 @@ def _literals(text: str) -> list[Any]:
     return found
 
 
+def _popen(argv: list[str], interpreter: str, **options: Any) -> subprocess.Popen[bytes]:
+    try:
+        return subprocess.Popen(argv, **options)
+    except OSError as exc:
+        raise backends.SandboxUnavailable(
+            f"the sandbox cannot start its interpreter {interpreter}: {exc}; set {PYTHON_ENV} to one that runs"
+        ) from exc
+
+
 def _killed_reason(returncode: int | None, timed_out: bool, stderr: str) -> str | None:
     if timed_out:
         return "timeout"
@@ -682,25 +843,25 @@ def _killed_reason(returncode: int | None, timed_out: bool, stderr: str) -> str 
     return None
 
 
-@functools.cache
-def _sandbox_python() -> str:
-    """An interpreter the unprivileged uid can execute: ours if every directory up to it is world-searchable.
+PYTHON_ENV = "COLAB_GRAPHS_SANDBOX_PYTHON"
 
-    A venv under /root (mode 700) is not; the system interpreter then runs the code (it needs only the stdlib).
-    `COLAB_GRAPHS_SANDBOX_PYTHON` overrides.
+
+def sandbox_python() -> str:
+    """The interpreter sandboxed code runs on: env `COLAB_GRAPHS_SANDBOX_PYTHON`, else this process's own
+    (`sys.executable`, not resolved: a venv's `bin/python` is what makes its site-packages importable), so the
+    code sees the packages (numpy, pandas) of the environment colab-graphs runs in, read-only.
+
+    Each backend makes it reachable by the sandbox's unprivileged uid even behind a closed directory (a venv
+    under /root, mode 700): the namespaces backend binds its prefixes into the private root, the landlock
+    backend keeps CAP_DAC_READ_SEARCH there (see `launcher._drop_privileges`). Where it still cannot run, the
+    run raises `SandboxUnavailable` naming this setting.
     """
-    override = os.environ.get("COLAB_GRAPHS_SANDBOX_PYTHON")
+    override = os.environ.get(PYTHON_ENV)
     if override:
         return override
-    candidates = [os.path.realpath(sys.executable), "/usr/bin/python3", "/usr/local/bin/python3"]
-    if os.geteuid() != 0:
-        return candidates[0]
-    for candidate in candidates:
-        if os.path.exists(candidate) and _world_executable(candidate):
-            return candidate
-    raise RuntimeError(
-        "no Python interpreter is executable by an unprivileged user; set COLAB_GRAPHS_SANDBOX_PYTHON"
-    )
+    if not sys.executable:
+        raise backends.SandboxUnavailable(f"this process does not know its interpreter; set {PYTHON_ENV}")
+    return os.path.abspath(sys.executable)
 
 
 def _workdir_parent() -> str | None:
@@ -711,6 +872,42 @@ def _workdir_parent() -> str | None:
     return "/tmp"
 
 
+_DISK_POLL_S = 0.05
+_MAX_ENTRIES = 20_000  # files and directories in a work directory: more counts as full (inodes, and the walk)
+
+
+def _tree_usage(path: str) -> float:
+    """Bytes allocated under `path` (a directory the host can read); a tree it cannot read, or one of more than
+    `_MAX_ENTRIES` entries, counts as infinite (the run is then killed: fail closed)."""
+    total, entries, stack = 0, 0, [path]
+    try:
+        while stack:
+            with os.scandir(stack.pop()) as found:
+                for entry in found:
+                    entries += 1
+                    try:
+                        info = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:  # removed meanwhile
+                        continue
+                    total += info.st_blocks * 512
+                    if stat.S_ISDIR(info.st_mode):
+                        stack.append(entry.path)
+    except OSError:
+        return float("inf")
+    return float("inf") if entries > _MAX_ENTRIES else total
+
+
+def _tasks_of_uid(uid: int) -> int:
+    """Threads that `uid` runs now (what RLIMIT_NPROC counts)."""
+    count = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if os.stat(f"/proc/{entry}").st_uid == uid:
+                    count += len(os.listdir(f"/proc/{entry}/task"))
+    return count
+
+
 def _world_executable(path: str) -> bool:
     parts = os.path.realpath(path).split(os.sep)
     dirs = [os.sep + os.path.join(*parts[1:i]) for i in range(2, len(parts))]
@@ -719,21 +916,51 @@ def _world_executable(path: str) -> bool:
 
 
 class _UidPool:
+    """The run uids of this machine: each held by one run of one process at a time. Within a process a set;
+    across processes (two scorers, two trainings on one machine) an exclusive `flock` on a file per uid in a
+    root-only directory, which the kernel releases when its holder dies. So no two runs ever share a uid, and
+    the landlock backend's end-of-run kill of a uid's every process touches only its own run."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._taken: set[int] = set()
+        self._held: dict[int, int] = {}  # uid -> the locked file's descriptor
 
     def acquire(self) -> int:
         with self._lock:
             for uid in range(_UID_BASE, _UID_BASE + _UID_COUNT):
-                if uid not in self._taken and not _uid_exists(uid):
-                    self._taken.add(uid)
-                    return uid
+                if uid in self._held or _uid_exists(uid):
+                    continue
+                fd = os.open(
+                    os.path.join(_lock_dir(), str(uid)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+                )
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue
+                self._held[uid] = fd
+                return uid
         raise RuntimeError(f"more than {_UID_COUNT} concurrent sandbox processes")
 
     def release(self, uid: int) -> None:
         with self._lock:
-            self._taken.discard(uid)
+            fd = self._held.pop(uid, None)
+            if fd is not None:
+                os.close(fd)
+
+
+@functools.cache
+def _lock_dir() -> str:
+    """A directory only root can write, for the uid locks (refused where another user owns it)."""
+    path = os.path.join("/run" if os.access("/run", os.W_OK) else tempfile.gettempdir(), "colab-graphs-uids")
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o022:
+        raise backends.SandboxUnavailable(
+            f"{path} is not a directory of root's alone: the sandbox's uid locks go there"
+        )
+    return path
 
 
 @functools.cache
