@@ -33,9 +33,10 @@ import builtins
 import functools
 import itertools
 import re
+import sys
 import threading
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -667,7 +668,7 @@ def defines(code: str, name: str) -> bool:
 
 
 def _parses_with_function(code: str) -> bool:
-    tree = _parse(code)
+    tree = parse_python(code)
     return tree is not None and any(
         isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) for n in ast.walk(tree)
     )
@@ -704,7 +705,7 @@ def extract_code(reply: str, entry_point: str | None = None, prompt_code: str | 
 
 
 def _with_needed_blocks(solution: str, blocks: list[str], entry_point: str | None) -> str:
-    tree = _parse(solution)
+    tree = parse_python(solution)
     if tree is None:
         return solution
     missing = _free_names(tree)
@@ -713,7 +714,7 @@ def _with_needed_blocks(solution: str, blocks: list[str], entry_point: str | Non
     while missing and progress:
         progress = False
         for i, block in enumerate(blocks):
-            helper = _parse(block) if i not in chosen else None
+            helper = parse_python(block) if i not in chosen else None
             if helper is None or not _only_defines(helper) or (entry_point and defines(block, entry_point)):
                 continue
             provided = top_level_names(helper)
@@ -726,7 +727,8 @@ def _with_needed_blocks(solution: str, blocks: list[str], entry_point: str | Non
     return "\n".join(blocks[i] if blocks[i].endswith("\n") else blocks[i] + "\n" for i in sorted(chosen))
 
 
-def _parse(code: str) -> ast.Module | None:
+def parse_python(code: str) -> ast.Module | None:
+    """`code`'s syntax tree, or None when it is not Python."""
     try:
         return ast.parse(code)
     except (SyntaxError, ValueError):
@@ -767,10 +769,10 @@ def top_level_names(tree: ast.Module) -> set[str]:
     return names
 
 
-def _free_names(tree: ast.Module) -> set[str]:
-    """Names the code reads that it binds nowhere (approximately: any binding anywhere counts) and that are not
-    builtins: what another block would have to define."""
-    bound = top_level_names(tree) | set(dir(builtins))
+def _free_names(tree: ast.Module, *, builtin: bool = False) -> set[str]:
+    """Names the code reads that it binds nowhere (approximately: any binding anywhere counts) and, unless
+    `builtin`, that are not builtins: what another block would have to define."""
+    bound = top_level_names(tree) | (set() if builtin else set(dir(builtins)))
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
             bound.add(node.id)
@@ -784,19 +786,23 @@ def _free_names(tree: ast.Module) -> set[str]:
     return used - bound
 
 
-def main_function(code: str) -> str | None:
+def main_function(code: str, avoid: Collection[str] = ()) -> str | None:
     """The function a solution offers when no entry point is known: the last top-level function that no other
-    top-level function calls (a helper defined before it is not it). None when the code defines none.
+    top-level function calls (a helper defined before it is not it), never one named in `avoid` (the builtins
+    and names the test already has: a reply's `def set(*a)` is not the function under test). None when the code
+    defines none.
 
     Example:
         >>> main_function("def is_prime(n):\n    return n > 1\n\ndef count(xs):\n    return sum(map(is_prime, xs))\n")
         'count'
     """
-    tree = _parse(code)
+    tree = parse_python(code)
     if tree is None:
-        defined = defined_functions(code)
+        defined = [n for n in defined_functions(code) if n not in avoid]
         return defined[-1] if defined else None
-    functions = [n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    functions = [
+        n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name not in avoid
+    ]
     called = {
         inner.id
         for f in functions
@@ -805,6 +811,85 @@ def main_function(code: str) -> str | None:
     }
     names = [f.name for f in functions if f.name not in called] or [f.name for f in functions]
     return names[-1] if names else None
+
+
+# The standard library's top-level modules (as the judge resolves a test's `sys` or `math` it never imports).
+STDLIB_MODULES = frozenset(sys.stdlib_module_names)
+_ASSERT_IN_TEXT = re.compile(r"\bassert\s[^\n]*")
+
+
+def tested_function(
+    test: str | None, question_code: str | None = None, question_text: str | None = None
+) -> str | None:
+    """The function a record tests, when it names no entry point: read from the record, never from a reply.
+
+    In order: the name the test calls `check` with (`check(add)`); the first function the test's top-level
+    asserts call (MBPP's `assert remove_Occ("hello", "l") == "heo"`) that neither the test nor the question
+    defines and that is no builtin (`assert set(f(x)) == ...` tests `f`) or standard-library module; the last
+    function the question's code defines (MoCo's HumanEval); the first such function the asserts shown in the
+    question's text call (a builtin's name only when they call nothing else) (MoCo's MBPP: "Your code should pass this test case: assert tuple_size(...) == ...").
+    None when the record names none.
+
+    Example:
+        >>> tested_function("def check(candidate):\n    assert candidate(2) == 4\n", None,
+        ...                 "Your code should pass this test case: assert square(2) == 4")
+        'square'
+    """
+    question = defined_functions(question_code or "")
+    tree = parse_python(test or "")
+    taken = set(question) | STDLIB_MODULES
+    if tree is not None:
+        for node in tree.body:
+            call = node.value if isinstance(node, ast.Expr) else None
+            if (
+                isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Name)
+                and call.func.id == "check"
+                and len(call.args) == 1
+                and isinstance(call.args[0], ast.Name)
+            ):
+                return call.args[0].id
+        if found := _asserted_function(tree, taken):
+            return found
+    if question:
+        return question[-1]
+    for m in _ASSERT_IN_TEXT.finditer(question_text or ""):
+        shown = parse_python(m.group(0))
+        if shown is not None and (found := _asserted_function(shown, taken)):
+            return found
+    return None
+
+
+def _asserted_function(tree: ast.Module, taken: set[str]) -> str | None:
+    """The first function (in reading order) that a top-level assert calls and that the code leaves undefined,
+    a builtin's name only when the asserts call nothing else (MBPP 126 asks for a function named `sum`)."""
+    free = _free_names(tree, builtin=True) - taken
+    called = [
+        node.func.id
+        for statement in _outside_definitions(tree.body)
+        if isinstance(statement, ast.Assert)
+        for node in _preorder(statement.test)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in free
+    ]
+    return next((name for name in called if not hasattr(builtins, name)), called[0] if called else None)
+
+
+def _outside_definitions(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements of `body` and of the blocks in it (if, for, with, try), not of functions or classes."""
+    for statement in body:
+        yield statement
+        if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            continue
+        for field in ("body", "orelse", "finalbody"):
+            yield from _outside_definitions(getattr(statement, field, None) or [])
+        for handler in getattr(statement, "handlers", None) or []:
+            yield from _outside_definitions(handler.body)
+
+
+def _preorder(node: ast.AST) -> Iterator[ast.AST]:
+    yield node
+    for child in ast.iter_child_nodes(node):
+        yield from _preorder(child)
 
 
 def canonical_code(code: str) -> str:
