@@ -16,7 +16,10 @@ policy searches for whatever a scorer accepts:
   `3 × 10⁻³⁶` and `3*10**-36` are one number; an answer made of symbols (`) ) }`) is compared as those symbols;
   words keep their order.
 - **Read as a reader sees it.** Full-width digits and letters (NFKC), the minus sign U+2212 and superscript
-  exponents read as their ASCII forms, so a policy cannot hide or fake an answer in look-alike characters.
+  exponents read as their ASCII forms, so a policy cannot hide or fake an answer in look-alike characters. An
+  answer typeset only in LaTeX text commands (`\\text{}`, `\\textbf{}`, `\\mathrm{}`, `\\textit{}`, `\\mbox{}`,
+  in or out of `\\boxed{}`) is the words they hold (`text_content`): `$\\boxed{\\text{False}}$` is False,
+  `\\boxed{\\textbf{(C)}}` is C, and `\\text{A or C}` is the hedge it holds.
 - **The committing sentence only.** An answer statement's answer ends with its sentence: "The answer is -20.
   Check: 8 + 12 = 20." commits to -20, not to a number of the check.
 - **Idempotent.** Extracting from an extracted answer gives it back (`\\frac{1}{2}` stays `\\frac{1}{2}`,
@@ -150,6 +153,30 @@ def final_box(text: str) -> tuple[int, str | None] | None:
     return end, content
 
 
+# LaTeX commands that typeset words (`\\text{False}`, `\\textbf{(C)}`, `\\mathrm{valid}`, `\\mbox{yes}`).
+_TEXT_COMMAND = re.compile(
+    r"\\(?:text(?:bf|it|rm|sf|tt|up|normal)?|math(?:rm|bf|it|sf|tt)|mbox|emph)\s*\{([^{}]*)\}"
+)
+_MATH_SHIFT = re.compile(r"\$|\\[()\[\]]")  # `$`, `\\(`, `\\)`, `\\[`, `\\]`
+
+
+def text_content(answer: str) -> str:
+    """The words an answer written only in LaTeX text commands holds: `\\text{False}`, `$\\textbf{(C)}$`,
+    `\\text{\\textbf{valid}}` (three levels) read as `False`, `(C)`, `valid` (in or out of math mode, several
+    commands joined: `$\\textbf{(A)}$, $\\textbf{(C)}$` is `(A), (C)`); any other answer unchanged, so
+    `5\\text{ cm}` stays for the number reader, which drops units. A command holding two options
+    (`\\text{A or C}`) gives both, which the extractors then read as the hedge it is."""
+    t = _MATH_SHIFT.sub(" ", answer)
+    rest = t
+    for _ in range(3):
+        rest = _TEXT_COMMAND.sub("", rest)
+    if rest.strip(" ,;.") or not _TEXT_COMMAND.search(t):
+        return answer
+    for _ in range(3):
+        t = _TEXT_COMMAND.sub(lambda m: m.group(1), t)
+    return re.sub(r" (?=[,;])", "", " ".join(t.split())).rstrip(".").rstrip()
+
+
 def without_confidence(text: str) -> str:
     """The reply without "Confidence: 0.8" lines (a cascade asks for them; they are never the answer)."""
     return _CONFIDENCE_LINE.sub("", text or "")
@@ -211,10 +238,13 @@ def extract_text(reply: str) -> str | None:
     """
     reply = plain_text(without_confidence(reply))
     box = final_box(reply)
+    answer: str | None
     if box is not None and box[1] != "":
-        return box[1]
-    statement = next(_statements(reply), None)
-    answer = statement[1] if statement else _last_line(reply)
+        answer = None if box[1] is None else text_content(box[1])
+    else:
+        statement = next(_statements(reply), None)
+        answer = statement[1] if statement else _last_line(reply)
+        answer = (text_content(answer).strip(_STRIP) or None) if answer is not None else None
     return None if answer is None or is_refusal(answer) else answer
 
 
@@ -324,7 +354,7 @@ def _written_as_integer(text: str) -> bool:
 def _committed_number(span: str) -> tuple[bool, str | None]:
     """The number a commitment (a box, an answer statement's sentence) names: (found, number), the number
     None when the span lists different alternatives ("3 or 4"). "x = 5" names 5."""
-    span = re.sub(r"^\s*[A-Za-z]\s*=\s*", "", _delatex(span))
+    span = re.sub(r"^\s*[A-Za-z]\s*=\s*", "", _delatex(text_content(span)))
     whole = span.strip(" .")
     if parse_number(whole) is not None:
         return True, whole
@@ -436,21 +466,21 @@ def extract_math(reply: str) -> str | None:
     reply = plain_text(without_confidence(reply))
     box = final_box(reply)
     if box is not None and box[1] != "":
-        return _one_math_answer(box[1])
+        return _one_math_answer(None if box[1] is None else text_content(box[1]))
     for clause in answer_clauses(reply):
         inner = final_box(clause)
         if inner is not None and inner[1] != "":
-            return _one_math_answer(inner[1])
-        if bare := _strip_math(clause):
+            return _one_math_answer(None if inner[1] is None else text_content(inner[1]))
+        if bare := _strip_math(text_content(clause)):
             return _one_math_answer(bare)
     stripped = reply.strip()
     if stripped and "\n" not in stripped and len(stripped) <= 120 and len(_WORD.findall(stripped)) <= 2:
-        return _one_math_answer(_strip_math(stripped) or None)
+        return _one_math_answer(_strip_math(text_content(stripped)) or None)
     # Only the reply's tail: the last `$...$` is sought, and a scan of a long line per opener is quadratic.
     tail = reply[-_MAX_TAIL:]
     inline = [next(g for g in m.groups() if g is not None) for m in _INLINE_MATH.finditer(tail)]
     if inline:
-        return _one_math_answer(inline[-1].strip())
+        return _one_math_answer(text_content(inline[-1].strip()))
     numbers = _NUMBER.findall(reply)
     return numbers[-1] if numbers else None
 
@@ -600,6 +630,21 @@ def _stated_letter(
     return False, None
 
 
+_FIRST_LETTER = re.compile(r"\s*+(?:\*\*)?\s*+(?:\(([A-Za-z])\)|\[([A-Z])\]|([A-Z]))(?![A-Za-z0-9])")
+
+
+def _lists_letters(text: str, valid: str) -> bool:
+    """Whether `text` starts with a letter followed by another ("A or C", "(A), (C)"): a hedge, not a choice."""
+    first = _FIRST_LETTER.match(text)
+    if first is None:
+        return False
+    letter = (first.group(1) or first.group(2) or first.group(3)).upper()
+    if letter not in valid:
+        return False
+    more = _MORE_LETTERS.match(text, first.end())
+    return more is not None and (more.group(1) or more.group(2) or more.group(3)).upper() != letter
+
+
 def extract_choice(reply: str, choices: list[str]) -> str | None:
     """The option letter (A-Z) a reply commits to; None when it commits to none.
 
@@ -621,7 +666,7 @@ def extract_choice(reply: str, choices: list[str]) -> str | None:
     box = final_box(reply)
     if box is not None:
         end, content = box
-        if content is None:
+        if content is None or _lists_letters(content := text_content(content), valid):
             return None
         if letter := _bare_choice(content, choices):
             found, later = _stated_letter(_CHOICE_STATEMENT, reply, valid, after=end)
@@ -632,6 +677,9 @@ def extract_choice(reply: str, choices: list[str]) -> str | None:
     if found:
         return letter
     for clause in answer_clauses(reply):
+        clause = text_content(clause)
+        if _lists_letters(clause, valid):
+            return None
         if letter := (_bare_choice(clause, choices) or _mentioned_option(clause, choices)):
             return letter
     found, letter = _stated_letter(_OPTION_MENTION, reply, valid)
