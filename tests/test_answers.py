@@ -22,6 +22,7 @@ from colab_graphs.data.answers import (
     extract_math,
     extract_number,
     extract_text,
+    function_named_by_record,
     main_function,
     math_equal,
     normalize_text,
@@ -144,6 +145,44 @@ def test_code_extraction_joins_a_helper_block_but_never_an_earlier_draft():
     assert once.startswith("def is_prime(n):") and once.endswith("return sum(map(is_prime, xs))\n")
     assert "return 0" not in once
     assert extract_code(once, "count_primes") == once
+
+
+@pytest.mark.parametrize(
+    ("test", "question_code", "question_text", "name"),
+    [
+        (
+            "def check(candidate):\n    assert candidate(1)\n\ncheck(has_close_elements)\n",
+            None,
+            None,
+            "has_close_elements",
+        ),
+        ('assert remove_Occ("hello", "l") == "heo"\n', None, None, "remove_Occ"),
+        ("assert set(similar_elements((3, 4), (4,))) == set((4,))\n", None, None, "similar_elements"),
+        ("assert math.isclose(area(2), 3.5)\nassert sum(1, 2) == 3\n", None, None, "area"),
+        ("assert sum(10, 15) == 6\n", None, None, "sum"),  # MBPP 126 asks for a function named sum
+        (
+            "def check(candidate):\n    assert candidate([Pair(1, 2)], 1) == 1\n",
+            None,
+            "Your code should pass this test case: assert max_chain_length([Pair(5, 24)], 4) == 3",
+            "max_chain_length",
+        ),
+        (
+            "def check(candidate):\n    assert abs(candidate(3.5) - 0.5) < 1e-6\n",
+            "def poly(x):\n    pass\n\ndef truncate_number(x):\n    pass\n",
+            None,
+            "truncate_number",
+        ),
+        ("def check(candidate):\n    assert candidate(2) == 4\n", None, "Square a number.", None),
+    ],
+)
+def test_a_record_names_its_function_from_its_test_or_question(test, question_code, question_text, name):
+    assert function_named_by_record(test, question_code, question_text) == name
+
+
+def test_the_reply_s_main_function_is_never_a_name_it_must_not_replace():
+    code = "def similar_elements(a, b):\n    return (0,)\n\ndef set(*args):\n    return 0\n"
+    assert main_function(code) == "set"
+    assert main_function(code, avoid={"set", "abs"}) == "similar_elements"
 
 
 def test_main_function_is_not_the_helper_defined_before_it():

@@ -866,7 +866,7 @@ STDLIB_MODULES = frozenset(sys.stdlib_module_names)
 _ASSERT_IN_TEXT = re.compile(r"\bassert\s[^\n]*")
 
 
-def tested_function(
+def function_named_by_record(
     test: str | None, question_code: str | None = None, question_text: str | None = None
 ) -> str | None:
     """The function a record tests, when it names no entry point: read from the record, never from a reply.
@@ -879,7 +879,7 @@ def tested_function(
     None when the record names none.
 
     Example:
-        >>> tested_function("def check(candidate):\n    assert candidate(2) == 4\n", None,
+        >>> function_named_by_record("def check(candidate):\n    assert candidate(2) == 4\n", None,
         ...                 "Your code should pass this test case: assert square(2) == 4")
         'square'
     """

@@ -199,8 +199,8 @@ def shows_options(text: str, choices: Sequence[str]) -> bool:
 class CodeTask(TaskType):
     """Coding tasks: `test` is Python that raises on failure; the sandbox's judge runs it against the reply's code.
 
-    The function under test is `entry_point`, else the one the record names (`answers.tested_function`: the
-    name the test calls `check` with, the function its asserts call, the last function the question's code
+    The function under test is `entry_point`, else the one the record names (`answers.function_named_by_record`:
+    the name the test calls `check` with, the function its asserts call, the last function the question's code
     defines as in MoCo's HumanEval, or the function the asserts shown in the question call as in MoCo's MBPP),
     else the reply's main function (the last top-level function no other one calls, never a builtin or a name
     the test has). A `test` that defines `check(candidate)` and never calls it (HumanEval's and MoCo's form) is
@@ -216,10 +216,10 @@ class CodeTask(TaskType):
 
     def entry_point(self, example: Example) -> str | None:
         """The function the record tests: its `entry_point`, else named by its test or question
-        (`answers.tested_function`); never chosen by a reply."""
+        (`answers.function_named_by_record`); never chosen by a reply."""
         if example.entry_point:
             return example.entry_point
-        return answers.tested_function(example.test, self.prompt_code(example), example.input)
+        return answers.function_named_by_record(example.test, self.prompt_code(example), example.input)
 
     def function_under_test(self, code: str, example: Example) -> str | None:
         """The entry point, else the reply's main function, which is never a builtin, a standard-library module
