@@ -22,6 +22,7 @@ from colab_graphs.data.answers import (
     extract_math,
     extract_number,
     extract_text,
+    function_named_by_record,
     main_function,
     math_equal,
     normalize_text,
@@ -144,6 +145,44 @@ def test_code_extraction_joins_a_helper_block_but_never_an_earlier_draft():
     assert once.startswith("def is_prime(n):") and once.endswith("return sum(map(is_prime, xs))\n")
     assert "return 0" not in once
     assert extract_code(once, "count_primes") == once
+
+
+@pytest.mark.parametrize(
+    ("test", "question_code", "question_text", "name"),
+    [
+        (
+            "def check(candidate):\n    assert candidate(1)\n\ncheck(has_close_elements)\n",
+            None,
+            None,
+            "has_close_elements",
+        ),
+        ('assert remove_Occ("hello", "l") == "heo"\n', None, None, "remove_Occ"),
+        ("assert set(similar_elements((3, 4), (4,))) == set((4,))\n", None, None, "similar_elements"),
+        ("assert math.isclose(area(2), 3.5)\nassert sum(1, 2) == 3\n", None, None, "area"),
+        ("assert sum(10, 15) == 6\n", None, None, "sum"),  # MBPP 126 asks for a function named sum
+        (
+            "def check(candidate):\n    assert candidate([Pair(1, 2)], 1) == 1\n",
+            None,
+            "Your code should pass this test case: assert max_chain_length([Pair(5, 24)], 4) == 3",
+            "max_chain_length",
+        ),
+        (
+            "def check(candidate):\n    assert abs(candidate(3.5) - 0.5) < 1e-6\n",
+            "def poly(x):\n    pass\n\ndef truncate_number(x):\n    pass\n",
+            None,
+            "truncate_number",
+        ),
+        ("def check(candidate):\n    assert candidate(2) == 4\n", None, "Square a number.", None),
+    ],
+)
+def test_a_record_names_its_function_from_its_test_or_question(test, question_code, question_text, name):
+    assert function_named_by_record(test, question_code, question_text) == name
+
+
+def test_the_reply_s_main_function_is_never_a_name_it_must_not_replace():
+    code = "def similar_elements(a, b):\n    return (0,)\n\ndef set(*args):\n    return 0\n"
+    assert main_function(code) == "set"
+    assert main_function(code, avoid={"set", "abs"}) == "similar_elements"
 
 
 def test_main_function_is_not_the_helper_defined_before_it():
@@ -450,6 +489,10 @@ def test_every_text_shape_extracts_itself_and_extracts_the_same_twice(prose, ans
             "**{}) {}**",
             "The correct option is {}.",
             "{}",
+            "$\\boxed{{\\textbf{{({})}}}}$",
+            "The answer is $\\text{{({})}}$.",
+            "**Answer:** $\\mathrm{{{}}}$",
+            "\\boxed{{\\text{{{}) {}}}}}",
         ]
     ),
 )
@@ -461,6 +504,72 @@ def test_every_choice_shape_up_to_26_options_extracts_its_letter_and_the_same_tw
     once = task.extract(f"{prose}\n{form.format(LETTERS[i], choices[i])}", example)
     assert once == LETTERS[i]
     assert task.extract(once, example) == once
+
+
+_LATEX_TEXT_FORMS = [
+    "$\\boxed{{\\text{{{}}}}}$",
+    "The answer is $\\text{{{}}}$.",
+    "Final Answer: $\\textbf{{{}}}$",
+    "\\boxed{{\\mathrm{{{}}}}}",
+    "The final answer is \\textit{{{}}}",
+    "The answer is \\mbox{{{}}}.",
+    "$\\boxed{{\\text{{\\textbf{{{}}}}}}}$",
+]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    _prose,
+    st.lists(st.sampled_from([w for w in _WORDS if w != "or"]), min_size=1, max_size=4, unique=True).map(
+        " ".join
+    ),
+    st.sampled_from(_LATEX_TEXT_FORMS),
+    st.sampled_from(["exact", "f1"]),
+)
+def test_a_word_answer_in_latex_text_commands_reads_as_its_words_and_the_same_twice(
+    prose, answer, form, task
+):
+    example = Example(id="t", input="?", answer=answer)
+    view = get_task(task)
+    once = view.extract(f"{prose}\n{form.format(answer)}", example)
+    assert once == answer
+    assert view.extract(once, example) == once
+
+
+@pytest.mark.parametrize(
+    ("reply", "text", "letter"),
+    [
+        # the case: a word answer a model wrapped in LaTeX
+        ("So the statement is $\\boxed{\\text{False}}$.", "False", None),
+        ("\\boxed{\\textbf{(C)}}", "(C)", "C"),
+        ("The day shortens, so the correct option is $\\textbf{(C)}$.", "(C)", "C"),
+        # hedges inside text commands commit to nothing
+        ("$\\boxed{\\text{(A) or (C)}}$", "(A) or (C)", None),
+        ("The answer is $\\text{A or C}$.", "A or C", None),
+        ("\\boxed{\\textbf{(A)} \\text{ or } \\textbf{(C)}}", "(A) or (C)", None),
+        ("Final Answer: $\\textbf{(C)}$, $\\textbf{(A)}$", "(C), (A)", None),
+        ("$\\boxed{\\text{(A)}}\\boxed{\\text{(C)}}$", None, None),
+        # a box contradicted by a later statement; a refusal in a box
+        ("$\\boxed{\\text{(C)}}$. On reflection, the answer is (A).", "(C)", None),
+        ("$\\boxed{\\text{I cannot answer this}}$", None, None),
+        # a text command that is not all of the answer is left to the number reader
+        ("The length is $\\boxed{5\\text{ cm}}$.", "5\\text{ cm}", None),
+    ],
+)
+def test_latex_text_commands_are_read_as_their_words_and_hedges_in_them_commit_to_nothing(
+    reply, text, letter
+):
+    assert extract_text(reply) == text
+    assert extract_choice(reply, CHOICES) == letter
+
+
+def test_a_hedge_or_a_number_in_latex_text_commands_reads_as_for_plain_text():
+    assert extract_math("$\\boxed{\\text{True or False}}$") is None
+    assert extract_math("\\boxed{\\text{False}}") == "False"
+    assert extract_number("\\boxed{\\textbf{42}}") == "42"
+    assert extract_number("The answer is $\\text{-20}$.") == "-20"
+    assert extract_number("$\\boxed{\\text{3 or 4}}$") is None
+    assert normalize_text(extract_text("The answer is $\\mathrm{Invalid}$.") or "") == "invalid"
 
 
 # --- "same answer": what votes compare ----------------------------------------------------------------------------

@@ -392,26 +392,65 @@ def hedge_reply(right: str, wrong: str, style: int) -> str:
     ][style]
 
 
-class Shape:
-    """Real records of one answer shape and, per record id, the right and a wrong answer as a member writes them."""
+def latex_text_reply(answer: str, style: int) -> str:
+    """Three members' ways to commit to a word or option answer typeset in LaTeX text commands."""
+    return [
+        f"Checking each condition in turn, it holds.\n\nThe answer is $\\text{{{answer}}}$.",
+        f"Reasoning about it carefully, the result follows.\nFinal Answer: $\\textbf{{{answer}}}$",
+        f"So the final answer is $\\boxed{{\\text{{{answer}}}}}$.",
+    ][style]
 
-    def __init__(self, file: str, ids: list[str], answers: dict[str, tuple[str, str]], written=None):
+
+def latex_choice_reply(letter: str, option: str, style: int) -> str:
+    return [
+        f"Weighing the options against the evidence, the answer is $\\boxed{{\\textbf{{({letter})}}}}$.",
+        f"Only one option survives.\n\nThe correct option is $\\text{{({letter})}}$.",
+        f"**Answer:** $\\mathrm{{{letter}}}$",
+    ][style]
+
+
+def latex_hedge_reply(right: str, wrong: str, style: int) -> str:
+    """Hedges inside LaTeX text commands: one `\\text{}` holding two answers, two bold answers, two boxes."""
+    return [
+        f"Both fit the data, so the answer is $\\text{{{wrong} or {right}}}$.",
+        f"Final Answer: $\\textbf{{{right}}}$, $\\textbf{{{wrong}}}$",
+        f"$\\boxed{{\\text{{{wrong}}}}}\\boxed{{\\text{{{right}}}}}$",
+    ][style]
+
+
+class Shape:
+    """Real records of one answer shape and, per record id, the right and a wrong answer as a member writes them
+    (`latex`: every member writes it in LaTeX text commands, `\\text{False}`, `\\boxed{\\textbf{(C)}}`)."""
+
+    def __init__(
+        self,
+        file: str,
+        ids: list[str],
+        answers: dict[str, tuple[str, str]],
+        written=None,
+        latex: bool = False,
+    ):
         self.examples = [e for e in load_examples(SLICES / file) if e.id in ids]
         assert [e.id for e in self.examples] == ids, (file, [e.id for e in self.examples])
-        self.answers, self.written = answers, written or {}
+        self.answers, self.written, self.latex = answers, written or {}, latex
 
     def reply(self, example: Example, kind: str, member: int) -> str:
         if kind == "refusing":
             return REFUSAL
+        hedge = latex_hedge_reply if self.latex else hedge_reply
         if "choices" in example.fields and example.fields["choices"]:
             right, wrong = _letter(example, 0), _letter(example, 1)
             if kind == "hedging":
-                return hedge_reply(f"({right[0]})", f"({wrong[0]})", member)
-            return choice_reply(*(right if kind == "right" else wrong), member)
+                return hedge(f"({right[0]})", f"({wrong[0]})", member)
+            return (latex_choice_reply if self.latex else choice_reply)(
+                *(right if kind == "right" else wrong), member
+            )
         right, wrong = self.answers[example.id]
         if kind == "hedging":
-            return hedge_reply(right, wrong, member)
+            return hedge(right, wrong, member)
         answer = right if kind == "right" else wrong
+        if self.latex:
+            return latex_text_reply(answer, member)
         return text_reply(answer, member, self.written.get((example.id, kind)))
 
     def script(self, kind: str, member: int):
@@ -464,6 +503,16 @@ def shapes() -> dict[str, Shape]:
             ["3387", "257", "1139"],
             {"3387": ("False", "True"), "257": ("no", "yes"), "1139": ("invalid", "valid")},
         ),
+        "labels in LaTeX text": Shape(
+            "bbh.json",
+            ["3387", "257", "1139"],
+            {"3387": ("False", "True"), "257": ("no", "yes"), "1139": ("invalid", "valid")},
+            latex=True,
+        ),
+        "words and options in LaTeX text": Shape(
+            "theoremqa.json", ["794", "67"], {"67": ("True", "False"), "794": ("(a)", "(b)")}, latex=True
+        ),
+        "options in LaTeX text": Shape("truthfulqa.json", ["31161", "56170"], {}, latex=True),
         "options A-R": Shape("bbh.json", ["2679", "6455"], {}),
         "11 to 12 options": Shape("truthfulqa.json", ["14698", "35796", "23291"], {}),
         "f1": Shape(
@@ -492,6 +541,9 @@ def all_shapes() -> dict[str, Shape]:
         "word lists",
         "brackets",
         "labels",
+        "labels in LaTeX text",
+        "words and options in LaTeX text",
+        "options in LaTeX text",
         "options A-R",
         "11 to 12 options",
         "f1",

@@ -16,7 +16,10 @@ policy searches for whatever a scorer accepts:
   `3 × 10⁻³⁶` and `3*10**-36` are one number; an answer made of symbols (`) ) }`) is compared as those symbols;
   words keep their order.
 - **Read as a reader sees it.** Full-width digits and letters (NFKC), the minus sign U+2212 and superscript
-  exponents read as their ASCII forms, so a policy cannot hide or fake an answer in look-alike characters.
+  exponents read as their ASCII forms, so a policy cannot hide or fake an answer in look-alike characters. An
+  answer typeset only in LaTeX text commands (`\\text{}`, `\\textbf{}`, `\\mathrm{}`, `\\textit{}`, `\\mbox{}`,
+  in or out of `\\boxed{}`) is the words they hold (`text_content`): `$\\boxed{\\text{False}}$` is False,
+  `\\boxed{\\textbf{(C)}}` is C, and `\\text{A or C}` is the hedge it holds.
 - **The committing sentence only.** An answer statement's answer ends with its sentence: "The answer is -20.
   Check: 8 + 12 = 20." commits to -20, not to a number of the check.
 - **Idempotent.** Extracting from an extracted answer gives it back (`\\frac{1}{2}` stays `\\frac{1}{2}`,
@@ -33,9 +36,10 @@ import builtins
 import functools
 import itertools
 import re
+import sys
 import threading
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -149,6 +153,30 @@ def final_box(text: str) -> tuple[int, str | None] | None:
     return end, content
 
 
+# LaTeX commands that typeset words (`\\text{False}`, `\\textbf{(C)}`, `\\mathrm{valid}`, `\\mbox{yes}`).
+_TEXT_COMMAND = re.compile(
+    r"\\(?:text(?:bf|it|rm|sf|tt|up|normal)?|math(?:rm|bf|it|sf|tt)|mbox|emph)\s*\{([^{}]*)\}"
+)
+_MATH_SHIFT = re.compile(r"\$|\\[()\[\]]")  # `$`, `\\(`, `\\)`, `\\[`, `\\]`
+
+
+def text_content(answer: str) -> str:
+    """The words an answer written only in LaTeX text commands holds: `\\text{False}`, `$\\textbf{(C)}$`,
+    `\\text{\\textbf{valid}}` (three levels) read as `False`, `(C)`, `valid` (in or out of math mode, several
+    commands joined: `$\\textbf{(A)}$, $\\textbf{(C)}$` is `(A), (C)`); any other answer unchanged, so
+    `5\\text{ cm}` stays for the number reader, which drops units. A command holding two options
+    (`\\text{A or C}`) gives both, which the extractors then read as the hedge it is."""
+    t = _MATH_SHIFT.sub(" ", answer)
+    rest = t
+    for _ in range(3):
+        rest = _TEXT_COMMAND.sub("", rest)
+    if rest.strip(" ,;.") or not _TEXT_COMMAND.search(t):
+        return answer
+    for _ in range(3):
+        t = _TEXT_COMMAND.sub(lambda m: m.group(1), t)
+    return re.sub(r" (?=[,;])", "", " ".join(t.split())).rstrip(".").rstrip()
+
+
 def without_confidence(text: str) -> str:
     """The reply without "Confidence: 0.8" lines (a cascade asks for them; they are never the answer)."""
     return _CONFIDENCE_LINE.sub("", text or "")
@@ -210,10 +238,13 @@ def extract_text(reply: str) -> str | None:
     """
     reply = plain_text(without_confidence(reply))
     box = final_box(reply)
+    answer: str | None
     if box is not None and box[1] != "":
-        return box[1]
-    statement = next(_statements(reply), None)
-    answer = statement[1] if statement else _last_line(reply)
+        answer = None if box[1] is None else text_content(box[1])
+    else:
+        statement = next(_statements(reply), None)
+        answer = statement[1] if statement else _last_line(reply)
+        answer = (text_content(answer).strip(_STRIP) or None) if answer is not None else None
     return None if answer is None or is_refusal(answer) else answer
 
 
@@ -323,7 +354,7 @@ def _written_as_integer(text: str) -> bool:
 def _committed_number(span: str) -> tuple[bool, str | None]:
     """The number a commitment (a box, an answer statement's sentence) names: (found, number), the number
     None when the span lists different alternatives ("3 or 4"). "x = 5" names 5."""
-    span = re.sub(r"^\s*[A-Za-z]\s*=\s*", "", _delatex(span))
+    span = re.sub(r"^\s*[A-Za-z]\s*=\s*", "", _delatex(text_content(span)))
     whole = span.strip(" .")
     if parse_number(whole) is not None:
         return True, whole
@@ -435,21 +466,21 @@ def extract_math(reply: str) -> str | None:
     reply = plain_text(without_confidence(reply))
     box = final_box(reply)
     if box is not None and box[1] != "":
-        return _one_math_answer(box[1])
+        return _one_math_answer(None if box[1] is None else text_content(box[1]))
     for clause in answer_clauses(reply):
         inner = final_box(clause)
         if inner is not None and inner[1] != "":
-            return _one_math_answer(inner[1])
-        if bare := _strip_math(clause):
+            return _one_math_answer(None if inner[1] is None else text_content(inner[1]))
+        if bare := _strip_math(text_content(clause)):
             return _one_math_answer(bare)
     stripped = reply.strip()
     if stripped and "\n" not in stripped and len(stripped) <= 120 and len(_WORD.findall(stripped)) <= 2:
-        return _one_math_answer(_strip_math(stripped) or None)
+        return _one_math_answer(_strip_math(text_content(stripped)) or None)
     # Only the reply's tail: the last `$...$` is sought, and a scan of a long line per opener is quadratic.
     tail = reply[-_MAX_TAIL:]
     inline = [next(g for g in m.groups() if g is not None) for m in _INLINE_MATH.finditer(tail)]
     if inline:
-        return _one_math_answer(inline[-1].strip())
+        return _one_math_answer(text_content(inline[-1].strip()))
     numbers = _NUMBER.findall(reply)
     return numbers[-1] if numbers else None
 
@@ -599,6 +630,21 @@ def _stated_letter(
     return False, None
 
 
+_FIRST_LETTER = re.compile(r"\s*+(?:\*\*)?\s*+(?:\(([A-Za-z])\)|\[([A-Z])\]|([A-Z]))(?![A-Za-z0-9])")
+
+
+def _lists_letters(text: str, valid: str) -> bool:
+    """Whether `text` starts with a letter followed by another ("A or C", "(A), (C)"): a hedge, not a choice."""
+    first = _FIRST_LETTER.match(text)
+    if first is None:
+        return False
+    letter = (first.group(1) or first.group(2) or first.group(3)).upper()
+    if letter not in valid:
+        return False
+    more = _MORE_LETTERS.match(text, first.end())
+    return more is not None and (more.group(1) or more.group(2) or more.group(3)).upper() != letter
+
+
 def extract_choice(reply: str, choices: list[str]) -> str | None:
     """The option letter (A-Z) a reply commits to; None when it commits to none.
 
@@ -620,7 +666,7 @@ def extract_choice(reply: str, choices: list[str]) -> str | None:
     box = final_box(reply)
     if box is not None:
         end, content = box
-        if content is None:
+        if content is None or _lists_letters(content := text_content(content), valid):
             return None
         if letter := _bare_choice(content, choices):
             found, later = _stated_letter(_CHOICE_STATEMENT, reply, valid, after=end)
@@ -631,6 +677,9 @@ def extract_choice(reply: str, choices: list[str]) -> str | None:
     if found:
         return letter
     for clause in answer_clauses(reply):
+        clause = text_content(clause)
+        if _lists_letters(clause, valid):
+            return None
         if letter := (_bare_choice(clause, choices) or _mentioned_option(clause, choices)):
             return letter
     found, letter = _stated_letter(_OPTION_MENTION, reply, valid)
@@ -667,7 +716,7 @@ def defines(code: str, name: str) -> bool:
 
 
 def _parses_with_function(code: str) -> bool:
-    tree = _parse(code)
+    tree = parse_python(code)
     return tree is not None and any(
         isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) for n in ast.walk(tree)
     )
@@ -704,7 +753,7 @@ def extract_code(reply: str, entry_point: str | None = None, prompt_code: str | 
 
 
 def _with_needed_blocks(solution: str, blocks: list[str], entry_point: str | None) -> str:
-    tree = _parse(solution)
+    tree = parse_python(solution)
     if tree is None:
         return solution
     missing = _free_names(tree)
@@ -713,7 +762,7 @@ def _with_needed_blocks(solution: str, blocks: list[str], entry_point: str | Non
     while missing and progress:
         progress = False
         for i, block in enumerate(blocks):
-            helper = _parse(block) if i not in chosen else None
+            helper = parse_python(block) if i not in chosen else None
             if helper is None or not _only_defines(helper) or (entry_point and defines(block, entry_point)):
                 continue
             provided = top_level_names(helper)
@@ -726,7 +775,8 @@ def _with_needed_blocks(solution: str, blocks: list[str], entry_point: str | Non
     return "\n".join(blocks[i] if blocks[i].endswith("\n") else blocks[i] + "\n" for i in sorted(chosen))
 
 
-def _parse(code: str) -> ast.Module | None:
+def parse_python(code: str) -> ast.Module | None:
+    """`code`'s syntax tree, or None when it is not Python."""
     try:
         return ast.parse(code)
     except (SyntaxError, ValueError):
@@ -767,10 +817,10 @@ def top_level_names(tree: ast.Module) -> set[str]:
     return names
 
 
-def _free_names(tree: ast.Module) -> set[str]:
-    """Names the code reads that it binds nowhere (approximately: any binding anywhere counts) and that are not
-    builtins: what another block would have to define."""
-    bound = top_level_names(tree) | set(dir(builtins))
+def _free_names(tree: ast.Module, *, builtin: bool = False) -> set[str]:
+    """Names the code reads that it binds nowhere (approximately: any binding anywhere counts) and, unless
+    `builtin`, that are not builtins: what another block would have to define."""
+    bound = top_level_names(tree) | (set() if builtin else set(dir(builtins)))
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
             bound.add(node.id)
@@ -784,19 +834,23 @@ def _free_names(tree: ast.Module) -> set[str]:
     return used - bound
 
 
-def main_function(code: str) -> str | None:
+def main_function(code: str, avoid: Collection[str] = ()) -> str | None:
     """The function a solution offers when no entry point is known: the last top-level function that no other
-    top-level function calls (a helper defined before it is not it). None when the code defines none.
+    top-level function calls (a helper defined before it is not it), never one named in `avoid` (the builtins
+    and names the test already has: a reply's `def set(*a)` is not the function under test). None when the code
+    defines none.
 
     Example:
         >>> main_function("def is_prime(n):\n    return n > 1\n\ndef count(xs):\n    return sum(map(is_prime, xs))\n")
         'count'
     """
-    tree = _parse(code)
+    tree = parse_python(code)
     if tree is None:
-        defined = defined_functions(code)
+        defined = [n for n in defined_functions(code) if n not in avoid]
         return defined[-1] if defined else None
-    functions = [n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    functions = [
+        n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name not in avoid
+    ]
     called = {
         inner.id
         for f in functions
@@ -805,6 +859,85 @@ def main_function(code: str) -> str | None:
     }
     names = [f.name for f in functions if f.name not in called] or [f.name for f in functions]
     return names[-1] if names else None
+
+
+# The standard library's top-level modules (as the judge resolves a test's `sys` or `math` it never imports).
+STDLIB_MODULES = frozenset(sys.stdlib_module_names)
+_ASSERT_IN_TEXT = re.compile(r"\bassert\s[^\n]*")
+
+
+def function_named_by_record(
+    test: str | None, question_code: str | None = None, question_text: str | None = None
+) -> str | None:
+    """The function a record tests, when it names no entry point: read from the record, never from a reply.
+
+    In order: the name the test calls `check` with (`check(add)`); the first function the test's top-level
+    asserts call (MBPP's `assert remove_Occ("hello", "l") == "heo"`) that neither the test nor the question
+    defines and that is no builtin (`assert set(f(x)) == ...` tests `f`) or standard-library module; the last
+    function the question's code defines (MoCo's HumanEval); the first such function the asserts shown in the
+    question's text call (a builtin's name only when they call nothing else) (MoCo's MBPP: "Your code should pass this test case: assert tuple_size(...) == ...").
+    None when the record names none.
+
+    Example:
+        >>> function_named_by_record("def check(candidate):\n    assert candidate(2) == 4\n", None,
+        ...                 "Your code should pass this test case: assert square(2) == 4")
+        'square'
+    """
+    question = defined_functions(question_code or "")
+    tree = parse_python(test or "")
+    taken = set(question) | STDLIB_MODULES
+    if tree is not None:
+        for node in tree.body:
+            call = node.value if isinstance(node, ast.Expr) else None
+            if (
+                isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Name)
+                and call.func.id == "check"
+                and len(call.args) == 1
+                and isinstance(call.args[0], ast.Name)
+            ):
+                return call.args[0].id
+        if found := _asserted_function(tree, taken):
+            return found
+    if question:
+        return question[-1]
+    for m in _ASSERT_IN_TEXT.finditer(question_text or ""):
+        shown = parse_python(m.group(0))
+        if shown is not None and (found := _asserted_function(shown, taken)):
+            return found
+    return None
+
+
+def _asserted_function(tree: ast.Module, taken: set[str]) -> str | None:
+    """The first function (in reading order) that a top-level assert calls and that the code leaves undefined,
+    a builtin's name only when the asserts call nothing else (MBPP 126 asks for a function named `sum`)."""
+    free = _free_names(tree, builtin=True) - taken
+    called = [
+        node.func.id
+        for statement in _outside_definitions(tree.body)
+        if isinstance(statement, ast.Assert)
+        for node in _preorder(statement.test)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in free
+    ]
+    return next((name for name in called if not hasattr(builtins, name)), called[0] if called else None)
+
+
+def _outside_definitions(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements of `body` and of the blocks in it (if, for, with, try), not of functions or classes."""
+    for statement in body:
+        yield statement
+        if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            continue
+        for field in ("body", "orelse", "finalbody"):
+            yield from _outside_definitions(getattr(statement, field, None) or [])
+        for handler in getattr(statement, "handlers", None) or []:
+            yield from _outside_definitions(handler.body)
+
+
+def _preorder(node: ast.AST) -> Iterator[ast.AST]:
+    yield node
+    for child in ast.iter_child_nodes(node):
+        yield from _preorder(child)
 
 
 def canonical_code(code: str) -> str:

@@ -34,6 +34,7 @@ extractor defends against replies written to fool it (hedges, contradictions, lo
 from __future__ import annotations
 
 import ast
+import builtins
 import inspect
 import logging
 import re
@@ -198,10 +199,12 @@ def shows_options(text: str, choices: Sequence[str]) -> bool:
 class CodeTask(TaskType):
     """Coding tasks: `test` is Python that raises on failure; the sandbox's judge runs it against the reply's code.
 
-    The function under test is `entry_point`, else the last function the question's code defines (MoCo's
-    HumanEval has no entry point), else the reply's main function (the last top-level function no other one
-    calls: a helper defined before it is not it). A `test` that defines `check(candidate)` and never calls it
-    (HumanEval's and MoCo's form) is called with that function, as MoCo's evaluator does.
+    The function under test is `entry_point`, else the one the record names (`answers.function_named_by_record`:
+    the name the test calls `check` with, the function its asserts call, the last function the question's code
+    defines as in MoCo's HumanEval, or the function the asserts shown in the question call as in MoCo's MBPP),
+    else the reply's main function (the last top-level function no other one calls, never a builtin or a name
+    the test has). A `test` that defines `check(candidate)` and never calls it (HumanEval's and MoCo's form) is
+    called with that function, as MoCo's evaluator does.
 
     The verdict is the tests' (`colab_graphs.sandbox.code_tests`): the reply's code runs in a process of its own
     and answers the judge's calls with plain data, so it cannot read the tests, patch what they run on, exit
@@ -212,13 +215,23 @@ class CodeTask(TaskType):
     name = "code"
 
     def entry_point(self, example: Example) -> str | None:
+        """The function the record tests: its `entry_point`, else named by its test or question
+        (`answers.function_named_by_record`); never chosen by a reply."""
         if example.entry_point:
             return example.entry_point
-        defined = answers.defined_functions(self.prompt_code(example) or "")
-        return defined[-1] if defined else None
+        return answers.function_named_by_record(example.test, self.prompt_code(example), example.input)
 
     def function_under_test(self, code: str, example: Example) -> str | None:
-        return self.entry_point(example) or answers.main_function(code)
+        """The entry point, else the reply's main function, which is never a builtin, a standard-library module
+        or a name the test or question defines (so it cannot stand in for one)."""
+        entry = self.entry_point(example)
+        if entry:
+            return entry
+        taken = set(dir(builtins)) | answers.STDLIB_MODULES
+        for source in (example.test, self.prompt_code(example)):
+            tree = answers.parse_python(source or "")
+            taken |= answers.top_level_names(tree) if tree is not None else set()
+        return answers.main_function(code, avoid=taken)
 
     @staticmethod
     def prompt_code(example: Example) -> str | None:

@@ -3,8 +3,9 @@
 `run_tests(code, test)` runs the code in the sandbox's candidate process and the test in its judge process
 (`colab_graphs.sandbox.harness` says what crosses between them and what the test sees); the verdict is the
 judge's alone. The question's code and the test are read here, on the host (they are the dataset's, not the
-candidate's), so the judge gets them ready to run: which names the test takes from the solution, whether it
-only defines `check(candidate)`, the question's definitions one statement at a time.
+candidate's), so the judge gets them ready to run: which names the test reads without defining them (the judge
+resolves each: the entry point, the builtins, the standard library, then the solution), whether it only defines
+`check(candidate)` and whether it runs unittest, the question's definitions one statement at a time.
 
 A test that cannot fail passes everything: `unusable_test` names why a test is unusable (missing, blank, not
 Python, or nothing in it can fail: no `assert`, no `raise`, no call), and `run_tests` refuses it with that
@@ -14,14 +15,11 @@ reason; a test that passes without a single call to the code under test comes ba
 from __future__ import annotations
 
 import ast
-import builtins
 import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 from colab_graphs.data.answers import DEFINITIONS, top_level_names
-
-_BUILTIN_NAMES = frozenset(dir(builtins))
 
 
 @dataclass(frozen=True)
@@ -143,7 +141,7 @@ def _harness_source() -> str:
 
 
 def _judge_request(test: str, entry_point: str | None, prompt: str) -> dict[str, Any]:
-    """What the judge needs, read from the dataset's test and question (see `code_harness.judge`)."""
+    """What the judge needs, read from the dataset's test and question (see `harness.judge`)."""
     tree = ast.parse(test)
     question = _question_statements(prompt)
     question_names = set().union(*(top_level_names(ast.parse(s)) for s in question)) if question else set()
@@ -153,10 +151,22 @@ def _judge_request(test: str, entry_point: str | None, prompt: str) -> dict[str,
         "test": test,
         "question": question,
         "entry_point": entry_point,
-        "from_solution": sorted(used - own - question_names - _BUILTIN_NAMES),
+        "unbound": sorted(used - own - question_names),
         "call_check": _defines_check_without_calling(tree),
         "bind_candidate": "candidate" in used and "candidate" not in own,
+        "unittest": "unittest" in _imported_modules(tree),
     }
+
+
+def _imported_modules(tree: ast.Module) -> set[str]:
+    """The top-level packages the code imports anywhere (`import unittest.mock`, `from unittest import main`)."""
+    modules: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            modules.add(node.module.split(".")[0])
+    return modules
 
 
 def _question_statements(prompt: str) -> list[str]:

@@ -12,7 +12,8 @@ One scored answer runs as two processes (`colab_graphs.sandbox.code_tests.run_te
   Only the judge writes the verdict; the candidate's output is read for debugging and never looked at.
 
 What crosses the pipe is plain data (`_Pipe` says how it is framed): None, bool, int, float (NaN and infinities
-included), str, and tagged containers that the judge rebuilds from its own builtins: list, tuple, set,
+included), str, builtin types (`int` passed as an argument arrives as the other side's own `int`), and tagged
+containers that the judge rebuilds from its own builtins: list, tuple, set,
 frozenset, dict (any plain keys), bytes, bytearray, complex, Fraction, Decimal, range, dict views (keys, values,
 items, in order), and iterators (a returned generator is drained in the candidate and arrives as an iterator
 over its items). So no object with a custom ``__eq__`` ever reaches the judge: a candidate's value either
@@ -22,24 +23,35 @@ refuses to compare, hash, iterate or be true or false (a ``TypeError``: the test
 
 Semantics the tests see:
 
-- Arguments are copied. After each call the candidate sends back the positional list, dict, set and bytearray
-  arguments it changed, and the judge writes them into its own objects (a test that checks an in-place sort
-  works); identity between arguments, and objects nested inside them, are not kept.
+- Arguments are copied. After each call the candidate sends back the list, dict, set and bytearray arguments
+  it changed, positional or keyword (`candidate(xs=xs)`), and the judge writes them into its own objects (a
+  test that checks an in-place sort works); identity between arguments, and objects nested inside them, are
+  not kept.
 - A candidate's exception is raised in the judge as the first builtin exception class in its MRO, with its
   message (a test expecting ``ValueError`` sees one); a class whose only builtin base is ``Exception`` arrives
-  as `CandidateError` (an ``Exception``). ``SystemExit``, ``KeyboardInterrupt`` and any other non-``Exception``
-  fail the run whatever the test catches, as do a crash, an exit, a protocol violation or a call past its
-  deadline.
-- Names: the tests run as the judge's ``__main__`` (``unittest.main()`` works), on its own builtins and
-  modules. A name the tests use is taken from the tests themselves, else from the question's code
-  (HumanEval's ``poly``, ``encode_cyclic``: the question's version, never a redefinition in the reply), else
-  it is a proxy for the solution's callable of that name; the entry point is always the solution's. A test
-  that only defines ``check(candidate)`` is called with the entry point.
+  as `CandidateError` (an ``Exception``). ``StopIteration`` (and ``StopAsyncIteration``) arrives as a
+  ``RuntimeError``: raised from a call inside the test's ``all(map(lambda x: candidate(x) == ..., xs))`` it
+  would silently end ``map`` and pass the test, so a call that raises it failed, as PEP 479 makes of one that
+  escapes a generator. ``SystemExit``, ``KeyboardInterrupt`` and any other non-``Exception`` fail the run
+  whatever the test catches, as do a crash, an exit, a protocol violation or a call past its deadline.
+- Names: the tests run as the judge's ``__main__``, on its own builtins and modules. A name the tests use is
+  the tests' own definition; else the record's entry point, always the solution's (a proxy), even where it
+  has a builtin's name (MBPP 126 asks for ``sum``) or the question has a stub of it; else the question's
+  code (HumanEval's ``poly``, ``encode_cyclic``: the question's version, never a redefinition in the reply);
+  else the builtin; else the standard-library module of that name, imported by the judge (MBPP's tests use
+  ``sys``, ``math``, ``re`` without importing them); only then a proxy for the solution's callable of that
+  name (a class the task asks for: MoCo's ``Pair``). A reply adds names, never replaces one: its ``class
+  sys`` or ``def set`` is not the test's. A test that only defines ``check(candidate)`` is called with the
+  entry point.
+- ``unittest``: ``sys.argv`` is ``["test.py"]`` (the judge's own arguments would name tests), and every
+  failure or error of a unittest run in the judge fails the verdict, whatever the test does with its result:
+  ``unittest.main()``, ``exit=False``, ``argv=...``, ``module=...`` and a runner whose result nobody reads
+  all fail wrong code, as their traceback does in a script run on its own.
 - A test that completes without a single request to the candidate reports ``calls == 0`` (the scorer refuses
   such a test: it checks nothing).
 
-Not supported (the test fails): passing a function or another non-plain value of the test's own to the
-candidate, module attributes of the solution other than callables, more than 16 MiB in one reply, nesting deeper
+Not supported (the test fails): passing a function, a class of the test's own or another non-plain value
+to the candidate, module attributes of the solution other than callables, more than 16 MiB in one reply, nesting deeper
 than 200 levels, a generator longer than 100,000 items (an infinite one the test would only partly consume),
 numpy values other than a float64 (a float subclass: it crosses as a float).
 
@@ -110,6 +122,9 @@ def encode(value: Any, handle: Callable[[Any], Wire], depth: int = 0) -> Wire:
         return {"complex": [value.real, value.imag]}
     if kind is range:
         return {"range": [value.start, value.stop, value.step]}
+    if kind is type and getattr(builtins, getattr(value, "__name__", ""), None) is value:
+        # A builtin type (MBPP's `remove_datatype(t, int)`): the other side's own.
+        return {"type": getattr(value, "__name__", "")}
     name = f"{kind.__module__}.{kind.__qualname__}"
     if name in ("fractions.Fraction", "decimal.Decimal"):
         return {name.split(".")[1].lower(): str(value)}
@@ -157,6 +172,8 @@ def decode(data: Any, resolve: Callable[[int], Any], depth: int = 0) -> Any:
         from decimal import Decimal
 
         return Decimal(body)
+    if tag == "type" and type(body) is str and isinstance(getattr(builtins, body, None), type):
+        return getattr(builtins, body)
     if tag == "ref" and type(body) is int:
         return resolve(body)
     raise WireError(f"unknown value tag {str(tag)[:40]!r}")
@@ -314,6 +331,7 @@ class _Candidate:
             value = decode(reply.get("value"), self._handle)
             if op == "call":
                 self._write_back(args, reply.get("changed") or {})
+                self._write_back(fields.get("kwargs") or {}, reply.get("changed_kwargs") or {})
         except (WireError, TypeError, ValueError, KeyError, IndexError, RecursionError, OverflowError) as exc:
             self._abort(f"the candidate broke the protocol: {type(exc).__name__}: {str(exc)[:200]}")
         return value
@@ -347,9 +365,11 @@ class _Candidate:
     def _handle(self, number: int) -> Handle:
         return Handle(self, number)
 
-    def _write_back(self, args: tuple[object, ...], changed: Any) -> None:
-        for position, data in changed.items():
-            original = args[int(position)]
+    def _write_back(self, args: Any, changed: Any) -> None:
+        """Write the candidate's changes into the test's own arguments: `args` a tuple (`changed` keyed by
+        position) or the keyword arguments' dict (keyed by name)."""
+        for key, data in changed.items():
+            original = args[int(key)] if type(args) is tuple else args[str(key)]
             new = decode(data, self._handle)
             if isinstance(original, list | bytearray) and type(new) is type(original):
                 original[:] = new
@@ -384,6 +404,10 @@ def _rebuilt_exception(error: Any) -> BaseException:
     for name in error.get("types") or []:
         if name in ("Exception", "BaseException"):
             break  # the solution's own exception class: CandidateError says so
+        if name in ("StopIteration", "StopAsyncIteration"):
+            # Raised in the test it would end the iteration it was called from (`all(map(...))` then passes):
+            # a call that raises it failed, as a generator that lets one escape does (PEP 479).
+            return RuntimeError(f"the code under test raised {name}" + (f": {message}" if message else ""))
         cls = getattr(builtins, str(name), None)
         if isinstance(cls, type) and issubclass(cls, Exception):
             try:
@@ -437,10 +461,10 @@ def judge(reply_fd: int, request_fd: int, request: dict[str, Any]) -> dict[str, 
     """Run the tests against the candidate on the other end of the pipes; return the verdict (plain data).
 
     `request` (made by `colab_graphs.sandbox.code_tests` from the dataset's test and question): ``test`` (source),
-    ``question`` (the question's definitions, one snippet each), ``entry_point``, ``from_solution`` (the names
-    the test uses that neither it, the question nor the builtins define), ``call_check`` (the test only
-    defines `check`), ``bind_candidate`` (the test uses `candidate` at module level), ``timeout_s``,
-    ``call_timeout_s``.
+    ``question`` (the question's definitions, one snippet each), ``entry_point``, ``unbound`` (the names the
+    test reads that neither it nor the question defines: `_resolve` binds each), ``call_check`` (the test only
+    defines `check`), ``bind_candidate`` (the test uses `candidate` at module level), ``unittest`` (the test
+    imports it), ``timeout_s``, ``call_timeout_s``.
     """
     deadline = time.monotonic() + float(request["timeout_s"])
     per_call = request.get("call_timeout_s")
@@ -457,11 +481,14 @@ def judge(reply_fd: int, request_fd: int, request: dict[str, Any]) -> dict[str, 
             "reason": f"the code did not load: {str(hello.get('error'))[:2000]}",
             "calls": 0,
         }
-    # The test runs as this process's __main__, so `unittest.main()` finds the test cases it defines.
+    # The test runs as this process's __main__, so `unittest.main()` finds the test cases it defines, with the
+    # command line of a script run on its own (the judge's own arguments would name tests).
     main = type(sys)("__main__")
     sys.modules["__main__"] = main
+    sys.argv = ["test.py"]
     namespace = main.__dict__
     namespace["__builtins__"] = builtins
+    failures = _watch_unittest() if request.get("unittest") else []
     for snippet in request["question"]:
         try:
             exec(compile(snippet, "question.py", "exec"), namespace)
@@ -470,11 +497,17 @@ def judge(reply_fd: int, request_fd: int, request: dict[str, Any]) -> dict[str, 
     names = hello.get("names")
     offered = {str(n) for n in names} if isinstance(names, list) else set()
     entry = request.get("entry_point")
-    for name in (set(request["from_solution"]) & offered) | ({entry} if entry else set()):
-        namespace[name] = Handle(candidate, name)
-    if request.get("bind_candidate") and entry:
-        namespace["candidate"] = namespace[entry]
-    reason = _run_test(request, namespace, entry)
+    tested = Handle(candidate, str(entry)) if entry else None
+    for name in request.get("unbound") or ():
+        value = _resolve(str(name), offered, candidate)
+        if value is not _UNRESOLVED:
+            namespace[str(name)] = value
+    if tested is not None:  # the record's function under test, over the question's stub of it (HumanEval's)
+        namespace[str(entry)] = tested
+    if request.get("bind_candidate") and tested is not None:
+        namespace["candidate"] = tested
+    outcome = _run_test(request, namespace, tested)
+    reason = failures[0] if failures else outcome  # a unittest failure says more than the exit it caused
     return {
         "passed": reason == "" and not candidate.aborted,
         "reason": candidate.aborted or reason,
@@ -482,14 +515,62 @@ def judge(reply_fd: int, request_fd: int, request: dict[str, Any]) -> dict[str, 
     }
 
 
-def _run_test(request: dict[str, Any], namespace: dict[str, Any], entry: str | None) -> str:
+_UNRESOLVED = object()
+# Standard-library modules that act when imported (print, open a browser, start a GUI): never a test's name.
+_NOT_RESOLVED = frozenset(
+    {"antigravity", "this", "__hello__", "__phello__", "idlelib", "turtledemo", "turtle"}
+)
+
+
+def _resolve(name: str, offered: set[str], candidate: _Candidate) -> Any:
+    """What a name the test reads and neither it, the question nor the record's entry point defines is: the
+    builtin, which is in scope already; else the standard-library module of that name, imported here (MBPP's
+    tests use `sys`, `math`, `re` unimported); else the solution's callable of that name (a class the task
+    asks for, MoCo's `Pair`); else unbound (a NameError in the test). So a reply adds names and never replaces
+    one: its `class sys` or `def set` is not the test's."""
+    if hasattr(builtins, name):
+        return _UNRESOLVED
+    if name in getattr(sys, "stdlib_module_names", ()) and name not in _NOT_RESOLVED:
+        try:
+            return __import__(name)
+        except Exception:  # noqa: BLE001 - a module this interpreter lacks is a NameError in the test
+            return _UNRESOLVED
+    return Handle(candidate, name) if name in offered else _UNRESOLVED
+
+
+def _watch_unittest() -> list[str]:
+    """Every failure of a unittest run in this process, as it happens, whatever the test does with the result:
+    `unittest.main(exit=False)` and a runner's result that nobody reads fail the verdict, as failures do in a
+    script run on its own (its traceback is on stderr, which MoCo's evaluator reads)."""
+    import unittest
+
+    failed: list[str] = []
+
+    def watched(method: str) -> None:
+        original = getattr(unittest.TestResult, method)
+
+        def record(self: Any, test: Any, *rest: Any) -> Any:
+            err = rest[-1] if rest else None
+            if method != "addSubTest" or err is not None:
+                why = f": {err[0].__name__}: {str(err[1])[:300]}" if isinstance(err, tuple) else ""
+                failed.append(f"unittest {method[3:].lower()} in {test}{why}")
+            return original(self, test, *rest)
+
+        setattr(unittest.TestResult, method, record)
+
+    for method in ("addError", "addFailure", "addUnexpectedSuccess", "addSubTest"):
+        watched(method)
+    return failed
+
+
+def _run_test(request: dict[str, Any], namespace: dict[str, Any], tested: Handle | None) -> str:
     """Execute the test; "" when it completed, else why it failed."""
     try:
         exec(compile(request["test"], "test.py", "exec"), namespace)
         if request.get("call_check"):
-            if entry is None:
+            if tested is None:
                 return "the test defines check(candidate) and no function under test is known"
-            namespace["check"](namespace[entry])
+            namespace["check"](tested)
     except SystemExit as exc:  # the test's own exit (unittest.main): a clean one is a completed test
         return "" if exc.code in (None, 0) else f"the test exited with {exc.code!r}"
     except CandidateAbort as exc:
@@ -574,14 +655,25 @@ def _answer(
         kwargs = decode(message["kwargs"], resolve)
         value = obj(*args, **kwargs)
         reply: dict[str, Any] = {"value": encode(value, handle)}
-        changed = {}
-        for position, (sent, arg) in enumerate(zip(message["args"], args, strict=True)):
-            if type(arg) in (list, dict, set, bytearray):
-                now = encode(arg, handle)
-                if now != sent:
-                    changed[str(position)] = now
-        if changed:
-            reply["changed"] = changed
+        sent_kwargs = [(decode(k, resolve), v) for k, v in message["kwargs"]["dict"]]
+        for field, pairs in (
+            (
+                "changed",
+                [
+                    (str(i), sent, arg)
+                    for i, (sent, arg) in enumerate(zip(message["args"], args, strict=True))
+                ],
+            ),
+            ("changed_kwargs", [(name, sent, kwargs[name]) for name, sent in sent_kwargs]),
+        ):
+            changed = {}
+            for key, sent, arg in pairs:
+                if type(arg) in (list, dict, set, bytearray):
+                    now = encode(arg, handle)
+                    if now != sent:
+                        changed[key] = now
+            if changed:
+                reply[field] = changed
         return reply
     except Exception as exc:  # noqa: BLE001 - the solution's exceptions go to the judge
         types = [c.__name__ for c in type(exc).__mro__ if getattr(builtins, c.__name__, None) is c]
