@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,39 @@ def test_a_code_run_names_its_sandbox_in_every_row_and_the_summary(coder_server,
     plays = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [p["sandbox"]["backend"] for p in plays if p.get("type") == "play"] == [record["backend"]] * 3
     assert f"code scored in the sandbox: {record['backend']}" in result.output
+
+    # The viewer passes the record on (its API) and shows it on the run's page.
+    from colab_graphs.viewer import ViewerServer
+
+    viewer = ViewerServer(tmp_path).start()
+    try:
+        with urllib.request.urlopen(viewer.url + "api/log?path=run") as response:
+            assert json.loads(response.read())["summary"]["sandbox"] == summary["sandbox"]
+        if browser_available():
+            from playwright.sync_api import sync_playwright
+
+            from tests.test_viewer import CHROMIUM, CHROMIUM_ARGS
+
+            with sync_playwright() as p:
+                chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+                tab = chromium.new_page()
+                tab.goto(viewer.url + "?path=run")
+                tab.wait_for_selector("body[data-ready]")
+                assert tab.inner_text("#sandbox").strip().startswith(f"{record['backend']} (")
+                chromium.close()
+    finally:
+        viewer.shutdown()
+        viewer.server_close()
+
+
+def browser_available() -> bool:
+    from tests.test_viewer import CHROMIUM
+
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return False
+    return Path(CHROMIUM).exists()
 
 
 def test_a_run_without_code_scores_writes_no_sandbox_key(scripted_server, tmp_path):
@@ -284,3 +318,31 @@ def test_a_setting_that_is_not_one_is_refused_naming_the_settings(tmp_path):
     with pytest.raises(ConfigError, match="config: sandbox: 'none' is not a sandbox setting"):
         TrainConfig(sandbox="none").validate()
     assert TrainConfig(sandbox="unsafe").validate().sandbox == "unsafe-local"
+
+
+def test_the_python_api_takes_the_setting_and_refuses_before_any_call_too(coder_server, code_data, tmp_path):
+    import colab_graphs as cg
+
+    pool = {"coder": {"model": "openai/coder", "api_base": coder_server.base_url, "api_key": "sk-test"}}
+    result = cg.run("solo", pool, str(code_data), out=tmp_path / "run", sandbox="unsafe", progress=False)
+    assert (
+        result.summary["sandbox"]["backend"] == "unsafe-local" and result.summary["sandbox"]["safe"] is False
+    )
+    assert [o.score for o in result.outcomes] == [EXPECTED[i] for i in IDS]
+    coder_server.reset()
+
+    script = (
+        "import sys, colab_graphs as cg\n"
+        "from colab_graphs.sandbox import SandboxUnavailable\n"
+        f"pool = {pool!r}\n"
+        "try:\n"
+        f"    cg.run_audit('majority_vote', {{**pool, 'other': pool['coder']}}, {str(code_data)!r}, progress=False)\n"
+        "except SandboxUnavailable as err:\n"
+        "    sys.exit(f'refused: {err}')\n"
+    )
+    wrapper = [sys.executable, "-m", "colab_graphs.testing.container", "--no-landlock", "--"]
+    done = subprocess.run(
+        [*wrapper, sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 1 and done.stderr.startswith("refused: code cannot be scored safely here")
+    assert coder_server.requests == []
