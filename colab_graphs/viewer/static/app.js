@@ -493,6 +493,7 @@ async function renderStudy(d) {
       ["Method", `${st.method}; compositional strength = ${st.measure}`],
       ["Calls", `${fmtInt(st.calls.made)} made, ${fmtInt(st.calls.unique)} distinct, ${fmtInt(st.calls.cached)} cached, ${fmtInt(st.calls.failed)} failed`],
       ["Backend", `${st.backend}, ${st.workers} worker(s), ${Number(st.wall_s).toFixed(1)} s`],
+      st.sandbox ? ["Sandbox", h("span", { id: "sandbox" }, sandboxText(st.sandbox))] : null,
     ]));
     out.push(section("heatmap", "Rank correlation per pool and protocol family",
       h("p", { class: "note" }, `Spearman's rho between each member's individual strength and its ${st.measure} over (member, protocol, dataset) pairs; * significant at alpha ${st.alpha}.`),
@@ -550,6 +551,7 @@ async function renderTrain(d) {
     meta([
       ["Reward", hd.reward || "–"], ["Credit", hd.credit || "–"], ["Policy member", hd.policy_member || "–"],
       ["Steps logged", String(d.steps.length)], sm.wall_s ? ["Wall time", `${Number(sm.wall_s).toFixed(1)} s`] : null,
+      sm.sandbox ? ["Sandbox", h("span", { id: "sandbox" }, sandboxText(sm.sandbox))] : null,
     ])];
   const ev = d.evaluations;
   if (Object.keys(ev).length) {
