@@ -280,15 +280,23 @@ async def arun(
     max_concurrency: int = 16,
     on_progress: Callable[[Progress], None] | None = None,
     progress: bool | None = None,
+    sandbox: str | None = None,
 ) -> RunResult:
-    """Run a protocol over a dataset (what `colab-graphs run` does); writes the run outputs under `out`."""
+    """Run a protocol over a dataset (what `colab-graphs run` does); writes the run outputs under `out`.
+
+    `sandbox`: where code-scored answers run (`colab_graphs.sandbox.scope`: auto | namespaces | landlock |
+    unsafe-local; None: env, else auto); checked before any call (`SandboxUnavailable`).
+    """
     from colab_graphs.fitting import run_fitted
+    from colab_graphs.sandbox import scope
 
     the_pool = as_pool(pool)
     spec = as_spec(protocol, the_pool, params)
     examples = as_examples(data, limit, seed, scorer)  # checked before any call, a fit's included
+    scope.require(examples, scorer, sandbox)  # code scores: before any call, a fit's included
     the_client = as_client(client, cache_dir, max_concurrency)
     with (
+        scope.using(sandbox),
         holding(out, "colab_graphs.run"),
         _Reporter(Progress(f"run {spec.name}", "example"), on_progress, progress) as report,
     ):
@@ -331,6 +339,7 @@ async def arun_audit(
     max_concurrency: int = 16,
     on_progress: Callable[[Progress], None] | None = None,
     progress: bool | None = None,
+    sandbox: str | None = None,
 ) -> AuditReport:
     """Audit each member's contribution to a protocol or a LangGraph app (what `colab-graphs audit` does).
 
@@ -338,7 +347,8 @@ async def arun_audit(
     reference ``path/to/file.py:NAME`` / ``module:NAME`` instead. `method`: "loo" (n + 1 coalitions), "exact"
     (all 2^n) or "sampled" (`budget` in `budget_unit`: distinct calls, coalitions or permutations; or until
     `target_error`). `max_calls` / `max_cost_usd` cap the audit's spending (the report is then `partial`; run
-    again to finish it). Writes report.json, report.md and plots under `out` when given.
+    again to finish it). `sandbox`: where code-scored answers run (as `arun`). Writes report.json, report.md and
+    plots under `out` when given.
     """
     from colab_graphs.audit.run import play_audit
 
@@ -384,6 +394,7 @@ async def arun_audit(
             on_plan=report.plan,
             on_progress=lambda play: report.advance(calls=play.calls),
             game=game,
+            sandbox=sandbox,
         )
 
 
@@ -398,12 +409,20 @@ async def arun_study(
     overwrite: bool = False,
     on_progress: Callable[[Progress], None] | None = None,
     progress: bool | None = None,
+    sandbox: str | None = None,
 ) -> StudyReport:
-    """Run a study (pools x protocols x datasets; what `colab-graphs study` does); `ray`: a cluster address."""
+    """Run a study (pools x protocols x datasets; what `colab-graphs study` does); `ray`: a cluster address.
+
+    `sandbox`: where code-scored answers run (as `arun`; default: the study file's `sandbox:`)."""
+    import dataclasses
+
+    from colab_graphs.sandbox.scope import normalize
     from colab_graphs.study.config import StudyConfig, load_study_config
     from colab_graphs.study.run import play_study
 
     the_config = config if isinstance(config, StudyConfig) else load_study_config(config)
+    if sandbox is not None:
+        the_config = dataclasses.replace(the_config, sandbox=normalize(sandbox))
     the_client = as_client(client, cache_dir, max_concurrency)
     # The study reports finished plays by number only (they may run on Ray workers): no call counts.
     counting = Progress("study", "setting play", calls_made=None, calls_cached=None)

@@ -5,6 +5,11 @@ Outputs (`--out DIR`): `results.jsonl` (one line per example: id, output, answer
 examples, each distinct call once, one play per example). Each example's lines are appended the moment it
 finishes, so a killed run loses nothing; running the same command again skips finished examples (their calls
 are cached anyway) and rewrites the files in dataset order at the end.
+
+A run whose examples are scored by code checks its sandbox setting before the first call
+(`colab_graphs.sandbox.scope.require`: `SandboxUnavailable` where it cannot be met); each code example's line
+of `results.jsonl` then names the backend and isolation that ran its code (`sandbox`), and `summary.json` the
+setting, backend and isolation of the run (`sandbox`). A run without code scores has neither key.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from colab_graphs.models.client import CallError, ModelClient
 from colab_graphs.models.flight import Memo
 from colab_graphs.pool import Pool
 from colab_graphs.redaction import hide_secrets
+from colab_graphs.sandbox import scope
 from colab_graphs.spec import GraphSpec
 from colab_graphs.trace import Trace, read_traces, trace_line, write_traces
 
@@ -71,8 +77,8 @@ class ExampleOutcome:
         return self.trace.error
 
     def result_line(self) -> dict[str, Any]:
-        """The example's line of `results.jsonl`."""
-        return {
+        """The example's line of `results.jsonl` (`sandbox` only where code was scored)."""
+        line: dict[str, Any] = {
             "id": self.example_id,
             "output": self.output,
             "answer": self.answer,
@@ -80,6 +86,9 @@ class ExampleOutcome:
             "failed": self.failed,
             "error": self.error,
         }
+        if self.trace.sandbox is not None:
+            line["sandbox"] = self.trace.sandbox
+        return line
 
 
 def resolve_scorer(name: str | ScorerFn | TaskType | None, example: Example) -> ScorerFn:
@@ -118,7 +127,7 @@ async def run_example(
     except CallError as err:  # an LLM judge that failed: the example is failed, not wrong
         trace.failed, trace.error = True, str(err)
         return ExampleOutcome(trace)
-    trace.answer, trace.score = verdict.extracted, verdict.value
+    trace.answer, trace.score, trace.sandbox = verdict.extracted, verdict.value, verdict.sandbox
     trace.state = dict(state.get("values") or {})
     return ExampleOutcome(trace)
 
@@ -141,11 +150,17 @@ def run_fingerprint(spec: GraphSpec, pool: Pool, examples: Sequence[Example], sc
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def summarize(spec: GraphSpec, outcomes: Sequence[ExampleOutcome], wall_s: float) -> dict[str, Any]:
-    """The run's `summary.json`: its score, and the accounting of its calls (`colab_graphs.accounting`)."""
+def summarize(
+    spec: GraphSpec,
+    outcomes: Sequence[ExampleOutcome],
+    wall_s: float,
+    sandbox: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The run's `summary.json`: its score, the accounting of its calls (`colab_graphs.accounting`), and for
+    code scores the sandbox record (`colab_graphs.sandbox.scope.require`)."""
     acct = account(o.trace for o in outcomes)
     scored = [o.score for o in outcomes if not o.failed and o.score is not None]
-    return {
+    summary = {
         "protocol": spec.name,
         "params": spec.params,
         "members": spec.members,
@@ -159,6 +174,9 @@ def summarize(spec: GraphSpec, outcomes: Sequence[ExampleOutcome], wall_s: float
         "cost_saved_usd": acct.cost_saved_usd,
         "wall_s": round(wall_s, 3),
     }
+    if sandbox is not None:
+        summary["sandbox"] = sandbox
+    return summary
 
 
 def _check_same_run(out: Path, header: Header, examples: Sequence[Example]) -> bool:
@@ -201,9 +219,34 @@ async def run_dataset(
     max_examples_in_flight: int | None = None,
     overwrite: bool = False,
     on_progress: Callable[[ExampleOutcome], None] | None = None,
+    sandbox: str | None = None,
 ) -> tuple[list[ExampleOutcome], dict[str, Any]]:
-    """Run `spec` over `examples`; write results/traces/summary under `out` when given. Returns (outcomes, summary)."""
+    """Run `spec` over `examples`; write results/traces/summary under `out` when given. Returns (outcomes, summary).
+
+    `sandbox`: the sandbox setting for code scores (`colab_graphs.sandbox.scope`; None: the one in force).
+
+    Raises:
+        SandboxUnavailable: code-scored examples, and the setting cannot be met here (before any call).
+    """
+    with scope.using(sandbox):
+        return await _run_dataset(
+            spec, pool, examples, client, scorer, out, max_examples_in_flight, overwrite, on_progress
+        )
+
+
+async def _run_dataset(
+    spec: GraphSpec,
+    pool: Pool,
+    examples: Sequence[Example],
+    client: ModelClient,
+    scorer: str | None,
+    out: str | os.PathLike[str] | None,
+    max_examples_in_flight: int | None,
+    overwrite: bool,
+    on_progress: Callable[[ExampleOutcome], None] | None,
+) -> tuple[list[ExampleOutcome], dict[str, Any]]:
     started = time.perf_counter()
+    sandbox = scope.require(examples, scorer)  # fail closed, before the first call
     dupes = sorted(i for i, k in Counter(e.id for e in examples).items() if k > 1)
     if dupes:
         # Results, traces and resume are keyed by id: a repeated id would silently overwrite an outcome.
@@ -265,7 +308,7 @@ async def run_dataset(
         raise RunError(str(err)) from None
     by_id = {**finished, **{o.example_id: o for o in fresh}}
     outcomes = [by_id[e.id] for e in examples]
-    summary = summarize(spec, outcomes, time.perf_counter() - started)
+    summary = summarize(spec, outcomes, time.perf_counter() - started, sandbox)
     if out_dir is not None:
         results = "".join(json.dumps(o.result_line()) + "\n" for o in outcomes)
         atomic_write_text(out_dir / "results.jsonl", hide_secrets(results))

@@ -126,8 +126,9 @@ class Trace(BaseModel):
     `game` says what the play was for: "run" (a run's example), or in an audit's coalition game "coalition"
     (the protocol restricted to `coalition`) or "solo" (the member alone, its individual strength).
     `coalition` is who played, in the protocol's order; `answer` is what the task extracted from `output`, and
-    `score` its score. A failed play (a call failed after retries) has `error` and no score. Fields a later
-    version adds (to a trace line, or a log's play record) are kept.
+    `score` its score. A failed play (a call failed after retries) has `error` and no score. `sandbox` (code
+    scores only) names the backend and isolation the code ran under (`colab_graphs.sandbox.scope`); a trace
+    line has it only then. Fields a later version adds (to a trace line, or a log's play record) are kept.
     """
 
     model_config = ConfigDict(extra="allow")
@@ -143,6 +144,7 @@ class Trace(BaseModel):
     failed: bool = False
     error: str | None = None
     state: dict[str, Any] = Field(default_factory=dict)
+    sandbox: dict[str, Any] | None = None
 
     @property
     def cost_usd(self) -> float | None:
@@ -161,7 +163,8 @@ Play = Trace
 
 def trace_line(trace: Trace) -> str:
     """One trace as its JSONL line, secrets redacted (an error body that echoed a key, say)."""
-    return hide_secrets(trace.model_dump_json(exclude_none=False)) + "\n"
+    exclude = {"sandbox"} if trace.sandbox is None else None  # (a line without code scores is as it was)
+    return hide_secrets(trace.model_dump_json(exclude_none=False, exclude=exclude)) + "\n"
 
 
 def write_traces(path: str | os.PathLike[str], traces: Iterable[Trace], append: bool = True) -> None:

@@ -391,6 +391,61 @@ def test_cli_train_tiny_writes_metrics_and_a_loadable_policy(tmp_path: Path) -> 
     assert (out / "policy" / "config.json").is_file()
 
 
+CODE_GRAPH = """
+from colab_graphs.builder import GraphBuilder
+from colab_graphs.spec import END, START
+
+b = GraphBuilder("plan_then_code", members=["policy", "coder"])
+b.seat("plan", member="policy", prompt="{input}", writes="plan")
+b.seat("code", member="coder", prompt="{input}\\nPlan: {plan}", reads={"plan": "plan"}, writes="answer")
+plan_then_code = b.edge(START, "plan").edge("plan", "code").edge("code", END).output("answer").build()
+"""
+
+
+@pytest.mark.slow
+def test_cli_train_on_code_rewards_names_the_sandbox_in_every_metrics_line_and_the_summary(
+    scripted_server, tmp_path: Path
+) -> None:
+    """C-RL on MoCo HumanEval records, a scripted coder seated after the policy: the opt-in to unconfined code
+    (`--sandbox unsafe`) is written into each metrics line and the summary, and the reward is the tests'."""
+    from typer.testing import CliRunner
+
+    from colab_graphs.cli.app import _register_optional_commands, app
+    from tests.test_sandbox_wiring import IDS, MOCO, coder
+
+    if not MOCO.exists():
+        pytest.skip("the MoCo data files are not here")
+    _register_optional_commands()
+    moco = json.loads(MOCO.read_text())
+    records = {r["id"]: r for r in moco["test"] + moco["dev"]}
+    data = tmp_path / "humaneval.json"
+    data.write_text(json.dumps({"task_type": "coding", "test": [records[i] for i in IDS[:2]]}))
+    server = scripted_server({"coder": coder})
+    (tmp_path / "code_graph.py").write_text(CODE_GRAPH)
+    config = tmp_path / "train.yaml"
+    config.write_text(
+        f"graph: {tmp_path / 'code_graph.py'}:plan_then_code\nscorer: code\npolicy_member: policy\n"
+        f"policy_model: tiny-random\ndata: {data}\n"
+        f"pool:\n  policy: {{max_tokens: 4}}\n"
+        f"  coder: {{model: openai/coder, api_base: '{server.base_url}', api_key: sk-test}}\n"
+        "num_generations: 2\nper_device_train_batch_size: 2\nmax_steps: 2\nmax_completion_length: 4\n"
+        "logging_steps: 1\neval_size: 0\nuse_cpu: true\nbf16: false\ngradient_checkpointing: false\n"
+    )
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["train", "--config", str(config), "--out", str(out), "--no-cache",
+                                      "--sandbox", "unsafe"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2]
+    recorded = json.loads((out / "summary.json").read_text())["sandbox"]
+    assert recorded["setting"] == recorded["backend"] == "unsafe-local" and recorded["safe"] is False
+    assert all(x["sandbox"] == recorded for x in lines)
+    assert {x["system_reward"] for x in lines} <= {
+        0.0,
+        1.0,
+    }  # all of a group's rollouts: right add, wrong unique
+
+
 HOLDER = """
 import sys, time
 from colab_graphs.files import OutLock
@@ -650,3 +705,16 @@ def test_a_rollout_whose_answer_hacks_the_code_scorer_is_rewarded_zero(
     rollouts = live["loop"].run(runner.arun(load_examples(data)))
     assert {r.example.id: r.reward for r in rollouts} == {name: float(name == "correct") for name in codes}
     assert all(len(r.turns) == 1 for r in rollouts)  # each rollout holds the policy's turn it would train
+    # Each reward names the sandbox that ran its code; the setting a trainer is given (`using`, as
+    # `colab_graphs.trainers.pipeline.train` sets its config's `sandbox`) reaches the rollouts on the loop thread.
+    from colab_graphs.sandbox import SandboxUnavailable, scope
+
+    try:
+        expected = scope.probe("auto")["backend"]
+    except SandboxUnavailable:
+        expected = None
+    if expected is not None:
+        assert {r.trace.sandbox["backend"] for r in rollouts} == {expected}
+    with scope.using("unsafe"):
+        (again,) = live["loop"].run(runner.arun([e for e in load_examples(data) if e.id == "correct"]))
+    assert again.reward == 1.0 and again.trace.sandbox["backend"] == "unsafe-local"

@@ -29,6 +29,7 @@ from colab_graphs.audit.estimators import (
 from colab_graphs.files import atomic_write_text
 from colab_graphs.log.records import package_version
 from colab_graphs.redaction import hide_secrets
+from colab_graphs.sandbox.scope import describe
 
 SCHEMA_VERSION = 1
 REPORT_JSON = "report.json"
@@ -164,6 +165,11 @@ class AuditReport(BaseModel):
     usage: dict[str, MemberUsage] = Field(default_factory=dict)
     per_coalition: list[CoalitionUsage] = Field(default_factory=list)
     wall_s: float = 0.0
+    sandbox: dict[str, Any] | None = Field(
+        None,
+        description="code scores only: the sandbox the code ran under, {setting, backend, safe, isolation} "
+        "(`colab_graphs.sandbox.scope`); absent from report.json otherwise",
+    )
 
     @model_validator(mode="after")
     def _members_are_players(self) -> AuditReport:
@@ -421,6 +427,7 @@ def render_markdown(report: AuditReport, images: Mapping[str, str] | None = None
             ["Examples", f"{r.n_examples}{failed}"],
             ["Dataset", r.dataset or "n/a"],
             ["Scorer", r.scorer or "n/a"],
+            *([["Sandbox", describe(r.sandbox)]] if r.sandbox else []),
             ["Method", f"{method}, {len(r.coalitions)} coalitions evaluated"],
             ["System score v(all members)", _score(grand)],
             ["Created", f"{r.created_at:%Y-%m-%d %H:%M:%S %Z} by colab-graphs {r.version}"],
@@ -551,7 +558,8 @@ def write_report(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = dict(images or {})
-    write_atomic(out / REPORT_JSON, report.model_dump_json(indent=2) + "\n")
+    exclude = {"sandbox"} if report.sandbox is None else None  # (a report without code scores is as it was)
+    write_atomic(out / REPORT_JSON, report.model_dump_json(indent=2, exclude=exclude) + "\n")
     written["json"] = out / REPORT_JSON
     images = {name: path.name for name, path in written.items() if path.suffix == ".png"}
     write_atomic(out / REPORT_MD, render_markdown(report, images))

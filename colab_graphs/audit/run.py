@@ -53,6 +53,7 @@ from colab_graphs.models.client import ModelClient
 from colab_graphs.models.pricing import member_price
 from colab_graphs.models.spend import CapReached, SpendCap
 from colab_graphs.pool import Pool
+from colab_graphs.sandbox import scope
 from colab_graphs.spec import GraphSpec, Seat
 
 LISTED_COALITIONS = 4096  # a report lists every coalition valued up to this many (2^12)
@@ -262,6 +263,7 @@ async def play_audit(
     on_plan: Callable[[int], None] | None = None,
     on_progress: Callable[[Play], None] | None = None,
     game: CoalitionGame | None = None,
+    sandbox: str | None = None,
 ) -> AuditReport:
     """Audit each member's contribution to `spec` on `examples`; write the report under `out` when given.
 
@@ -281,8 +283,43 @@ async def play_audit(
             a sampled audit adds a batch).
         game: the game to play instead of the protocol's own (an app's: `colab_graphs.audit.app.AppGame`,
             whose `spec` is then the one given here).
+        sandbox: the sandbox setting for code scores (`colab_graphs.sandbox.scope`; None: the one in force).
+            With code-scored examples it is checked before any call (`SandboxUnavailable`), and the report
+            names it (`sandbox`).
     """
+    with scope.using(sandbox):
+        return await _play_audit(
+            spec, pool, examples, client, method, budget, budget_unit, target_error, seed, scorer, out,
+            dataset, force, individual, plots, max_calls, max_cost_usd, play_every_coalition, on_plan,
+            on_progress, game,
+        )  # fmt: skip
+
+
+async def _play_audit(
+    spec: GraphSpec,
+    pool: Pool,
+    examples: Sequence[Example],
+    client: ModelClient,
+    method: Method,
+    budget: int | None,
+    budget_unit: BudgetUnit,
+    target_error: float | None,
+    seed: int,
+    scorer: str | None,
+    out: str | Path | None,
+    dataset: str | None,
+    force: bool,
+    individual: bool,
+    plots: bool | None,
+    max_calls: int | None,
+    max_cost_usd: float | None,
+    play_every_coalition: bool,
+    on_plan: Callable[[int], None] | None,
+    on_progress: Callable[[Play], None] | None,
+    game: CoalitionGame | None,
+) -> AuditReport:
     started = time.perf_counter()
+    sandbox = scope.require(examples, scorer)  # fail closed, before the first call
     players = list(spec.members)
     strategy = choose_strategy(
         spec, len(examples), method, budget=budget, budget_unit=budget_unit, target_error=target_error,
@@ -336,6 +373,8 @@ async def play_audit(
             },
             examples_planned=len(examples),
         )
+    if sandbox is not None:
+        fields["sandbox"] = sandbox
     report = _report(spec, game, scorer, dataset, fields, started)
     if out is not None:
         images = write_plots(report, out) if kept and (plots_available() if plots is None else plots) else {}

@@ -1,4 +1,4 @@
-"""`colab-graphs`: run | audit | study | train | serve | view | protocols | show | models | cache.
+"""`colab-graphs`: run | audit | study | train | serve | view | protocols | show | models | cache | doctor.
 
 Heavy modules (litellm, torch, transformers, trl) are imported inside the commands, so `--help` is instant.
 """
@@ -14,6 +14,7 @@ import typer
 
 import colab_graphs._env  # noqa: F401  (offline settings first)
 from colab_graphs.cli.common import (
+    check_sandbox,
     fail,
     holding_out,
     load_data,
@@ -35,6 +36,7 @@ from colab_graphs.cli.options import (
     PoolOpt,
     ProtocolOpt,
     RetriesOpt,
+    SandboxOpt,
     ScorerOpt,
     SeedOpt,
     progress_bar,
@@ -88,6 +90,7 @@ def run(
     retries: RetriesOpt = 6,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Discard an earlier run in --out.")] = False,
     no_preflight: NoPreflightOpt = False,
+    sandbox: SandboxOpt = None,
 ) -> None:
     """Run a protocol over a dataset; write results.jsonl, traces.jsonl and summary.json."""
     from rich.console import Console
@@ -95,11 +98,13 @@ def run(
 
     from colab_graphs.redaction import redact
     from colab_graphs.runner import RunError
+    from colab_graphs.sandbox import SandboxUnavailable, scope
     from colab_graphs.spec import SpecError
 
     the_pool = load_pool(pool)
     examples = load_data(data, limit, seed, scorer=scorer)
     spec = resolve_protocol(protocol, graph, the_pool.names, parse_params(param), the_pool)
+    check_sandbox(examples, scorer, sandbox)  # code scores: before the first call
     client = make_client(cache_dir, no_cache, max_concurrency, retries=retries, preflight=not no_preflight)
     out = out or Path("runs") / spec.name
     progress, task = progress_bar(len(examples), f"{spec.name}")
@@ -118,7 +123,7 @@ def run(
     from colab_graphs.fitting import run_fitted
 
     try:
-        with holding_out(out), progress:
+        with holding_out(out), progress, scope.using(sandbox):
             outcomes, summary = asyncio.run(
                 run_fitted(
                     spec,
@@ -131,6 +136,8 @@ def run(
                     on_progress=on_progress,
                 )  # fmt: skip
             )
+    except SandboxUnavailable as err:
+        fail(str(err), code=scope.EXIT_CODE)
     except (RunError, SpecError, ValueError) as err:
         fail(str(err))
     from colab_graphs.audit.report import cost_sentence
@@ -147,6 +154,8 @@ def run(
         cost_sentence(summary["cost_usd"], calls["made"], summary["cost_saved_usd"], calls["cached"]),
         highlight=False,
     )
+    if summary.get("sandbox"):
+        console.print(f"code scored in the sandbox: {scope.describe(summary['sandbox'])}", highlight=False)
     if summary["failed"]:
         first = next(o.error for o in outcomes if o.failed)
         console.print(
@@ -285,9 +294,9 @@ def _register_optional_commands() -> None:
     # Registering twice would list every command twice: a second call does nothing.
     if any(c.name == "study" for c in app.registered_commands):
         return
-    from colab_graphs.cli import audit_cmd, models_cmd, study_cmd, train_cmd, view_cmd
+    from colab_graphs.cli import audit_cmd, doctor_cmd, models_cmd, study_cmd, train_cmd, view_cmd
 
-    for commands in (audit_cmd, models_cmd, train_cmd, study_cmd, view_cmd):
+    for commands in (audit_cmd, models_cmd, train_cmd, study_cmd, view_cmd, doctor_cmd):
         commands.register(app)
 
 

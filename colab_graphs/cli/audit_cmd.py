@@ -11,6 +11,7 @@ import typer
 
 from colab_graphs.cli.app_audit import app_game_for
 from colab_graphs.cli.common import (
+    check_sandbox,
     fail,
     holding_out,
     load_data,
@@ -32,6 +33,7 @@ from colab_graphs.cli.options import (
     PoolOpt,
     ProtocolOpt,
     RetriesOpt,
+    SandboxOpt,
     ScorerOpt,
     SeedOpt,
     progress_bar,
@@ -102,10 +104,12 @@ def audit(
             help="Play each coalition even where its value follows from the members' answers (a vote's).",
         ),
     ] = False,
+    sandbox: SandboxOpt = None,
 ) -> None:
     """Audit how much each member adds to a protocol: writes report.json, report.md and PNG plots."""
     from colab_graphs.audit.run import AuditError, play_audit
     from colab_graphs.audit.strategy import BUDGET_UNITS, choose_strategy
+    from colab_graphs.sandbox import SandboxUnavailable, scope
     from colab_graphs.spec import SpecError
 
     if method not in ("loo", "exact", "sampled"):
@@ -121,6 +125,8 @@ def audit(
             fail(f"{name} must not be negative, got {cap}")
     the_pool = load_pool(pool)
     examples = load_data(data, limit, seed, scorer=scorer)
+    if not dry_run:  # (a plan calls nothing)
+        check_sandbox(examples, scorer, sandbox)  # code scores: before the first call, apps' audits too
     client = make_client(cache_dir, no_cache, max_concurrency, retries=retries, preflight=not no_preflight)
     if app is not None:  # the user's own LangGraph app (colab_graphs.audit.app)
         spec, make_game, out = app_game_for(
@@ -198,8 +204,11 @@ def audit(
                         on_plan=on_plan,
                         on_progress=on_progress,
                         game=make_game() if make_game is not None else None,
+                        sandbox=sandbox,
                     )
                 )
+    except SandboxUnavailable as err:
+        fail(str(err), code=scope.EXIT_CODE)
     except AuditError as err:  # every example failed: a failed audit, not a usage error
         fail(str(err), code=3)
     except (SpecError, ValueError) as err:
@@ -231,6 +240,7 @@ def _print_report(report, out: Path) -> None:
     from rich.table import Table
 
     from colab_graphs.audit.report import cost_sentence
+    from colab_graphs.sandbox.scope import describe
 
     def fmt(v: float | None, signed: bool = False) -> str:
         return "-" if v is None else (f"{v:+.3f}" if signed else f"{v:.3f}")
@@ -282,6 +292,8 @@ def _print_report(report, out: Path) -> None:
         f"{c.failed}; naive evaluation: {c.naive}); {report.wall_s:.1f}s"
     )
     console.print(cost_sentence(report.cost_usd, c.made, report.cost_saved_usd, c.cached), highlight=False)
+    if report.sandbox:
+        console.print(f"code scored in the sandbox: {describe(report.sandbox)}", highlight=False)
     fitting = getattr(report, "fitting", None)  # protocols whose coalitions are fitted first
     if fitting:
         fits, merges = fitting["fits"], fitting["merges"]

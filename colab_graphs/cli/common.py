@@ -42,6 +42,18 @@ def holding_out(out: Path) -> Iterator[None]:
         yield
 
 
+def check_sandbox(examples: Any, scorer: Any, setting: str | None) -> dict[str, Any] | None:
+    """Fail closed before the first call: where any example is scored by code, the sandbox `setting` (else env,
+    else auto) must be met here (`colab_graphs.sandbox.scope.require`); else exit 6 with what is missing and
+    the ways out. Returns the sandbox record (None: no code scores)."""
+    from colab_graphs.sandbox import SandboxUnavailable, scope
+
+    try:
+        return scope.require(examples, scorer, setting)
+    except SandboxUnavailable as err:
+        fail(str(err), code=scope.EXIT_CODE)
+
+
 def parse_params(pairs: list[str] | None) -> dict[str, str]:
     out: dict[str, str] = {}
     for pair in pairs or []:

@@ -48,6 +48,28 @@ SeedOpt = Annotated[
 ]
 
 
+def _sandbox_setting(value: str | None) -> str | None:
+    from colab_graphs.sandbox.scope import normalize
+
+    try:
+        return normalize(value)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+
+
+SandboxOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--sandbox",
+        callback=_sandbox_setting,
+        help="Where code-scored answers run: auto (the strongest this machine gives), namespaces, landlock, or "
+        "unsafe-local (alias unsafe: unconfined, an explicit opt-in recorded in every output). Default: env "
+        "COLAB_GRAPHS_SANDBOX, else auto. Refused before any call (exit 6) where it cannot be met; see "
+        "`colab-graphs doctor`.",
+    ),
+]
+
+
 def progress_bar(total: int, description: str):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

@@ -9,7 +9,15 @@ from typing import Annotated
 import typer
 
 from colab_graphs.cli.common import fail, holding_out, make_client
-from colab_graphs.cli.options import CacheDirOpt, NoCacheOpt, NoPreflightOpt, OutOpt, RetriesOpt, progress_bar
+from colab_graphs.cli.options import (
+    CacheDirOpt,
+    NoCacheOpt,
+    NoPreflightOpt,
+    OutOpt,
+    RetriesOpt,
+    SandboxOpt,
+    progress_bar,
+)
 
 
 def study(
@@ -49,17 +57,20 @@ def study(
         bool,
         typer.Option("--dry-run", help="Print and write OUT/plan.json (calls, tokens, cost); call nothing."),
     ] = False,
+    sandbox: SandboxOpt = None,
 ) -> None:
     """Audit every protocol over every pool on every dataset; correlate individual and compositional strength.
 
     Writes DIR/study.json, DIR/study.md (a heatmap and a scatter grid) and one audit folder per setting under DIR/audits/. Run the same command again after a crash to finish it: nothing is played or called twice.
     """
+    from colab_graphs.sandbox import SandboxUnavailable, scope
     from colab_graphs.study import StudyConfigError, StudyError, load_study_config, play_study
 
     try:
         the_config = load_study_config(config)
     except StudyConfigError as err:
         fail(str(err))
+    the_config.sandbox = sandbox or the_config.sandbox  # (the study checks it before its first call)
     out = out or Path("studies") / config.stem
     client = make_client(
         cache_dir,
@@ -108,6 +119,8 @@ def study(
                     on_progress=on_progress,
                 )
             )
+    except SandboxUnavailable as err:
+        fail(str(err), code=scope.EXIT_CODE)
     except StudyConfigError as err:
         fail(str(err))
     except StudyError as err:
@@ -140,6 +153,10 @@ def _print_summary(report, out: Path) -> None:
         f"{len(report.settings)} audits; calls made {calls.made} (distinct {calls.unique}, cached {calls.cached}, "
         f"failed {calls.failed}); {report.wall_s:.1f}s on {report.backend}"
     )
+    if report.sandbox:
+        from colab_graphs.sandbox.scope import describe
+
+        console.print(f"code scored in the sandbox: {describe(report.sandbox)}", highlight=False)
     failed = [s for s in report.settings if s.failed_examples]
     if failed:
         console.print(f"[yellow]{len(failed)} setting(s) have failed examples (see their audit folders)[/]")

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from colab_graphs.cli.options import SandboxOpt
+
 
 def _config_help() -> str:
     import dataclasses
@@ -59,6 +61,7 @@ def train(
             help="List every config field (C-RL's and trl.GRPOConfig's) with its help and exit.",
         ),
     ] = False,
+    sandbox: SandboxOpt = None,
 ) -> None:
     """Train a policy seated in a collaboration graph on the system's outcome (C-RL), or a baseline.
 
@@ -73,6 +76,7 @@ def train(
     if config is None:
         fail("--config is required (see examples/train_tiny.yaml)")
     from colab_graphs.files import FolderBusy
+    from colab_graphs.sandbox import SandboxUnavailable, scope
     from colab_graphs.trainers.config import ConfigError, load_config
     from colab_graphs.trainers.rollout import RolloutError
 
@@ -84,12 +88,15 @@ def train(
             no_cache=True if no_cache else None,
             max_steps=max_steps,
             resume_from_checkpoint=True if resume else None,
+            sandbox=sandbox,
         )
         from colab_graphs.trainers.pipeline import train as run_training
 
         summary = run_training(cfg, on_step=_print_step)
     except ConfigError as err:
         fail(str(err))
+    except SandboxUnavailable as err:  # code-scored rewards where the setting cannot be met (no call made)
+        fail(str(err), code=scope.EXIT_CODE)
     except FolderBusy as err:  # another training writes that folder
         fail(str(err), code=FolderBusy.exit_code)
     except RolloutError as err:

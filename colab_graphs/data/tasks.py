@@ -55,6 +55,8 @@ class Score:
 
     value: float
     extracted: str | None = None
+    # Code scores only: the sandbox that ran the code, {"backend", "isolation"} (`colab_graphs.sandbox.scope`).
+    sandbox: dict[str, Any] | None = None
 
 
 ScorerFn = Callable[[str, Example], "Score | float | Awaitable[Score | float]"]
@@ -261,6 +263,13 @@ class CodeTask(TaskType):
         return code
 
     async def score(self, output: str, example: Example) -> Score:
+        """The tests' verdict under the sandbox setting in force (`colab_graphs.sandbox.scope.current`).
+
+        The score names the backend and isolation that ran the code (`Score.sandbox`; a reply without code
+        names the backend with no isolation: nothing ran). Raises `SandboxUnavailable` where the setting
+        cannot be met: a code score is never given outside the isolation the user accepted.
+        """
+        from colab_graphs.sandbox import resolve, scope
         from colab_graphs.sandbox.code_tests import arun_tests, unusable_test
 
         problem = unusable_test(example.test)
@@ -268,9 +277,10 @@ class CodeTask(TaskType):
             raise ValueError(
                 f"example {example.id!r}: {problem}; the 'code' scorer needs a test that can fail"
             )
+        setting = scope.current()
         code = self.extract(output, example)
         if code is None:
-            return Score(0.0, None)
+            return Score(0.0, None, scope.row_record(resolve(setting).name, []))
         program = self.candidate(code, example)
         verdict = await arun_tests(
             program,
@@ -278,13 +288,14 @@ class CodeTask(TaskType):
             entry_point=self.function_under_test(program, example),
             prompt_code=self.prompt_code(example),
             timeout_s=float(example.fields.get("timeout_s") or 10),
+            sandbox=setting,
         )
         if verdict.passed and verdict.calls == 0:
             raise ValueError(
                 f"example {example.id!r}: its test passed without calling the code under test, so it would pass "
                 "any code; the 'code' scorer needs a test that calls the solution"
             )
-        return Score(float(verdict.passed), code)
+        return Score(float(verdict.passed), code, scope.row_record(verdict.backend, verdict.isolation))
 
 
 class ReasoningGymTask(TaskType):

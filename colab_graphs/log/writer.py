@@ -60,6 +60,8 @@ def play_fields(play: Play, refs: list[list[Any]]) -> dict[str, Any]:
     if play.failed:
         record["failed"] = True
         record["error"] = play.error
+    if play.sandbox is not None:  # code scores: the sandbox that ran the code
+        record["sandbox"] = play.sandbox
     record.update(play.model_extra or {})  # fields a later version wrote, kept
     record["calls"] = refs
     return record

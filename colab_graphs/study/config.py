@@ -18,6 +18,7 @@
     max_concurrency: 16                     # in-flight calls per endpoint
     force: false                            # allow exact Shapley over more than 12 members
     shard_size: 16                          # on Ray: examples per shard (default: 4 shards per worker)
+    sandbox: auto                           # code scores: auto | namespaces | landlock | unsafe-local (unsafe)
 
 Every key is checked before anything runs; a relative path is read relative to the study file.
 """
@@ -45,6 +46,7 @@ STUDY_KEYS = (
     "max_concurrency",
     "force",
     "shard_size",
+    "sandbox",
 )
 PROTOCOL_KEYS = ("name", "params", "label")
 DATASET_KEYS = ("source", "limit", "split", "scorer", "label")
@@ -95,6 +97,8 @@ class StudyConfig:
     shard_size: int | None = None
     budget_unit: str = "calls"
     target_error: float | None = None
+    # Code scores' sandbox setting (`colab_graphs.sandbox.scope`); None: env, else auto.
+    sandbox: str | None = None
 
 
 def load_study_config(path: str | Path) -> StudyConfig:
@@ -157,12 +161,23 @@ def parse_study_config(data: Any, path: Path) -> StudyConfig:
     if not isinstance(force, bool):
         raise fail("force", f"must be true or false, got {force!r}")
 
+    sandbox = data.get("sandbox")
+    if sandbox is not None:
+        from colab_graphs.sandbox.scope import normalize
+
+        try:
+            if not isinstance(sandbox, str):
+                raise ValueError(f"expected a sandbox setting, got {sandbox!r}")
+            sandbox = normalize(sandbox)
+        except ValueError as err:
+            raise fail("sandbox", str(err)) from None
+
     pools = _pools(data["pools"], path, fail)
     protocols = _protocols(data["protocols"], fail)
     datasets = _datasets(data["datasets"], path, limit, fail)
     config = StudyConfig(
         path, pools, protocols, datasets, method, budget, seed, max_concurrency, force, shard_size, budget_unit,
-        None if target_error is None else float(target_error),
+        None if target_error is None else float(target_error), sandbox,
     )  # fmt: skip
     _check_protocols_fit_pools(config, fail)
     return config

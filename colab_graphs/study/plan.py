@@ -77,6 +77,7 @@ class StudyPlan:
     examples: dict[str, list[Example]]
     datasets: dict[str, DatasetEntry]
     source: str = "study"
+    sandbox: str | None = None  # code scores' sandbox setting: every worker plays under it
 
     @property
     def settings(self) -> list[Setting]:
@@ -165,7 +166,7 @@ def build_plan(config: StudyConfig) -> StudyPlan:
                     )
                 )
     datasets = {d.label: d for d in config.datasets}
-    return StudyPlan(dict(config.pools), audits, solos, examples, datasets, str(config.path))
+    return StudyPlan(dict(config.pools), audits, solos, examples, datasets, str(config.path), config.sandbox)
 
 
 def _with_descriptions(entry: ProtocolEntry, defaults: dict, pool: Pool) -> dict:

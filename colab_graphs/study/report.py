@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from colab_graphs.audit.report import AuditReport, Calls, write_atomic
 from colab_graphs.log.records import package_version
+from colab_graphs.sandbox.scope import describe
 from colab_graphs.study.stats import pair_correlation
 
 SCHEMA_VERSION = 1
@@ -100,6 +101,11 @@ class StudyReport(BaseModel):
     )
     retried_shards: int = Field(0, description="Shards played again because their worker died")
     wall_s: float = 0.0
+    sandbox: dict[str, Any] | None = Field(
+        None,
+        description="code scores only: the sandbox the code ran under, {setting, backend, safe, isolation} "
+        "(`colab_graphs.sandbox.scope`); absent from study.json otherwise",
+    )
 
     def comparable(self) -> dict[str, Any]:
         """What two runs of the same study must agree on, whatever ran them and however long it took."""
@@ -264,6 +270,8 @@ def render_markdown(report: StudyReport, images: Mapping[str, str] | None = None
         f"Calls made {c.made} (distinct requests {c.unique}), served from cache {c.cached}, failed {c.failed}; "
         f"{r.backend}, {r.workers} worker(s), {r.shards} shard(s); {r.wall_s:.1f} s.",
     ]
+    if r.sandbox:
+        lines += ["", f"Code was scored in the sandbox: {describe(r.sandbox)}."]
     for name, file in (images or {}).items():
         lines += ["", f"![{name}]({file})"]
     return "\n".join(lines) + "\n"
@@ -277,7 +285,8 @@ def write_study(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     images = dict(images or {})
-    write_atomic(out / STUDY_JSON, report.model_dump_json(indent=2) + "\n")
+    exclude = {"sandbox"} if report.sandbox is None else None  # (a study without code scores is as it was)
+    write_atomic(out / STUDY_JSON, report.model_dump_json(indent=2, exclude=exclude) + "\n")
     write_atomic(out / STUDY_MD, render_markdown(report, {name: p.name for name, p in images.items()}))
     return {**images, "json": out / STUDY_JSON, "md": out / STUDY_MD}
 

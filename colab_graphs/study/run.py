@@ -26,6 +26,7 @@ from colab_graphs.audit.game import CoalitionGame, Play, read_plays
 from colab_graphs.audit.run import AuditError, play_audit, plots_available
 from colab_graphs.log import LOG_FILE, Header, LogVersionError, LogWriter
 from colab_graphs.models.client import ModelClient
+from colab_graphs.sandbox import scope
 from colab_graphs.study.config import StudyConfig
 from colab_graphs.study.plan import Setting, Shard, StudyPlan, build_plan, make_shards, shard_count
 from colab_graphs.study.plots import write_plots
@@ -183,10 +184,32 @@ async def play_study(
     Raises:
         StudyConfigError: A dataset or protocol of the study file cannot be used (names the file and key).
         StudyError: The folder holds a setting of a different study, or the cluster failed.
+        SandboxUnavailable: A dataset is scored by code and the study's `sandbox` setting cannot be met here
+            (checked before any call; the study then names it in `study.json` and each audit's report).
     """
+    with scope.using(config.sandbox):
+        return await _play_study(
+            config, out, client, ray_address, workers, share_cache, plots, overwrite, on_plan, on_progress
+        )
+
+
+async def _play_study(
+    config: StudyConfig,
+    out: str | Path,
+    client: ModelClient,
+    ray_address: str | None,
+    workers: int | None,
+    share_cache: bool,
+    plots: bool | None,
+    overwrite: bool,
+    on_plan: Callable[[int, int], None] | None,
+    on_progress: Callable[[int], None] | None,
+) -> StudyReport:
     started = time.perf_counter()
     out = Path(out)
     plan = build_plan(config)
+    sandbox = code_sandbox(plan)  # fail closed, before the first call
+    plan.sandbox = scope.current()  # Ray workers play under the driver's setting, whatever their env says
     if overwrite:
         _discard(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -259,10 +282,17 @@ async def play_study(
         calls=_study_calls(plan, out, client, started_at),
         wall_s=round(time.perf_counter() - started, 3),
         **backend,
+        **({"sandbox": sandbox} if sandbox is not None else {}),
     )
     images = write_plots(study, out) if (plots_available() if plots is None else plots) else {}
     write_study(study, out, images=images)
     return study
+
+
+def code_sandbox(plan: StudyPlan) -> dict[str, Any] | None:
+    """The sandbox record of the study's code scores (`colab_graphs.sandbox.scope.require`), None without any."""
+    records = [scope.require(plan.examples[label], d.scorer) for label, d in plan.datasets.items()]
+    return next((r for r in records if r is not None), None)
 
 
 def _play_on_ray(

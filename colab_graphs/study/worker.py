@@ -24,6 +24,7 @@ from typing import Any
 from colab_graphs.audit.game import CoalitionGame, Play, coalition_id
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient
+from colab_graphs.sandbox import scope
 from colab_graphs.study.plan import Setting, Shard, StudyPlan
 
 PlayKey = tuple[str, str]  # (coalition id, example id), as `CoalitionGame.plays` keys them
@@ -100,6 +101,15 @@ class ShardRunner:
         Returns the new plays, each with its setting key; `on_plays` gets a setting's new plays of one example
         as soon as they are all finished. `plays_done` counts this shard's new plays while it runs.
         """
+        with scope.using(self.plan.sandbox):  # (on a Ray worker, the study's setting arrives with the plan)
+            return await self._run(shard, done, on_plays)
+
+    async def _run(
+        self,
+        shard: Shard,
+        done: Mapping[str, Sequence[Play]],
+        on_plays: Callable[[list[tuple[str, Play]]], None] | None,
+    ) -> list[tuple[str, Play]]:
         self.plays_done = 0
         fresh: list[tuple[str, Play]] = []
         evaluations = []

@@ -135,6 +135,12 @@ class CRLFields:
         "Evaluate before training too (false: only after, e.g. for runs that share one starting policy).",
     )
     scorer: str | None = _f(None, "Scorer name (default: chosen from the examples' fields).")
+    sandbox: str | None = _f(
+        None,
+        "Where code-scored rewards run: auto | namespaces | landlock | unsafe-local (alias unsafe; an explicit "
+        "opt-in to unconfined code, recorded in metrics.jsonl and summary.json). Default: env "
+        "COLAB_GRAPHS_SANDBOX, else auto. Checked before the first call.",
+    )
     # --- the objective -----------------------------------------------------------------------------------
     reward: Literal["system", "solo", "sft"] = _f(
         "system",
@@ -199,6 +205,13 @@ class CRLFields:
                 if isinstance(value, str) and _number(value) is not None and _type_ok(_number(value), hint):
                     message += " (YAML reads a number like 1e-5 as text: write 1.0e-5)"
                 bad(f.name, message)
+        if self.sandbox is not None:
+            from colab_graphs.sandbox.scope import normalize
+
+            try:
+                self.sandbox = normalize(self.sandbox)
+            except ValueError as err:
+                bad("sandbox", str(err))
         if self.graph is not None and ":" not in self.graph:
             bad("graph", f"expected path/to/file.py:NAME, got {self.graph!r}")
         for name in (

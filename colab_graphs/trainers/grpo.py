@@ -157,6 +157,7 @@ class CRLTrainer(GRPOTrainer):
         metrics_path: str | Path | None = None,
         loop: LoopThread | None = None,
         on_log: Callable[[dict[str, Any]], None] | None = None,
+        step_fields: dict[str, Any] | None = None,
         **kwargs: Any,
     ):
         from transformers import PrinterCallback
@@ -169,6 +170,7 @@ class CRLTrainer(GRPOTrainer):
             PrinterCallback
         )  # metrics go to metrics.jsonl and `on_log`, not raw dicts on stdout
         self.on_log = on_log
+        self.step_fields = dict(step_fields or {})  # on every metrics line (code rewards: the sandbox record)
         self.runner = runner
         self.examples = examples
         self.objective = objective
@@ -418,7 +420,12 @@ class CRLTrainer(GRPOTrainer):
         if not training or not self.accelerator.is_main_process:
             return
         now = time.perf_counter()
-        line = {"step": self.state.global_step, "wall_s": round(now - self._step_started, 3), **logs}
+        line = {
+            "step": self.state.global_step,
+            "wall_s": round(now - self._step_started, 3),
+            **logs,
+            **self.step_fields,
+        }
         self._step_started = now
         if self.metrics_path is not None:
             with open(self.metrics_path, "a", encoding="utf-8") as fh:

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import colab_graphs._env  # noqa: F401  (offline settings before transformers / litellm load)
 from colab_graphs.files import atomic_write_text, holding
 from colab_graphs.redaction import hide_secrets
+from colab_graphs.sandbox import scope
 from colab_graphs.trainers.config import ConfigError, grpo_values
 
 if TYPE_CHECKING:
@@ -145,7 +146,10 @@ def train(config: TrainConfig, on_step: Callable[[dict[str, Any]], None] | None 
     processes = _processes(config)
     # Two trainings into one folder would interleave their logs and checkpoints: the main process holds the
     # folder's lock (the other processes of an `accelerate launch` are its own).
-    with holding(out if processes.is_main_process else None, "colab_graphs.train"):
+    with (
+        scope.using(config.sandbox),
+        holding(out if processes.is_main_process else None, "colab_graphs.train"),
+    ):
         return _train(config, out, resume, processes, on_step)
 
 
@@ -168,6 +172,9 @@ def _train(
     started = time.perf_counter()
     main = processes.is_main_process
     split = system.load_split(config)
+    # Code-scored rewards: the sandbox is checked before the first call, and named in every metrics line and
+    # in summary.json (the LoopThread carries the setting to the rollouts).
+    sandbox = scope.require([*split.train, *split.eval], config.scorer)
     loop = LoopThread.shared()
     try:
         scripted = server_for_configs(config.scripted_members, "scripted_members")
@@ -209,7 +216,7 @@ def _train(
             for log in (metrics_path, out / "rollouts.jsonl"):
                 _trim_log(log, resume)
         policy, steps = _train_policy(
-            config, model, tokenizer, runner, split.train, loop, metrics_path, out, on_step, resume
+            config, model, tokenizer, runner, split.train, loop, metrics_path, out, on_step, resume, sandbox
         )
         after = run_eval("after")
         folder = out / "policy"
@@ -235,6 +242,7 @@ def _train(
         "policy": str(folder),
         "calls": client.stats.as_dict(),
         "wall_s": round(time.perf_counter() - started, 3),
+        **({"sandbox": sandbox} if sandbox is not None else {}),
     }
     if main:
         _write_json(out / "summary.json", summary)
@@ -253,7 +261,7 @@ def _brief(result: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def _train_policy(
-    config, model, tokenizer, runner, examples, loop, metrics_path: Path, out: Path, on_step, resume
+    config, model, tokenizer, runner, examples, loop, metrics_path: Path, out: Path, on_step, resume, sandbox
 ):  # noqa: ANN001, ANN202
     """GRPO (`reward: system | solo`) or SFT (`reward: sft`) through `CRLTrainer`; (policy, steps)."""
     from datasets import Dataset
@@ -273,6 +281,7 @@ def _train_policy(
         metrics_path=metrics_path,
         loop=loop,
         on_log=on_step,
+        step_fields={"sandbox": sandbox} if sandbox is not None else None,
         model=model,
         args=grpo_args(config, out),
         train_dataset=Dataset.from_list([{"prompt": e.input, "example_id": e.id} for e in examples]),

@@ -105,6 +105,10 @@ def accepts_seed(model: str) -> bool:
         return False
 
 
+async def _in_context(coro: Coroutine[Any, Any, T], context: contextvars.Context) -> T:
+    return await asyncio.get_running_loop().create_task(coro, context=context)
+
+
 class LoopThread:
     """One event loop in a daemon thread, reused for every rollout batch.
 
@@ -131,8 +135,14 @@ class LoopThread:
             return cls._shared
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run `coro` on the loop and wait for its result (exceptions propagate)."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        """Run `coro` on the loop and wait for its result (exceptions propagate).
+
+        It runs in a copy of the caller's context, as `asyncio.run` would: context variables the caller set
+        (the sandbox setting of code scores, `colab_graphs.sandbox.scope.using`) hold inside.
+        """
+        return asyncio.run_coroutine_threadsafe(
+            _in_context(coro, contextvars.copy_context()), self.loop
+        ).result()
 
     def close(self) -> None:
         """Stop the loop and join its thread."""

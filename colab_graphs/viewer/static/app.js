@@ -195,6 +195,11 @@ function diffView(withM, withoutM, member) {
 
 // --- audits ----------------------------------------------------------------------------------------------------
 
+function sandboxText(sb) {  // a code-scored output's sandbox record (colab_graphs.sandbox.scope)
+  const applied = (sb.isolation || []).join(", ") || "none";
+  return sb.safe === false ? `${sb.backend} (opted in: the code ran unconfined; applied: ${applied})` : `${sb.backend} (${applied})`;
+}
+
 function grandValue(d) {
   const c = d.coalitions.find((c) => same(c.members, d.members));
   return c ? c.value : null;
@@ -208,6 +213,7 @@ function auditMeta(d) {
     ["Protocol parameters", params.length ? params.map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(", ") : "defaults"],
     ["Dataset", hd.dataset || "n/a"],
     ["Scorer", hd.scorer || "from each example"],
+    r && r.sandbox ? ["Sandbox", h("span", { id: "sandbox" }, sandboxText(r.sandbox))] : null,
     r ? ["Method", `${r.method}${r.shapley_method ? "" : " (leave-one-out only)"}, ${r.coalitions.length} coalitions`] : null,
     ["Examples", r ? `${r.n_examples}${r.failed_examples.length ? ` (${r.failed_examples.length} failed)` : ""}` : String(d.examples.length)],
     ["v(all members)", h("span", { id: "v-all" }, fmt(grandValue(d)))],
@@ -436,6 +442,7 @@ async function renderRun(d) {
       ["Members", (d.members || []).join(", ")],
       ["Score", h("span", { id: "run-score" }, fmt(sm ? sm.score : d.progress.score))],
       ["Examples", sm ? `${sm.n} (${sm.failed} failed)` : `${d.progress.plays}${d.progress.planned ? " of " + d.progress.planned : ""} so far`],
+      sm && sm.sandbox ? ["Sandbox", h("span", { id: "sandbox" }, sandboxText(sm.sandbox))] : null,
       sm ? ["Calls", `${fmtInt(sm.calls.made)} made, ${fmtInt(sm.calls.cached)} cached, ${fmtInt(sm.calls.failed)} failed`] : null,
       sm ? ["Tokens, cost, time", `${fmtInt(sm.tokens.prompt + sm.tokens.completion)} tokens, ${costText(sm.cost_usd, sm.calls.made, sm.cost_saved_usd, sm.calls.cached)}, ${Number(sm.wall_s).toFixed(1)} s`] : null,
     ])];
@@ -486,6 +493,7 @@ async function renderStudy(d) {
       ["Method", `${st.method}; compositional strength = ${st.measure}`],
       ["Calls", `${fmtInt(st.calls.made)} made, ${fmtInt(st.calls.unique)} distinct, ${fmtInt(st.calls.cached)} cached, ${fmtInt(st.calls.failed)} failed`],
       ["Backend", `${st.backend}, ${st.workers} worker(s), ${Number(st.wall_s).toFixed(1)} s`],
+      st.sandbox ? ["Sandbox", h("span", { id: "sandbox" }, sandboxText(st.sandbox))] : null,
     ]));
     out.push(section("heatmap", "Rank correlation per pool and protocol family",
       h("p", { class: "note" }, `Spearman's rho between each member's individual strength and its ${st.measure} over (member, protocol, dataset) pairs; * significant at alpha ${st.alpha}.`),
@@ -543,6 +551,7 @@ async function renderTrain(d) {
     meta([
       ["Reward", hd.reward || "–"], ["Credit", hd.credit || "–"], ["Policy member", hd.policy_member || "–"],
       ["Steps logged", String(d.steps.length)], sm.wall_s ? ["Wall time", `${Number(sm.wall_s).toFixed(1)} s`] : null,
+      sm.sandbox ? ["Sandbox", h("span", { id: "sandbox" }, sandboxText(sm.sandbox))] : null,
     ])];
   const ev = d.evaluations;
   if (Object.keys(ev).length) {
