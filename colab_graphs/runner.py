@@ -201,14 +201,18 @@ async def run_dataset(
     max_examples_in_flight: int | None = None,
     overwrite: bool = False,
     on_progress: Callable[[ExampleOutcome], None] | None = None,
+    graph: Any = None,
 ) -> tuple[list[ExampleOutcome], dict[str, Any]]:
-    """Run `spec` over `examples`; write results/traces/summary under `out` when given. Returns (outcomes, summary)."""
+    """Run `spec` over `examples`; write results/traces/summary under `out` when given. Returns (outcomes, summary).
+
+    `graph`: what to run instead of `spec` compiled (a user's app bound to the pool,
+    `colab_graphs.audit.app.run_app`); `spec` then only names and identifies the run."""
     started = time.perf_counter()
     dupes = sorted(i for i, k in Counter(e.id for e in examples).items() if k > 1)
     if dupes:
         # Results, traces and resume are keyed by id: a repeated id would silently overwrite an outcome.
         raise RunError(f"example ids must be unique; repeated: {', '.join(dupes[:10])}")
-    graph = compile_graph(spec, pool, client, fuse=True)
+    graph = graph if graph is not None else compile_graph(spec, pool, client, fuse=True)
     fingerprint = run_fingerprint(spec, pool, examples, scorer)
     out_dir = Path(out) if out is not None else None
     finished: dict[str, ExampleOutcome] = {}
