@@ -26,7 +26,7 @@ from colab_graphs.data.example import Example
 from colab_graphs.data.scoring import ScorerFn, task_for, view_for
 from colab_graphs.data.tasks import TaskType, TaskView
 from colab_graphs.files import atomic_file, atomic_write_text
-from colab_graphs.log import ExampleRecord, Header, LogWriter, read_records
+from colab_graphs.log import ExampleRecord, Header, LogWriter, PlayRecord, read_records
 from colab_graphs.log.diff import refusal
 from colab_graphs.models.client import CallError, ModelClient
 from colab_graphs.models.flight import Memo
@@ -163,12 +163,18 @@ def summarize(spec: GraphSpec, outcomes: Sequence[ExampleOutcome], wall_s: float
 
 def _check_same_run(out: Path, header: Header, examples: Sequence[Example]) -> bool:
     """Whether `out` holds an earlier run (its log); raises `RunError`, saying what differs, when that run is not
-    this one."""
+    this one (a different run that never finished an example is no earlier run: it is replaced)."""
     log = out / "log.jsonl"
     if log.exists():
         records, _ = read_records(log, strict=False)
         stored = records[0][1] if records and isinstance(records[0][1], Header) else None
         if stored is None or stored.fingerprint != header.fingerprint:
+            if (
+                stored is not None
+                and stored.kind == "run"
+                and not any(isinstance(r, PlayRecord) for _, r in records)
+            ):
+                return False  # another run that never finished an example (e.g. an app's contract error)
             stored_examples = [r for _, r in records if isinstance(r, ExampleRecord)]
             raise RunError(refusal(out, "run", stored, header, stored_examples, examples))
         return True

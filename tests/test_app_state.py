@@ -121,7 +121,7 @@ def test_a_messages_state_app_with_no_wrapper_is_detected_and_audited_to_its_val
     assert report["shapley"] == pytest.approx({"adder": 0.75, "multiplier": 0.25})
     assert report["loo"] == pytest.approx({"adder": 0.75, "multiplier": 0.25})
     assert report["individual"] == pytest.approx({"adder": 0.75, "multiplier": 0.25})
-    assert report["protocol_params"] == {"mode": "messages", "answer_key": "messages", "detected": True}
+    assert report["protocol_params"] == {"mode": "messages", "detected": True}
     assert report["calls"]["made"] == report["calls"]["unique"] == len(server.request_counts())
 
 
@@ -137,7 +137,7 @@ def test_the_supervisor_tutorials_messages_graph_audits_as_its_wrapped_app_does(
         app=f"{EXAMPLES}/agent_app.py:team", pool=pool, data=str(EXAMPLES / "agent_questions.jsonl"),
         method="exact", individual=False, client=ModelClient(None), progress=False,
     )  # fmt: skip
-    assert report.protocol_params == {"mode": "messages", "answer_key": "messages", "detected": True}
+    assert report.protocol_params == {"mode": "messages", "detected": True}
     assert report.shapley == pytest.approx(
         {"supervisor": 4 / 9, "researcher": 5 / 18, "mathematician": 5 / 18}
     )
@@ -218,9 +218,9 @@ def test_a_contract_only_a_run_shows_fails_on_the_first_example_and_the_mapping_
     assert message in said(result)
     assert not (tmp_path / "out" / "report.json").exists()
     # Mapped, the same app is audited: the adder alone drafts 3 of 4; without it there is no answer.
-    again = audit(pool, tmp_path / "two", f"{TUTORIAL}:{app}", *mapping)
+    again = audit(pool, tmp_path / "out", f"{TUTORIAL}:{app}", *mapping)
     assert again.exit_code == 0, again.output
-    assert report_of(tmp_path / "two")["loo"] == pytest.approx({"adder": 0.75, "multiplier": 0.0})
+    assert report_of(tmp_path / "out")["loo"] == pytest.approx({"adder": 0.75, "multiplier": 0.0})
 
 
 def test_an_app_with_a_checkpointer_gets_a_fresh_thread_per_play_and_nothing_leaks(team, tmp_path, arun):
@@ -300,7 +300,7 @@ def test_run_scores_an_app_once_with_a_protocol_runs_outputs(team, tmp_path):
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["score"] == 1.0 and summary["scored"] == 4 and summary["failed"] == 0
-    assert summary["params"] == {"mode": "messages", "answer_key": "messages", "detected": True}
+    assert summary["params"] == {"mode": "messages", "detected": True}
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert [r["answer"] for r in rows] == ["7", "10", "31", "110"]
     assert len((out / "traces.jsonl").read_text().splitlines()) == 4
@@ -316,6 +316,13 @@ def test_run_scores_an_app_once_with_a_protocol_runs_outputs(team, tmp_path):
     assert api.score == 1.0 and api.rows() == rows
     refused = invoke("run", "--app", f"{TUTORIAL}:reviewed", "--pool", pool, *DATA, "--out", tmp_path / "x")
     assert refused.exit_code == 2 and "pass --input-key question" in said(refused)
+    # A contract only a run shows stops the run on its first example; mapped, the same command in the same
+    # folder runs it (the stopped run finished nothing to keep). The adder alone drafts 3 of 4.
+    unwritten = ["run", "--app", f"{TUTORIAL}:unwritten", "--pool", pool, *DATA, "--out", tmp_path / "u"]
+    stopped = invoke(*unwritten)
+    assert stopped.exit_code == 2 and "and no 'answer'" in said(stopped)
+    assert invoke(*unwritten, "--answer-key", "final_answer").exit_code == 0
+    assert json.loads((tmp_path / "u" / "summary.json").read_text())["score"] == 0.75
 
 
 def test_mapping_options_are_checked(team, tmp_path):

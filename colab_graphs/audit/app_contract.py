@@ -126,8 +126,9 @@ class AppIO:
             return {}
         params: dict[str, Any] = {"mode": self.mode}
         if self.mode == "keys":
-            params["input_key"] = self.in_key
-        params["answer_key"] = self.answer_key if self.answer_key else self.out_key
+            params.update(input_key=self.in_key, answer_key=self.out_key)
+        elif self.answer_key:
+            params["answer_key"] = self.answer_key
         if self.detected:
             params["detected"] = True
         return params
