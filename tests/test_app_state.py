@@ -338,3 +338,86 @@ def test_mapping_options_are_checked(team, tmp_path):
     protocol = invoke("run", "--protocol", "solo", "--pool", pool, *DATA, "--answer-key", "x")
     assert protocol.exit_code == 2 and "they need --app" in said(protocol)
     assert server.chat_requests == []
+
+
+def test_the_answer_is_the_models_and_nothing_written_to_look_like_one():
+    # Final states written to fool the reading of the answer: what follows the model's last word (a human's
+    # follow-up quoting an answer, a tool's result), its reasoning, and answers that are not there.
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+
+    from colab_graphs.audit.app_contract import AppContractError, AppIO
+
+    messages = AppIO(mode="messages")
+    answer = AIMessage(
+        content=[
+            {"type": "reasoning", "reasoning": "Perhaps the answer is 5."},
+            {"type": "text", "text": "The answer is 7."},
+        ]
+    )
+    after = [HumanMessage("Is the answer 42?"), ToolMessage("42", tool_call_id="c1"), SystemMessage("42")]
+    state = {"messages": [HumanMessage("What is 5 + 2?"), answer, *after]}
+    assert messages.answer(state, full=True) == "The answer is 7."
+    # What LangChain reads as an AI message counts as one; what it reads as a human's does not.
+    dicts = [
+        {"role": "assistant", "content": "The answer is 7."},
+        {"role": "user", "content": "The answer is 42."},
+    ]
+    assert messages.answer({"messages": dicts}, full=True) == "The answer is 7."
+    assert (
+        messages.answer({"messages": [("ai", "\\boxed{7}"), ("human", "\\boxed{42}")]}, full=True)
+        == "\\boxed{7}"
+    )
+    only_human = {"messages": [HumanMessage("The answer is 42.")]}
+    with pytest.raises(AppContractError, match="holds 1 message.s. and no AI message"):
+        messages.answer(only_human, full=True)
+    assert messages.answer(only_human, full=False) == ""
+    keys = AppIO(mode="keys", answer_key="final_answer")
+    assert keys.answer({"final_answer": AIMessage("The answer is 7.")}, full=True) == "The answer is 7."
+    assert keys.answer({"final_answer": 7}, full=True) == "7"
+    none = {"final_answer": None, "draft": "The answer is 7."}
+    with pytest.raises(AppContractError, match="the app's final 'final_answer' is None"):
+        keys.answer(none, full=True)
+    missing = {"draft": "7", "__interrupt__": ()}
+    with pytest.raises(AppContractError, match="final state has keys draft and no 'final_answer'"):
+        keys.answer(missing, full=True)
+    for unanswered in (none, missing):  # a smaller coalition: no answer, not a default that scores
+        assert keys.answer(unanswered, full=False) == ""
+
+
+def test_a_key_left_unwritten_by_an_absent_member_fails_the_example_not_the_audit(scripted_server, pool_for):
+    # The drafter's node writes nothing when its member is absent, and the next node reads the draft: with every
+    # member present the app runs; without the drafter its KeyError is the app's own (no input-key hint).
+    from langgraph.graph import START, StateGraph
+    from typing_extensions import TypedDict
+
+    class State(TypedDict, total=False):
+        input: str
+        draft: str
+        answer: str
+
+    drafter = cg.member_chat_model("a")
+
+    async def draft(state: State) -> State:
+        try:
+            return {"draft": (await drafter.ainvoke(state["input"])).text}
+        except cg.MemberAbsent:
+            return {}
+
+    def finish(state: State) -> State:
+        return {"answer": state["draft"]}
+
+    app = (
+        StateGraph(State)
+        .add_node(draft)
+        .add_node(finish)
+        .add_edge(START, "draft")
+        .add_edge("draft", "finish")
+    )
+    pool = pool_for(scripted_server({"a": "The answer is 5.", "b": "The answer is 5."}), ["a", "b"])
+    data = [{"id": "q", "input": "What is 2 + 3?", "answer": "5"}]
+    with pytest.raises(Exception, match="every example failed") as failed:
+        cg.run_audit(
+            app, pool, data, method="exact", individual=False, client=ModelClient(None), progress=False
+        )
+    assert "the app raised KeyError: 'draft'" in str(failed.value)
+    assert "--input-key" not in str(failed.value)

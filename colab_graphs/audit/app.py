@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from colab_graphs.audit.app_contract import AppContractError, AppError, AppIO, PlayRun
+from colab_graphs.audit.app_contract import AppContractError, AppError, AppIO, PlayRun, schema_keys
 from colab_graphs.audit.game import CoalitionGame, coalition_id
 from colab_graphs.data.example import Example
 from colab_graphs.models.binding import MemberAbsent, MemberBinding, bind_members
@@ -88,7 +88,7 @@ class AppGraph:
         )
         sent = self.io.input_state(state["input"])
         run = PlayRun(self.app)
-        contract: AppContractError | None = None
+        unsent: str | None = None
         with bind_members(binding):
             try:
                 final = await self.app.ainvoke(sent, run.config(config))
@@ -97,14 +97,16 @@ class AppGraph:
             except CallError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the app's own failure fails the example, reported
-                contract = self.io.key_error(exc, sent) if isinstance(exc, KeyError) else None
-                if contract is None:
+                # (With a member absent, a missing key is the app's own: one left unwritten by that member.)
+                if isinstance(exc, KeyError) and self.full:
+                    unsent = self.io.key_error(exc, sent, schema_keys(self.app, "input"))
+                if unsent is None:
                     message = f"the app raised {type(exc).__name__}: {exc}"
                     raise CallError("app", message, self.name, 1) from exc
             finally:
                 await run.close()
-        if contract is not None:  # the app reads a key the audit does not send: the audit stops, saying so
-            raise contract
+        if unsent is not None:  # the whole pool's play reads a key the audit does not send: stop, saying so
+            raise AppContractError(unsent)
         run.check(final)
         return {**state, "answer": self.io.answer(final, full=self.full)}
 

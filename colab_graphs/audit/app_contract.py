@@ -18,7 +18,9 @@ key the app's input schema lacks, an answer key its output lacks), with an error
 app does have and the option to pass. What only a run shows is checked on the play of the whole pool: a final
 state without the answer key (or without an AI message) is an error naming the keys the final state has; a
 smaller coalition whose run ends without it gives an empty answer. A `KeyError` for a key the audit did not
-send says what it sends and how to map it. Nothing here turns a broken contract into a score of 0.
+send (and the app's input schema, where it has one, holds) on the whole pool's play stops the audit, saying
+what the audit sends and how to map it (with a member absent, a missing key is the app's own: that example
+fails, reported). Nothing here turns a broken contract into a score of 0.
 
 `PlayRun` configures one play: a fresh ``thread_id`` in ``configurable`` (so an app compiled with a checkpointer
 is audited unchanged, each play on its own thread: nothing leaks between coalitions or examples; the thread is
@@ -193,15 +195,24 @@ class AppIO:
 
     def answer(self, final: Any, *, full: bool) -> str:
         """The answer in the app's final state (`full`: the whole pool played, where a missing answer is an
-        `AppContractError` naming the keys the final state has; elsewhere it is an empty answer)."""
+        `AppContractError` naming the keys the final state has; elsewhere it is an empty answer).
+
+        A message is read as its text, a list of messages as its last AI message's (`last_ai_text`), anything
+        else as `str` of it. Never a default that scores: a missing or None answer, or a list with no AI
+        message, is an error on the whole pool's play and an empty answer elsewhere."""
         state = final if isinstance(final, Mapping) else getattr(final, "__dict__", {})
         if self.out_key not in state or state[self.out_key] is None:
-            if full:
+            if not full:
+                return ""
+            if self.out_key in state:
                 raise AppContractError(
-                    self._missing_answer([k for k in state if not k.startswith("__")], "final state")
-                    + " (the app ran with every member present and ended without it)"
+                    f"the app's final {self.out_key!r} is None, where the audit reads the answer (the app ran "
+                    "with every member present and wrote no answer there)"
                 )
-            return ""
+            raise AppContractError(
+                self._missing_answer([k for k in state if not k.startswith("__")], "final state")
+                + " (the app ran with every member present and ended without it)"
+            )
         value = state[self.out_key]
         if isinstance(value, list | tuple):
             text = last_ai_text(value)
@@ -215,14 +226,14 @@ class AppIO:
             return text
         return message_text(value)
 
-    def key_error(self, exc: KeyError, sent: Mapping[str, Any]) -> AppContractError | None:
-        """The contract error for a `KeyError` the app raised for a key the audit did not send (None for any
-        other: an app's own lookup)."""
+    def key_error(self, exc: KeyError, sent: Mapping[str, Any], inputs: Sequence[str] | None) -> str | None:
+        """What to say of a `KeyError` the app raised for a key the audit did not send, that the app's input
+        schema (`inputs`; None: unknown) may hold (None for any other: an app's own lookup)."""
         key = exc.args[0] if exc.args else None
-        if not isinstance(key, str) or key in sent:
+        if not isinstance(key, str) or key in sent or (inputs is not None and key not in inputs):
             return None
         hint = _option("input-key", key) if key != MESSAGES else "pass --mode messages (mode='messages')"
-        return AppContractError(
+        return (
             f"the app raised KeyError: {key!r}: the audit sends the question as {self.sent} and nothing else; if "
             f"the app reads its question from {key!r}, {hint}"
         )
@@ -237,15 +248,21 @@ def message_text(value: Any) -> str:
 
 
 def last_ai_text(messages: Sequence[Any]) -> str | None:
-    """The text of the last AI message (a LangChain `AIMessage`, or a mapping with role "assistant" / type
-    "ai"); None when there is none."""
-    for message in reversed(messages):
-        kind = getattr(message, "type", None)
-        if isinstance(message, Mapping):
-            kind = message.get("type") or ("ai" if message.get("role") == "assistant" else None)
-            if kind == "ai":
-                return str(message.get("content") or "")
-        if kind == "ai":
+    """The text of the last AI message (a LangChain `AIMessage` or chunk, or what LangChain reads as one: a
+    mapping with role "assistant", an ``("ai", text)`` pair); None when there is none.
+
+    Defends against a final state that ends with something other than the model's answer: a human or system
+    message after it (a follow-up quoting "The answer is 42"), a tool's result, an AI message's reasoning or
+    thinking blocks (only its text blocks are its text)."""
+    from langchain_core.messages import AIMessage, BaseMessage, convert_to_messages
+
+    for message in reversed(list(messages)):
+        if not isinstance(message, BaseMessage):
+            try:
+                message = convert_to_messages([message])[0]
+            except (ValueError, TypeError, KeyError, NotImplementedError):
+                continue
+        if isinstance(message, AIMessage):
             return message_text(message)
     return None
 
