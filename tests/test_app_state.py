@@ -249,6 +249,10 @@ def test_an_app_with_a_checkpointer_gets_a_fresh_thread_per_play_and_nothing_lea
     assert report.loo == pytest.approx({"adder": 0.5, "multiplier": 0.0})
     assert len(set(threads)) == 3 * 4  # one thread per coalition and example (the empty one never plays)
     assert dict(saver.storage) == {}  # every play's thread was deleted when it ended
+    # The same app file through the CLI (before: "Checkpointer requires ... thread_id", exit 3).
+    result = audit(pool, tmp_path / "cli", f"{TUTORIAL}:chatbot", "--no-individual")
+    assert result.exit_code == 0, result.output
+    assert report_of(tmp_path / "cli")["shapley"] == pytest.approx(report.shapley)
     # Leakage would change the values: two questions on one thread, and the second gets the first's answer.
     config = {"configurable": {"thread_id": "shared"}}
     with cg.use_pool(pool, ModelClient(None)):
@@ -259,6 +263,8 @@ def test_an_app_with_a_checkpointer_gets_a_fresh_thread_per_play_and_nothing_lea
 
 
 def test_an_interrupt_is_an_error_naming_the_node(team, tmp_path):
+    from langgraph.types import interrupt
+
     server, pool = team
     args = ["--input-key", "question", "--answer-key", "final_answer"]
     result = audit(pool, tmp_path / "out", f"{TUTORIAL}:reviewed_by_a_human", *args)
@@ -267,6 +273,25 @@ def test_an_interrupt_is_an_error_naming_the_node(team, tmp_path):
     assert "the app called interrupt() in node 'human_review' asking {'question': 'What is" in text
     assert "an audit plays the app unattended" in text
     assert not (tmp_path / "out" / "report.json").exists()
+    # In a subgraph, the node that called it is named with the node it ran inside.
+    from langgraph.graph import START, StateGraph
+    from typing_extensions import TypedDict
+
+    from colab_graphs.audit.app_contract import AppContractError
+
+    class State(TypedDict, total=False):
+        input: str
+        answer: str
+
+    def ask_human(state: State) -> State:
+        return {"answer": interrupt(f"Answer {state['input']} for me?")}
+
+    approval = StateGraph(State).add_node(ask_human).add_edge(START, "ask_human").compile()
+    app = StateGraph(State).add_node("approval", approval).add_edge(START, "approval").compile()
+    with pytest.raises(
+        AppContractError, match=r"interrupt\(\) in node 'ask_human' \(inside 'approval'\) asking"
+    ):
+        cg.run_audit(app, pool, "builtin:arithmetic", limit=1, individual=False, progress=False)
 
 
 def test_a_langgraph_deployment_file_names_the_app(team, tmp_path):
@@ -331,6 +356,9 @@ def test_mapping_options_are_checked(team, tmp_path):
     assert bad.exit_code == 2 and "input_key 'q' does not apply" in said(bad)
     wrong = audit(pool, tmp_path / "b", f"{TUTORIAL}:router", "--mode", "chat")
     assert wrong.exit_code == 2 and "mode must be one of auto, keys, messages, got 'chat'" in said(wrong)
+    answer = audit(pool, tmp_path / "d", f"{TUTORIAL}:router", "--mode", "messages", "--answer-key", "final")
+    assert answer.exit_code == 2
+    assert "the app's output schema has keys messages and no 'final', where the audit reads" in said(answer)
     keys = audit(pool, tmp_path / "c", f"{TUTORIAL}:router", "--mode", "keys")
     assert keys.exit_code == 2
     assert "no 'input', so it never reads the question the audit sends" in said(keys)

@@ -268,26 +268,44 @@ def last_ai_text(messages: Sequence[Any]) -> str | None:
 
 
 class _NodeWatch(BaseCallbackHandler):
-    """Records the nodes where a run's `interrupt()` was raised. Inline: it never needs a thread."""
+    """Records the nodes where a run's `interrupt()` was raised, each with the nodes it ran inside (a subgraph's
+    node within the parent's). Inline (it never needs a thread), and it hears only chains: model calls, tools
+    and retrievers pass it by."""
 
     run_inline = True
+    ignore_llm = ignore_chat_model = ignore_agent = ignore_retriever = ignore_retry = True
+    ignore_custom_event = True
 
     def __init__(self) -> None:
+        self.parents: dict[UUID, UUID | None] = {}
         self.nodes: dict[UUID, str] = {}
-        self.interrupted: list[str] = []
+        self.raised: list[tuple[UUID, str]] = []  # (run, node) of each node an interrupt went through
+        self.interrupted: list[str] = []  # where each interrupt was called, "node (inside 'outer')"
 
     def on_chain_start(self, serialized: Any, inputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self.parents[run_id] = kwargs.get("parent_run_id")
         node = (kwargs.get("metadata") or {}).get("langgraph_node")
         if node is not None and kwargs.get("name") == node:
             self.nodes[run_id] = str(node)
 
-    def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        self.nodes.pop(run_id, None)
-
     def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        node = self.nodes.pop(run_id, None)
-        if node is not None and type(error).__name__ == "GraphInterrupt" and node not in self.interrupted:
-            self.interrupted.append(node)
+        node = self.nodes.get(run_id)
+        if node is None or type(error).__name__ != "GraphInterrupt":
+            return
+        self.raised.append((run_id, node))
+        self.interrupted = []
+        for inner, name in self.raised:  # innermost first: the nodes an inner one ran inside are its "outer"
+            outer = [n for run, n in self.raised if run != inner and self._within(inner, run)]
+            if not any(self._within(run, inner) for run, _ in self.raised if run != inner):
+                shown = repr(name) + (f" (inside {', '.join(map(repr, outer))})" if outer else "")
+                self.interrupted.append(shown)
+
+    def _within(self, run: UUID | None, ancestor: UUID) -> bool:
+        while run is not None:
+            run = self.parents.get(run)
+            if run == ancestor:
+                return True
+        return False
 
 
 class PlayRun:
@@ -318,7 +336,7 @@ class PlayRun:
         interrupts = final.get("__interrupt__") if isinstance(final, Mapping) else None
         if not interrupts and not self.watch.interrupted:
             return
-        where = ", ".join(repr(n) for n in self.watch.interrupted) or "an unnamed node"
+        where = ", ".join(self.watch.interrupted) or "an unnamed node"
         values = "; ".join(repr(getattr(i, "value", i)) for i in interrupts or ())
         asked = f" asking {values}" if values else ""
         raise AppContractError(
