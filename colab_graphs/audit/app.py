@@ -7,14 +7,18 @@ default it takes ``{"input": question}`` and its final state holds ``answer``, a
 its own keys, or a `MessagesState` app's messages, are mapped by an `AppIO` (`colab_graphs.audit.app_contract`:
 ``--input-key`` / ``--answer-key`` / ``--mode``), checked against the app before any call. The example's task
 scores that answer as it scores a protocol's. Each play runs on a fresh ``thread_id`` (an app compiled with a
-checkpointer is audited unchanged), and an `interrupt()` is an error naming its node. The game plays the app once per coalition and example, with the coalition, the pool, the client,
-the trace and the example's call memo bound around the run (`bind_members`), so every call goes through the
-call path and identical calls are made once across coalitions (calls made = distinct requests, as for
+checkpointer is audited unchanged), and an `interrupt()` is an error naming its node.
+
+The game plays the app once per coalition and example, with the coalition, the pool, the client, the trace
+and the example's call memo bound around the run (`bind_members`), so every call goes through the call path
+and identical calls are made once across coalitions (calls made = distinct requests, as for
 protocols). A member outside the coalition follows its declared rule (`member_chat_model(..., on_absent=)`):
 raise `MemberAbsent` (the default: an app may catch it, e.g. a supervisor skipping that worker), answer
 empty, or substitute another member. A `MemberAbsent` the app does not catch ends that run without an
 answer (scored as an empty answer); any other exception the app raises fails the example (reported, not
-scored), as a failed call does. The empty coalition scores 0; each member's individual strength is its
+scored), as a failed call does, except a broken contract (`AppContractError`: an answer the whole pool's
+play did not write, a key it read that the audit does not send, an `interrupt()`), which stops the audit with
+what to pass. The empty coalition scores 0; each member's individual strength is its
 `solo` score, as in every audit.
 
 What is hooked where: `AppGame` is a `CoalitionGame` whose coalition graphs are the app bound to a coalition
