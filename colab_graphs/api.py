@@ -8,8 +8,10 @@ folder is locked (`colab_graphs.files.OutLock`): a second writer, in this proces
 
 A pool is a `Pool`, a pool file, or a mapping of member name -> LiteLLM settings; data is a source name or
 file (see `load_examples`) or a list of examples (`Example`s or mappings); a protocol is a registered name, a
-`GraphSpec`, or a graph reference ``path/to/file.py:NAME``. An audit also takes a LangGraph app (an object,
-or ``app="path/to/file.py:NAME"``) whose model calls use `member_chat_model` (see `colab_graphs.audit.app`).
+`GraphSpec`, or a graph reference ``path/to/file.py:NAME``. A run and an audit also take a LangGraph app (an
+object, or ``app="path/to/file.py:NAME"`` / ``"module:NAME"`` / ``"langgraph.json:NAME"``) whose model calls use
+`member_chat_model` (see `colab_graphs.audit.app`); ``input_key=``, ``answer_key=`` and ``mode=`` ("auto",
+"keys", "messages") map its own state (see `colab_graphs.audit.app_contract.AppIO`).
 
 Progress: `on_progress` is called with a `Progress` as work finishes (from the thread that runs the work);
 `progress=True` shows a rich progress bar (in a terminal or a notebook), the default when the output is one.
@@ -265,11 +267,33 @@ def _is_app(obj: Any) -> bool:
     return obj is not None and not isinstance(obj, str | os.PathLike | GraphSpec)
 
 
+def _app_of(
+    protocol: Any, app: Any, pool: Pool, input_key: str | None, answer_key: str | None, mode: str
+) -> tuple[Any, Any] | None:
+    """(app, `AppSpec`) when an app is given (`app=`, or an app object for the protocol), its mapping checked
+    before any call; None for a protocol (then the mapping options must not be given)."""
+    if app is None and not _is_app(protocol):
+        if input_key is not None or answer_key is not None or mode != "auto":
+            raise ValueError("input_key, answer_key and mode map an app's state: give an app (app=...)")
+        return None
+    from colab_graphs.audit.app import resolve_app
+    from colab_graphs.audit.app_contract import AppIO
+
+    if app is not None and protocol is not None:
+        raise ValueError("give a protocol or an app, not both")
+    io = AppIO(input_key, answer_key, mode)  # type: ignore[arg-type]
+    return resolve_app(app if app is not None else protocol, pool.names, io)
+
+
 async def arun(
-    protocol: str | GraphSpec | None = None,
+    protocol: str | GraphSpec | Any | None = None,
     pool: PoolLike | None = None,
     data: DataLike | None = None,
     *,
+    app: str | Any | None = None,
+    input_key: str | None = None,
+    answer_key: str | None = None,
+    mode: str = "auto",
     params: Mapping[str, Any] | None = None,
     scorer: str | None = None,
     out: str | os.PathLike[str] | None = None,
@@ -282,16 +306,22 @@ async def arun(
     progress: bool | None = None,
     sandbox: str | None = None,
 ) -> RunResult:
-    """Run a protocol over a dataset (what `colab-graphs run` does); writes the run outputs under `out`.
+    """Run a protocol, or score a LangGraph app once with the whole pool, over a dataset (what `colab-graphs
+    run` does); writes the run outputs (results.jsonl, traces.jsonl, summary.json, log.jsonl) under `out`.
 
-    `sandbox`: where code-scored answers run (`colab_graphs.sandbox.scope`: auto | namespaces | landlock |
-    unsafe-local; None: env, else auto); checked before any call (`SandboxUnavailable`).
+    `protocol`: a protocol (name, `GraphSpec`, graph reference) or a LangGraph app object; `app`: an app
+    reference instead (``file.py:NAME``, ``module:NAME``, ``langgraph.json:NAME``); `input_key`, `answer_key`,
+    `mode`: how the app's state is mapped (`colab_graphs.audit.app_contract.AppIO`). `sandbox`: where
+    code-scored answers run (`colab_graphs.sandbox.scope`: auto | namespaces | landlock | unsafe-local; None:
+    env, else auto); checked before any call (`SandboxUnavailable`).
     """
+    from colab_graphs.audit.app import run_app
     from colab_graphs.fitting import run_fitted
     from colab_graphs.sandbox import scope
 
     the_pool = as_pool(pool)
-    spec = as_spec(protocol, the_pool, params)
+    the_app = _app_of(protocol, app, the_pool, input_key, answer_key, mode)
+    spec = the_app[1] if the_app is not None else as_spec(protocol, the_pool, params)
     examples = as_examples(data, limit, seed, scorer)  # checked before any call, a fit's included
     scope.require(examples, scorer, sandbox)  # code scores: before any call, a fit's included
     the_client = as_client(client, cache_dir, max_concurrency)
@@ -301,15 +331,16 @@ async def arun(
         _Reporter(Progress(f"run {spec.name}", "example"), on_progress, progress) as report,
     ):
         report.plan(len(examples))
-        outcomes, summary = await run_fitted(
-            spec,
-            the_pool,
-            examples,
-            client=the_client,
-            scorer=scorer,
-            out=out,
-            on_progress=lambda outcome: report.advance(calls=outcome.trace.calls),
-        )
+        options: dict[str, Any] = {
+            "client": the_client,
+            "scorer": scorer,
+            "out": out,
+            "on_progress": lambda outcome: report.advance(calls=outcome.trace.calls),
+        }
+        if the_app is not None:
+            outcomes, summary = await run_app(the_app[0], spec, the_pool, examples, **options)
+        else:
+            outcomes, summary = await run_fitted(spec, the_pool, examples, **options)
     return RunResult(outcomes, summary)
 
 
@@ -319,6 +350,9 @@ async def arun_audit(
     data: DataLike | None = None,
     *,
     app: str | Any | None = None,
+    input_key: str | None = None,
+    answer_key: str | None = None,
+    mode: str = "auto",
     method: str = "loo",
     budget: int | None = None,
     budget_unit: str = "calls",
@@ -344,7 +378,9 @@ async def arun_audit(
     """Audit each member's contribution to a protocol or a LangGraph app (what `colab-graphs audit` does).
 
     `protocol`: a protocol (name, `GraphSpec`, graph reference) or a LangGraph app object; `app`: an app
-    reference ``path/to/file.py:NAME`` / ``module:NAME`` instead. `method`: "loo" (n + 1 coalitions), "exact"
+    reference ``path/to/file.py:NAME`` / ``module:NAME`` / ``langgraph.json:NAME`` instead; `input_key`,
+    `answer_key`, `mode` ("auto", "keys", "messages"): how the app's state is mapped
+    (`colab_graphs.audit.app_contract.AppIO`; checked against the app before any call). `method`: "loo" (n + 1 coalitions), "exact"
     (all 2^n) or "sampled" (`budget` in `budget_unit`: distinct calls, coalitions or permutations; or until
     `target_error`). `max_calls` / `max_cost_usd` cap the audit's spending (the report is then `partial`; run
     again to finish it). `sandbox`: where code-scored answers run (as `arun`). Writes report.json, report.md and
@@ -357,14 +393,13 @@ async def arun_audit(
     examples = as_examples(data, limit, seed or None, scorer)
     dataset = data if isinstance(data, str) else None
     game = None
-    if app is not None or _is_app(protocol):
-        from colab_graphs.audit.app import AppGame, resolve_app
+    the_app = _app_of(protocol, app, the_pool, input_key, answer_key, mode)
+    if the_app is not None:
+        from colab_graphs.audit.app import AppGame
 
-        if app is not None and protocol is not None:
-            raise ValueError("give a protocol or an app, not both")
-        the_app, spec = resolve_app(app if app is not None else protocol, the_pool.names)
+        spec = the_app[1]
         game = AppGame(
-            the_app, spec, the_pool, examples, client=the_client, scorer=scorer, store=out, dataset=dataset
+            the_app[0], spec, the_pool, examples, client=the_client, scorer=scorer, store=out, dataset=dataset
         )
     else:
         spec = as_spec(protocol, the_pool, params)

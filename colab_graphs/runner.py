@@ -31,7 +31,7 @@ from colab_graphs.data.example import Example
 from colab_graphs.data.scoring import ScorerFn, task_for, view_for
 from colab_graphs.data.tasks import TaskType, TaskView
 from colab_graphs.files import atomic_file, atomic_write_text
-from colab_graphs.log import ExampleRecord, Header, LogWriter, read_records
+from colab_graphs.log import ExampleRecord, Header, LogWriter, PlayRecord, read_records
 from colab_graphs.log.diff import refusal
 from colab_graphs.models.client import CallError, ModelClient
 from colab_graphs.models.flight import Memo
@@ -181,12 +181,18 @@ def summarize(
 
 def _check_same_run(out: Path, header: Header, examples: Sequence[Example]) -> bool:
     """Whether `out` holds an earlier run (its log); raises `RunError`, saying what differs, when that run is not
-    this one."""
+    this one (a different run that never finished an example is no earlier run: it is replaced)."""
     log = out / "log.jsonl"
     if log.exists():
         records, _ = read_records(log, strict=False)
         stored = records[0][1] if records and isinstance(records[0][1], Header) else None
         if stored is None or stored.fingerprint != header.fingerprint:
+            if (
+                stored is not None
+                and stored.kind == "run"
+                and not any(isinstance(r, PlayRecord) for _, r in records)
+            ):
+                return False  # another run that never finished an example (e.g. an app's contract error)
             stored_examples = [r for _, r in records if isinstance(r, ExampleRecord)]
             raise RunError(refusal(out, "run", stored, header, stored_examples, examples))
         return True
@@ -220,17 +226,20 @@ async def run_dataset(
     overwrite: bool = False,
     on_progress: Callable[[ExampleOutcome], None] | None = None,
     sandbox: str | None = None,
+    graph: Any = None,
 ) -> tuple[list[ExampleOutcome], dict[str, Any]]:
     """Run `spec` over `examples`; write results/traces/summary under `out` when given. Returns (outcomes, summary).
 
     `sandbox`: the sandbox setting for code scores (`colab_graphs.sandbox.scope`; None: the one in force).
+    `graph`: what to run instead of `spec` compiled (a user's app bound to the pool,
+    `colab_graphs.audit.app.run_app`); `spec` then only names and identifies the run.
 
     Raises:
         SandboxUnavailable: code-scored examples, and the setting cannot be met here (before any call).
     """
     with scope.using(sandbox):
         return await _run_dataset(
-            spec, pool, examples, client, scorer, out, max_examples_in_flight, overwrite, on_progress
+            spec, pool, examples, client, scorer, out, max_examples_in_flight, overwrite, on_progress, graph
         )
 
 
@@ -244,6 +253,7 @@ async def _run_dataset(
     max_examples_in_flight: int | None,
     overwrite: bool,
     on_progress: Callable[[ExampleOutcome], None] | None,
+    graph: Any,
 ) -> tuple[list[ExampleOutcome], dict[str, Any]]:
     started = time.perf_counter()
     sandbox = scope.require(examples, scorer)  # fail closed, before the first call
@@ -251,7 +261,7 @@ async def _run_dataset(
     if dupes:
         # Results, traces and resume are keyed by id: a repeated id would silently overwrite an outcome.
         raise RunError(f"example ids must be unique; repeated: {', '.join(dupes[:10])}")
-    graph = compile_graph(spec, pool, client, fuse=True)
+    graph = graph if graph is not None else compile_graph(spec, pool, client, fuse=True)
     fingerprint = run_fingerprint(spec, pool, examples, scorer)
     out_dir = Path(out) if out is not None else None
     finished: dict[str, ExampleOutcome] = {}

@@ -11,6 +11,12 @@ Audit it (each member's leave-one-out and exact Shapley value in this app):
     colab-graphs audit --app examples/agent_app.py:app --pool pool.yaml --data examples/agent_questions.jsonl \\
         --method exact
 
+`team`, the tutorial's `MessagesState` graph as written, audits the same with no wrapper (the question goes in
+as a HumanMessage, the answer is the last AI message: messages mode, detected from its input schema):
+
+    colab-graphs audit --app examples/agent_app.py:team --pool pool.yaml --data examples/agent_questions.jsonl \\
+        --method exact
+
 Run it on one question:
 
     python examples/agent_app.py --pool pool.yaml "How many legs do 7 spiders have?"

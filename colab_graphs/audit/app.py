@@ -1,21 +1,30 @@
 """Audits of a user's own LangGraph app: v(S) = the app's score when only the members in S answer.
 
 The app is any compiled LangGraph graph (a supervisor with workers, a ReAct agent, a planner and critic) whose
-model calls use `colab_graphs.member_chat_model(NAME)`. It takes ``{"input": question}`` and its final state
-holds ``answer``, as a compiled protocol's does; the example's task scores that answer as it scores a
-protocol's. The game plays the app once per coalition and example, with the coalition, the pool, the client,
-the trace and the example's call memo bound around the run (`bind_members`), so every call goes through the
-call path and identical calls are made once across coalitions (calls made = distinct requests, as for
+model calls use `colab_graphs.member_chat_model(NAME)`, named by a reference (``file.py:NAME``,
+``module:NAME``, or ``langgraph.json:NAME``: a graph of LangGraph's deployment file) or given as an object. By
+default it takes ``{"input": question}`` and its final state holds ``answer``, as a compiled protocol's does;
+its own keys, or a `MessagesState` app's messages, are mapped by an `AppIO` (`colab_graphs.audit.app_contract`:
+``--input-key`` / ``--answer-key`` / ``--mode``), checked against the app before any call. The example's task
+scores that answer as it scores a protocol's. Each play runs on a fresh ``thread_id`` (an app compiled with a
+checkpointer is audited unchanged), and an `interrupt()` is an error naming its node.
+
+The game plays the app once per coalition and example, with the coalition, the pool, the client, the trace
+and the example's call memo bound around the run (`bind_members`), so every call goes through the call path
+and identical calls are made once across coalitions (calls made = distinct requests, as for
 protocols). A member outside the coalition follows its declared rule (`member_chat_model(..., on_absent=)`):
 raise `MemberAbsent` (the default: an app may catch it, e.g. a supervisor skipping that worker), answer
 empty, or substitute another member. A `MemberAbsent` the app does not catch ends that run without an
 answer (scored as an empty answer); any other exception the app raises fails the example (reported, not
-scored), as a failed call does. The empty coalition scores 0; each member's individual strength is its
+scored), as a failed call does, except a broken contract (`AppContractError`: an answer the whole pool's
+play did not write, a key it read that the audit does not send, an `interrupt()`), which stops the audit with
+what to pass. The empty coalition scores 0; each member's individual strength is its
 `solo` score, as in every audit.
 
 What is hooked where: `AppGame` is a `CoalitionGame` whose coalition graphs are the app bound to a coalition
 (it overrides `_graph` and `_fit`); `play_audit(..., game=AppGame(...))` plays it and writes the usual
-report, log and plots.
+report, log and plots. `run_app` scores the app once (the whole pool) through `runner.run_dataset`, with a
+protocol run's results, traces, summary and log.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from colab_graphs.audit.app_contract import AppContractError, AppError, AppIO, PlayRun, schema_keys
 from colab_graphs.audit.game import CoalitionGame, coalition_id
 from colab_graphs.data.example import Example
 from colab_graphs.models.binding import MemberAbsent, MemberBinding, bind_members
@@ -35,36 +45,41 @@ from colab_graphs.models.client import CallError, ModelClient
 from colab_graphs.pool import Pool
 
 
-class AppError(ValueError):
-    """An app reference or object that cannot be audited; the message names it and says why."""
-
-
 @dataclass(frozen=True)
 class AppSpec:
     """What an audit records about an app (the report's `protocol`, the log's header): its name, the players,
-    and what identifies it (a file's hash when it came from one), so a changed app is not resumed as the
-    same audit. It has no graph spec: the viewer shows its calls in the order they were made."""
+    what identifies it (a file's hash when it came from one), and how its state is mapped (`io`; its `params`,
+    empty for the default mapping), so a changed app or mapping is not resumed as the same audit. It has no
+    graph spec: the viewer shows its calls in the order they were made."""
 
     name: str
     members: list[str]
     identity: dict[str, Any] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)
     empty_fallback: str | None = None
+    io: AppIO = field(default_factory=AppIO)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"app": self.name, **self.identity}
+        return {"app": self.name, **self.identity, **({"io": self.params} if self.params else {})}
 
     def restricted(self, members: Sequence[str]) -> AppSpec:
-        return AppSpec(self.name, list(members), self.identity, self.params)
+        return AppSpec(self.name, list(members), self.identity, self.params, io=self.io)
 
 
 class AppGraph:
-    """The app bound to one coalition, with the `ainvoke(state, config, context=RunContext)` the runner calls."""
+    """The app bound to one coalition, with the `ainvoke(state, config, context=RunContext)` the runner calls.
 
-    def __init__(self, app: Any, name: str, coalition: Sequence[str]):
+    `full`: the coalition is the whole pool, where the answer must be where `io` reads it (see
+    `AppIO.answer`)."""
+
+    def __init__(
+        self, app: Any, name: str, coalition: Sequence[str], io: AppIO | None = None, *, full: bool = False
+    ):
         self.app = app
         self.name = name
         self.coalition = frozenset(coalition)
+        self.io = io or AppIO(mode="keys")
+        self.full = full
 
     async def ainvoke(self, state: dict[str, Any], config: Any = None, *, context: Any) -> dict[str, Any]:
         binding = MemberBinding(
@@ -75,28 +90,29 @@ class AppGraph:
             memo=context.memo,
             loop=asyncio.get_running_loop(),
         )
+        sent = self.io.input_state(state["input"])
+        run = PlayRun(self.app)
+        unsent: str | None = None
         with bind_members(binding):
             try:
-                final = await self.app.ainvoke({"input": state["input"]}, config)
+                final = await self.app.ainvoke(sent, run.config(config))
             except MemberAbsent:
                 return {**state, "answer": ""}
             except CallError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the app's own failure fails the example, reported
-                message = f"the app raised {type(exc).__name__}: {exc}"
-                raise CallError("app", message, self.name, 1) from exc
-        return {**state, "answer": answer_text(final)}
-
-
-def answer_text(final: Any) -> str:
-    """The final state's `answer` as text (a message's text when the app stored a message)."""
-    answer = final.get("answer") if isinstance(final, dict) else getattr(final, "answer", None)
-    if answer is None:
-        return ""
-    text = getattr(answer, "text", None)
-    if text is not None and not isinstance(answer, str):
-        return text() if callable(text) else str(text)
-    return str(answer)
+                # (With a member absent, a missing key is the app's own: one left unwritten by that member.)
+                if isinstance(exc, KeyError) and self.full:
+                    unsent = self.io.key_error(exc, sent, schema_keys(self.app, "input"))
+                if unsent is None:
+                    message = f"the app raised {type(exc).__name__}: {exc}"
+                    raise CallError("app", message, self.name, 1) from exc
+            finally:
+                await run.close()
+        if unsent is not None:  # the whole pool's play reads a key the audit does not send: stop, saying so
+            raise AppContractError(unsent)
+        run.check(final)
+        return {**state, "answer": self.io.answer(final, full=self.full)}
 
 
 class AppGame(CoalitionGame):
@@ -132,7 +148,8 @@ class AppGame(CoalitionGame):
         cid = coalition_id(game, members)
         if cid not in self._graphs:
             spec = self.spec.restricted(members) if members else None  # type: ignore[attr-defined]
-            graph = AppGraph(self.app, self.spec.name, members) if members else None
+            spec_io, full = self.spec.io, members == list(self.spec.members)  # type: ignore[attr-defined]
+            graph = AppGraph(self.app, self.spec.name, members, spec_io, full=full) if members else None
             self._graphs[cid] = (spec, graph)
         return self._graphs[cid]
 
@@ -141,28 +158,78 @@ class AppGame(CoalitionGame):
 
 
 def load_app(ref: str) -> tuple[Any, AppSpec]:
-    """The app a reference names (``path/to/file.py:NAME`` or ``package.module:NAME``) and its identity.
+    """The app a reference names and its identity: ``path/to/file.py:NAME``, ``package.module:NAME``, or
+    ``path/to/langgraph.json:NAME`` (a graph of LangGraph's deployment file, see `deployment_ref`).
 
-    NAME may be a compiled graph, a `StateGraph` (compiled here), or a function of no arguments returning
-    either (called here).
+    NAME may be a compiled graph, a `StateGraph` (compiled here), or a function returning either (called here,
+    with no argument, or with a `RunnableConfig` when it takes one, as LangGraph's server calls graph factories).
     """
     from colab_graphs.resolve import ProtocolError, load_module
 
     where, sep, name = ref.rpartition(":")
-    if not sep or not where or not name:
-        raise AppError(f"app {ref!r}: expected path/to/file.py:NAME or package.module:NAME")
+    if not sep and ref.endswith(".json"):
+        where, name = ref, ""
+    elif not sep or not where or not name:
+        raise AppError(
+            f"app {ref!r}: expected path/to/file.py:NAME, package.module:NAME or path/to/langgraph.json:NAME"
+        )
+    shown, title = ref, name  # (a deployment's graph is reported under its name there)
+    if where.endswith(".json"):
+        where, name, title = deployment_ref(Path(where), name)
+        shown = f"{ref} ({where}:{name})"
     try:
         module = load_module(where, kind="app")
     except ProtocolError as err:
         raise AppError(str(err)) from None
     if not hasattr(module, name):
-        raise AppError(f"app {ref!r}: {where} defines no {name!r}")
-    app = as_app(getattr(module, name), ref)
+        raise AppError(f"app {shown}: {where} defines no {name!r}")
+    app = as_app(getattr(module, name), shown)
     identity: dict[str, Any] = {"ref": ref}
     path = Path(getattr(module, "__file__", "") or "")
     if path.is_file():
         identity["source_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    return app, AppSpec(app_name(app, name), [], identity)
+    return app, AppSpec(app_name(app, title), [], identity)
+
+
+def deployment_ref(path: Path, name: str) -> tuple[str, str, str]:
+    """(module or file, variable, name) of graph `name` in a LangGraph deployment file (``langgraph.json``): its
+    ``"graphs"`` mapping ``name -> "./path/to/file.py:variable"`` (a path relative to the file's folder) or
+    ``"package.module:variable"``. No `name` takes the file's only graph. Local ``"dependencies"`` (``"."``,
+    ``"./src"``) go on the import path, as LangGraph's server installs them, so the graph's own imports work."""
+    import json
+    import sys
+
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise AppError(f"app {path}:{name}: {path} does not exist") from None
+    except (OSError, ValueError) as err:
+        raise AppError(f"app {path}:{name}: {path} is not a readable JSON file: {err}") from None
+    graphs = config.get("graphs") if isinstance(config, dict) else None
+    if not isinstance(graphs, dict) or not graphs:
+        raise AppError(f'{path}: no "graphs" mapping (name -> "./path/to/file.py:variable")')
+    known = ", ".join(map(repr, graphs))
+    if not name:
+        if len(graphs) > 1:
+            raise AppError(f"{path} has graphs {known}: name one ({path}:NAME)")
+        name = next(iter(graphs))
+    if name not in graphs:
+        raise AppError(f"{path} has no graph {name!r}; its graphs: {known}")
+    target = graphs[name]
+    if isinstance(target, dict):  # {"path": "./file.py:var", "description": ...}
+        target = target.get("path")
+    where, sep, variable = str(target or "").rpartition(":")
+    if not isinstance(target, str) or not sep or not where or not variable:
+        raise AppError(f'{path}: graph {name!r} is {target!r}, expected "./path/to/file.py:variable"')
+    folder = path.resolve().parent
+    for dependency in config.get("dependencies") or ():
+        if isinstance(dependency, str) and dependency.startswith((".", "/")):
+            local = str((folder / dependency).resolve())
+            if local not in sys.path:
+                sys.path.insert(0, local)
+    if where.endswith(".py") or where.startswith((".", "/")):
+        where = str((folder / where).resolve())
+    return where, variable, name
 
 
 def app_name(app: Any, default: str = "app") -> str:
@@ -177,7 +244,7 @@ def as_app(obj: Any, what: str = "app") -> Any:
     from langgraph.graph import StateGraph
 
     if callable(obj) and not hasattr(obj, "ainvoke") and not isinstance(obj, StateGraph | type):
-        obj = obj()
+        obj = obj({"configurable": {}}) if _takes_an_argument(obj) else obj()
     if isinstance(obj, StateGraph):
         obj = obj.compile()
     if not hasattr(obj, "ainvoke"):
@@ -188,9 +255,22 @@ def as_app(obj: Any, what: str = "app") -> Any:
     return obj
 
 
-def resolve_app(app: str | Any, members: Sequence[str]) -> tuple[Any, AppSpec]:
-    """The app (a reference ``file.py:NAME`` / ``module:NAME``, or an app object) and its `AppSpec` over
-    `members` (the pool's names, in pool order)."""
+def _takes_an_argument(factory: Any) -> bool:
+    """Whether a graph factory takes an argument (a `RunnableConfig`, as LangGraph's server passes one)."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return any(p.kind in positional and p.default is inspect.Parameter.empty for p in parameters)
+
+
+def resolve_app(app: str | Any, members: Sequence[str], io: AppIO | None = None) -> tuple[Any, AppSpec]:
+    """The app (a reference ``file.py:NAME`` / ``module:NAME`` / ``langgraph.json:NAME``, or an app object)
+    and its `AppSpec` over `members` (the pool's names, in pool order), its mapping `io` (default: "auto")
+    resolved and checked against the app's schemas (`AppIO.resolve`) before any call."""
     if isinstance(app, str):
         the_app, spec = load_app(app)
     else:
@@ -198,4 +278,23 @@ def resolve_app(app: str | Any, members: Sequence[str]) -> tuple[Any, AppSpec]:
         graph = the_app.get_graph() if hasattr(the_app, "get_graph") else None
         nodes = sorted(graph.nodes) if graph is not None else []
         spec = AppSpec(app_name(the_app), [], {"nodes": nodes})
-    return the_app, AppSpec(spec.name, list(members), spec.identity)
+    the_io = (io or AppIO()).resolve(the_app, f"app {spec.name!r}")
+    return the_app, AppSpec(spec.name, list(members), spec.identity, the_io.params(), io=the_io)
+
+
+async def run_app(
+    app: Any,
+    spec: AppSpec,
+    pool: Pool,
+    examples: Sequence[Example],
+    *,
+    client: ModelClient,
+    **run_options: Any,
+) -> tuple[list[Any], dict[str, Any]]:
+    """Score the app once, the whole pool playing (what `colab-graphs run --app` and `colab_graphs.run(app)`
+    do): `runner.run_dataset` with the app for the graph, so the outputs (results.jsonl, traces.jsonl,
+    summary.json, log.jsonl) and the viewer are a protocol run's."""
+    from colab_graphs.runner import run_dataset
+
+    graph = AppGraph(app, spec.name, spec.members, spec.io, full=True)
+    return await run_dataset(spec, pool, examples, client=client, graph=graph, **run_options)  # type: ignore[arg-type]

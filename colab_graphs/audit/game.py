@@ -131,6 +131,15 @@ class CoalitionGame:
         records, _ = read_records(self.log.path, strict=False)
         header = records[0][1] if records and isinstance(records[0][1], Header) else None
         if header is None or header.fingerprint != self.fingerprint():
+            if (
+                header is not None
+                and header.kind == "audit"
+                and not any(isinstance(r, PlayRecord) for _, r in records)
+            ):
+                # Another audit that never recorded a play (stopped on its first example, e.g. by an app's
+                # contract error): nothing is lost by starting this one afresh in its folder.
+                self.log.start(self._header(), self.examples)
+                return
             stored_examples = [r for _, r in records if isinstance(r, ExampleRecord)]
             raise ValueError(
                 refusal(self.store, "audit", header, self._header(), stored_examples, self.examples)

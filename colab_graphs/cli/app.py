@@ -24,10 +24,14 @@ from colab_graphs.cli.common import (
     resolve_protocol,
 )
 from colab_graphs.cli.options import (
+    AnswerKeyOpt,
+    AppModeOpt,
+    AppOpt,
     CacheDirOpt,
     ConcOpt,
     DataOpt,
     GraphOpt,
+    InputKeyOpt,
     LimitOpt,
     NoCacheOpt,
     NoPreflightOpt,
@@ -77,6 +81,10 @@ app.add_typer(cache_app, name="cache")
 def run(
     protocol: ProtocolOpt = None,
     graph: GraphOpt = None,
+    app: AppOpt = None,
+    input_key: InputKeyOpt = None,
+    answer_key: AnswerKeyOpt = None,
+    mode: AppModeOpt = "auto",
     pool: PoolOpt = None,
     data: DataOpt = None,
     scorer: ScorerOpt = None,
@@ -92,18 +100,25 @@ def run(
     no_preflight: NoPreflightOpt = False,
     sandbox: SandboxOpt = None,
 ) -> None:
-    """Run a protocol over a dataset; write results.jsonl, traces.jsonl and summary.json."""
+    """Run a protocol (or score your LangGraph app, --app) over a dataset; write results.jsonl, traces.jsonl,
+    summary.json and log.jsonl."""
     from rich.console import Console
     from rich.markup import escape
 
+    from colab_graphs.cli.app_audit import cli_app, no_app_options
     from colab_graphs.redaction import redact
     from colab_graphs.runner import RunError
     from colab_graphs.sandbox import SandboxUnavailable, scope
     from colab_graphs.spec import SpecError
 
     the_pool = load_pool(pool)
+    the_app = cli_app(app, protocol or graph, the_pool, input_key, answer_key, mode) if app else None
     examples = load_data(data, limit, seed, scorer=scorer)
-    spec = resolve_protocol(protocol, graph, the_pool.names, parse_params(param), the_pool)
+    if the_app is not None:
+        spec = the_app[1]
+    else:
+        no_app_options(input_key, answer_key, mode)
+        spec = resolve_protocol(protocol, graph, the_pool.names, parse_params(param), the_pool)
     check_sandbox(examples, scorer, sandbox)  # code scores: before the first call
     client = make_client(cache_dir, no_cache, max_concurrency, retries=retries, preflight=not no_preflight)
     out = out or Path("runs") / spec.name
@@ -120,21 +135,22 @@ def run(
         mean = sum(scores) / len(scores) if scores else 0.0
         progress.update(task, advance=1, status=f"score {mean:.3f}  failed {failed}")
 
+    from colab_graphs.audit.app import run_app
     from colab_graphs.fitting import run_fitted
 
+    options = {
+        "client": client,
+        "scorer": scorer,
+        "out": out,
+        "overwrite": overwrite,
+        "on_progress": on_progress,
+    }
     try:
         with holding_out(out), progress, scope.using(sandbox):
             outcomes, summary = asyncio.run(
-                run_fitted(
-                    spec,
-                    the_pool,
-                    examples,
-                    client=client,
-                    scorer=scorer,
-                    out=out,
-                    overwrite=overwrite,
-                    on_progress=on_progress,
-                )  # fmt: skip
+                run_app(the_app[0], spec, the_pool, examples, **options)
+                if the_app is not None
+                else run_fitted(spec, the_pool, examples, **options)  # type: ignore[arg-type]
             )
     except SandboxUnavailable as err:
         fail(str(err), code=scope.EXIT_CODE)

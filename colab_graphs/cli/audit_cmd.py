@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from colab_graphs.cli.app_audit import app_game_for
+from colab_graphs.cli.app_audit import app_game_for, cli_app, no_app_options
 from colab_graphs.cli.common import (
     check_sandbox,
     fail,
@@ -21,10 +21,14 @@ from colab_graphs.cli.common import (
     resolve_protocol,
 )
 from colab_graphs.cli.options import (
+    AnswerKeyOpt,
+    AppModeOpt,
+    AppOpt,
     CacheDirOpt,
     ConcOpt,
     DataOpt,
     GraphOpt,
+    InputKeyOpt,
     LimitOpt,
     NoCacheOpt,
     NoPreflightOpt,
@@ -43,14 +47,10 @@ from colab_graphs.cli.options import (
 def audit(
     protocol: ProtocolOpt = None,
     graph: GraphOpt = None,
-    app: Annotated[
-        str | None,
-        typer.Option(
-            "--app",
-            help="Your LangGraph app: path/to/file.py:NAME or module:NAME, its models "
-            "colab_graphs.member_chat_model(MEMBER); it reads 'input' and writes 'answer'.",
-        ),
-    ] = None,
+    app: AppOpt = None,
+    input_key: InputKeyOpt = None,
+    answer_key: AnswerKeyOpt = None,
+    mode: AppModeOpt = "auto",
     pool: PoolOpt = None,
     data: DataOpt = None,
     method: Annotated[str, typer.Option("--method", help="loo | exact | sampled")] = "loo",
@@ -124,15 +124,16 @@ def audit(
         if cap is not None and cap < 0:
             fail(f"{name} must not be negative, got {cap}")
     the_pool = load_pool(pool)
+    the_app = cli_app(app, protocol or graph, the_pool, input_key, answer_key, mode) if app else None
     examples = load_data(data, limit, seed, scorer=scorer)
     if not dry_run:  # (a plan calls nothing)
         check_sandbox(examples, scorer, sandbox)  # code scores: before the first call, apps' audits too
     client = make_client(cache_dir, no_cache, max_concurrency, retries=retries, preflight=not no_preflight)
-    if app is not None:  # the user's own LangGraph app (colab_graphs.audit.app)
-        spec, make_game, out = app_game_for(
-            app, protocol or graph, the_pool, examples, client, scorer, out, data
-        )
+    if the_app is not None:  # the user's own LangGraph app (colab_graphs.audit.app)
+        spec = the_app[1]
+        make_game, out = app_game_for(*the_app, the_pool, examples, client, scorer, out, data)
     else:
+        no_app_options(input_key, answer_key, mode)
         spec, make_game = (
             resolve_protocol(protocol, graph, the_pool.names, parse_params(param), the_pool),
             None,

@@ -43,6 +43,35 @@ NoPreflightOpt = Annotated[
         help="Do not check that each HTTP endpoint answers (GET /models) before its first call.",
     ),
 ]
+AppOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--app",
+        help="Your LangGraph app: path/to/file.py:NAME, module:NAME or langgraph.json:NAME; its models "
+        "colab_graphs.member_chat_model(MEMBER). It reads 'input' and writes 'answer' unless mapped "
+        "(--input-key, --answer-key, --mode).",
+    ),
+]
+InputKeyOpt = Annotated[
+    str | None,
+    typer.Option("--input-key", help="With --app: the state key the question goes in (default: input)."),
+]
+AnswerKeyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--answer-key",
+        help="With --app: the final state's key holding the answer (default: answer; in messages mode the "
+        "last AI message).",
+    ),
+]
+AppModeOpt = Annotated[
+    str,
+    typer.Option(
+        "--mode",
+        help="With --app: keys | messages (the question as a HumanMessage in 'messages', the answer the last "
+        "AI message) | auto (messages when the app's input has 'messages' and no 'input').",
+    ),
+]
 SeedOpt = Annotated[
     int | None, typer.Option("--seed", help="Shuffle the data with this seed before --limit.")
 ]
