@@ -52,7 +52,9 @@ def diagnose() -> dict[str, Any]:
         "auto": auto,
         "auto_refusal": refusal,
         "setting": {"env": env, "backend": chosen, "refusal": chosen_refusal},
-        "interpreter": interpreter(),
+        "interpreter": interpreter()
+        if auto is not None
+        else {"path": None, "reachable": False, "problem": None},
         "landlock_abi": landlock_abi(),
         "user_namespaces": user_namespaces(),
         "euid": os.geteuid(),
@@ -73,29 +75,36 @@ def _backend(setting: str) -> tuple[str | None, str | None]:
         return None, str(err)
 
 
-def interpreter() -> dict[str, Any]:
-    """The sandbox's Python: its path, whether it is this environment's, whether the sandbox uid can run it."""
+def interpreter(backend: str | None = None) -> dict[str, Any]:
+    """The sandbox's Python: its path, whether it is this environment's, and whether it runs *inside* the
+    sandbox of `backend` (None: the one `auto` picks), tried with a real sandboxed run that prints its version
+    and which of this environment's packages import there (a venv behind a mode-700 directory is reachable
+    through the backend even where the sandbox's uid could not run it directly)."""
     from colab_graphs.sandbox import runner
 
     try:
-        path = runner._sandbox_python()
-    except RuntimeError as err:
+        path = runner.sandbox_python()
+    except SandboxUnavailable as err:
         return {"path": None, "this_environment": False, "reachable": False, "problem": str(err)}
     ours = os.path.realpath(path) == os.path.realpath(sys.executable)
     result: dict[str, Any] = {"path": path, "this_environment": ours, "this_python": sys.executable}
-    uid = getattr(runner, "_UID_BASE", 61000) if os.geteuid() == 0 else None
-    argv = [path, "-I", "-S", "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"]
-    as_uid: dict[str, Any] = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
+    probe = (
+        "import importlib.util, sys\n"
+        "print('%d.%d.%d' % sys.version_info[:3])\n"
+        "print(','.join(m for m in ('numpy', 'pandas') if importlib.util.find_spec(m)))\n"
+    )
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, cwd="/", **as_uid)
-    except (OSError, subprocess.SubprocessError) as err:
-        return {**result, "reachable": False, "as_uid": uid, "problem": f"cannot start it: {err}"}
-    reachable = done.returncode == 0
-    result |= {"reachable": reachable, "as_uid": uid, "version": done.stdout.strip() or None}
+        done = runner.run_code(probe, timeout_s=30, backend=backend)
+    except SandboxUnavailable as err:
+        return {**result, "reachable": False, "problem": str(err)}
+    lines = done.stdout.splitlines()
+    reachable = done.passed and bool(lines)
+    result |= {"reachable": reachable, "backend": done.backend, "version": lines[0] if reachable else None}
+    result["packages"] = [m for m in lines[1].split(",") if m] if reachable and len(lines) > 1 else []
     if not reachable:
         result["problem"] = (
-            f"uid {uid if uid is not None else os.geteuid()} cannot run {path}: {done.stderr.strip()[-300:]} "
-            f"(make every directory up to it searchable by others, or set COLAB_GRAPHS_SANDBOX_PYTHON)"
+            f"{path} does not run in the {done.backend} sandbox: {done.stderr.strip()[-300:]} "
+            "(set COLAB_GRAPHS_SANDBOX_PYTHON to an interpreter that does)"
         )
     elif not ours:
         result["problem"] = (
@@ -163,9 +172,13 @@ def render(found: dict[str, Any]) -> list[str]:
         got = setting["backend"] or f"refused: {setting['refusal']}"
         lines.append(f"{backends.ENV}={setting['env']}: {got}")
     py = found["interpreter"]
-    reach = "reachable" if py.get("reachable") else "NOT reachable"
-    who = f"uid {py['as_uid']}" if py.get("as_uid") is not None else "this uid"
-    lines.append(f"interpreter: {py.get('path')} ({reach} by {who}; version {py.get('version') or '?'})")
+    if py.get("backend"):
+        runs = "runs" if py.get("reachable") else "does NOT run"
+        packages = ", ".join(py.get("packages") or []) or "none of numpy, pandas"
+        how = f"{runs} in the {py['backend']} sandbox; version {py.get('version') or '?'}; imports {packages}"
+    else:
+        how = "not tried: no safe sandbox to run it in"
+    lines.append(f"interpreter: {py.get('path') or runner_python()} ({how})")
     if py.get("problem"):
         lines.append(f"  note: {py['problem']}")
     abi = found["landlock_abi"]
@@ -175,3 +188,13 @@ def render(found: dict[str, Any]) -> list[str]:
     can = "yes" if ns["can_create"] else f"no ({ns['why_not']})"
     lines.append(f"user namespaces: can create one now: {can}; sysctls: {switches}")
     return lines
+
+
+def runner_python() -> str:
+    """The interpreter sandboxed code would run on (named even where no sandbox can run it)."""
+    from colab_graphs.sandbox import runner
+
+    try:
+        return runner.sandbox_python()
+    except SandboxUnavailable as err:
+        return f"unknown ({err})"
