@@ -316,6 +316,7 @@ async def arun(
     env, else auto); checked before any call (`SandboxUnavailable`).
     """
     from colab_graphs.audit.app import run_app
+    from colab_graphs.data.scoring import require_sandbox
     from colab_graphs.fitting import run_fitted
     from colab_graphs.sandbox import scope
 
@@ -323,7 +324,7 @@ async def arun(
     the_app = _app_of(protocol, app, the_pool, input_key, answer_key, mode)
     spec = the_app[1] if the_app is not None else as_spec(protocol, the_pool, params)
     examples = as_examples(data, limit, seed, scorer)  # checked before any call, a fit's included
-    scope.require(examples, scorer, sandbox)  # code scores: before any call, a fit's included
+    require_sandbox(examples, scorer, sandbox)  # code scores: before any call, a fit's included
     the_client = as_client(client, cache_dir, max_concurrency)
     with (
         scope.using(sandbox),

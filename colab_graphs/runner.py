@@ -7,7 +7,7 @@ finishes, so a killed run loses nothing; running the same command again skips fi
 are cached anyway) and rewrites the files in dataset order at the end.
 
 A run whose examples are scored by code checks its sandbox setting before the first call
-(`colab_graphs.sandbox.scope.require`: `SandboxUnavailable` where it cannot be met); each code example's line
+(`colab_graphs.data.scoring.require_sandbox`: `SandboxUnavailable` where it cannot be met); each code example's line
 of `results.jsonl` then names the backend and isolation that ran its code (`sandbox`), and `summary.json` the
 setting, backend and isolation of the run (`sandbox`). A run without code scores has neither key.
 """
@@ -28,7 +28,7 @@ from typing import Any
 from colab_graphs.accounting import account
 from colab_graphs.compile import RunContext, TemplateError, compile_graph
 from colab_graphs.data.example import Example
-from colab_graphs.data.scoring import ScorerFn, task_for, view_for
+from colab_graphs.data.scoring import ScorerFn, require_sandbox, task_for, view_for
 from colab_graphs.data.tasks import TaskType, TaskView
 from colab_graphs.files import atomic_file, atomic_write_text
 from colab_graphs.log import ExampleRecord, Header, LogWriter, PlayRecord, read_records
@@ -157,7 +157,7 @@ def summarize(
     sandbox: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The run's `summary.json`: its score, the accounting of its calls (`colab_graphs.accounting`), and for
-    code scores the sandbox record (`colab_graphs.sandbox.scope.require`)."""
+    code scores the sandbox record (`colab_graphs.data.scoring.require_sandbox`)."""
     acct = account(o.trace for o in outcomes)
     scored = [o.score for o in outcomes if not o.failed and o.score is not None]
     summary = {
@@ -256,7 +256,7 @@ async def _run_dataset(
     graph: Any,
 ) -> tuple[list[ExampleOutcome], dict[str, Any]]:
     started = time.perf_counter()
-    sandbox = scope.require(examples, scorer)  # fail closed, before the first call
+    sandbox = require_sandbox(examples, scorer)  # fail closed, before the first call
     dupes = sorted(i for i, k in Counter(e.id for e in examples).items() if k > 1)
     if dupes:
         # Results, traces and resume are keyed by id: a repeated id would silently overwrite an outcome.

@@ -47,7 +47,7 @@ from colab_graphs.audit.stratified import (
     stratified_shapley,
 )
 from colab_graphs.data.example import Example
-from colab_graphs.data.scoring import view_for
+from colab_graphs.data.scoring import require_sandbox, view_for
 from colab_graphs.fitting import fitting_summary
 from colab_graphs.models.client import ModelClient
 from colab_graphs.models.pricing import member_price
@@ -319,7 +319,7 @@ async def _play_audit(
     game: CoalitionGame | None,
 ) -> AuditReport:
     started = time.perf_counter()
-    sandbox = scope.require(examples, scorer)  # fail closed, before the first call
+    sandbox = require_sandbox(examples, scorer)  # fail closed, before the first call
     players = list(spec.members)
     strategy = choose_strategy(
         spec, len(examples), method, budget=budget, budget_unit=budget_unit, target_error=target_error,

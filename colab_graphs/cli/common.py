@@ -44,12 +44,13 @@ def holding_out(out: Path) -> Iterator[None]:
 
 def check_sandbox(examples: Any, scorer: Any, setting: str | None) -> dict[str, Any] | None:
     """Fail closed before the first call: where any example is scored by code, the sandbox `setting` (else env,
-    else auto) must be met here (`colab_graphs.sandbox.scope.require`); else exit 6 with what is missing and
+    else auto) must be met here (`colab_graphs.data.scoring.require_sandbox`); else exit 6 with what is missing and
     the ways out. Returns the sandbox record (None: no code scores)."""
+    from colab_graphs.data.scoring import require_sandbox
     from colab_graphs.sandbox import SandboxUnavailable, scope
 
     try:
-        return scope.require(examples, scorer, setting)
+        return require_sandbox(examples, scorer, setting)
     except SandboxUnavailable as err:
         fail(str(err), code=scope.EXIT_CODE)
 

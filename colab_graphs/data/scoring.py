@@ -8,11 +8,11 @@ scorer function `(output, example) -> Score | float` (sync or async): it gets sh
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from colab_graphs.data.example import Example
-from colab_graphs.data.tasks import Score, ScorerFn, ScorerTask, TaskType, TaskView
+from colab_graphs.data.tasks import CodeTask, Score, ScorerFn, ScorerTask, TaskType, TaskView
 from colab_graphs.registry import registry_add, registry_lookup, registry_names, source_of
 
 __all__ = [
@@ -112,3 +112,25 @@ async def apply_scorer(scorer: ScorerFn, output: str, example: Example) -> Score
     if isinstance(result, Score):
         return result
     return Score(float(result))
+
+
+def scores_code(examples: Iterable[Example], scorer: str | None = None) -> bool:
+    """Whether any example is scored by the `code` task (its test runs the reply's code)."""
+    return any(isinstance(task_for(e, scorer), CodeTask) for e in examples)
+
+
+def require_sandbox(
+    examples: Iterable[Example], scorer: str | None = None, setting: str | None = None
+) -> dict[str, Any] | None:
+    """Before the first model call: the sandbox record when any example is scored by code, else None.
+
+    Raises:
+        SandboxUnavailable: the setting (`setting`, else the one in force, `colab_graphs.sandbox.scope`) cannot
+            be met here, or its backend failed a known-good answer; the message says what is missing and the
+            ways out. Nothing has run.
+    """
+    from colab_graphs.sandbox import scope
+
+    if not scores_code(examples, scorer):
+        return None
+    return scope.probe(scope.normalize(setting) or scope.current())

@@ -101,8 +101,9 @@ def main(config_fd: int) -> None:
     if plan["uids"]["candidate"] is not None:
         applied.append("uid_drop")
     if plan["landlock"]:
-        keep = _read_search_needed(plan)
-        applied += ["seccomp", *_landlock_labels(plan["network"])] + (["read_search_cap"] if keep else [])
+        applied += ["seccomp", *_landlock_labels(plan["network"])]
+    if _keeps_read_search(plan):
+        applied.append("read_search_cap")
     judge_pid, rpc, judge = None, None, plan.get("judge")
     if judge:
         to_candidate, to_judge = os.pipe(), os.pipe()
@@ -454,6 +455,13 @@ def _landlock_labels(network: bool) -> list[str]:
     )
 
 
+def _keeps_read_search(plan: LaunchPlan) -> bool:
+    """Whether the run's uids keep CAP_DAC_READ_SEARCH: never under the namespaces backend (its private root
+    binds the interpreter where they can reach it); under landlock (Landlock is the read policy) and under
+    the unsafe-local opt-in (whose code may read the caller's files anyway) when `_read_search_needed`."""
+    return not plan["private_root"] and _read_search_needed(plan)
+
+
 def _read_search_needed(plan: LaunchPlan) -> bool:
     """Whether the dropped uids need CAP_DAC_READ_SEARCH to reach the interpreter: as root, when a directory on
     the way to one of its prefixes is closed to others (a venv under /root, mode 700). Landlock, not file
@@ -532,7 +540,7 @@ def _run_judge(plan: LaunchPlan, judge: JudgePlan, reply_r: int, request_w: int,
         _close_all_but(keep)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         _limit(judge["limits"])
-        _drop_privileges(plan["uids"]["judge"], plan["landlock"] and _read_search_needed(plan))
+        _drop_privileges(plan["uids"]["judge"], _keeps_read_search(plan))
         _prctl(_PR_SET_DUMPABLE, 0)  # after the uid change, which resets it
         if plan["landlock"]:
             _confine(plan, writable=None)  # the judge writes nothing
@@ -598,7 +606,7 @@ def _exec_candidate(plan: LaunchPlan, files_dir: str, workdir: str, rpc: dict[st
             keep |= {3, 4}
         _close_all_but(keep)
         _limit(plan["limits"])
-        _drop_privileges(plan["uids"]["candidate"], plan["landlock"] and _read_search_needed(plan))
+        _drop_privileges(plan["uids"]["candidate"], _keeps_read_search(plan))
         os.chdir(workdir)
         if plan["landlock"]:
             _confine(plan, writable=workdir)

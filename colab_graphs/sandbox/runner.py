@@ -64,7 +64,7 @@ Backend x threat (docs/sandbox.md has the full table):
 
 | threat | namespaces | landlock | unsafe-local |
 |---|---|---|---|
-| host files, the data file | not in the root | Landlock: system + interpreter only | its uid's |
+| host files, the data file | not in the root | Landlock: system + interpreter only | its uid's (every file, as root with a venv behind a closed directory) |
 | TCP, host Unix sockets | netns, private root | no `socket()`; Landlock TCP | open |
 | `setsid` daemons | PID namespace | subreaper sweep; uid sweep as root | survive |
 | scorer's /proc mem, environ; ptrace | own /proc, other uid | no /proc; seccomp; Landlock | other uid as root |

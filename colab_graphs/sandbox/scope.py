@@ -83,26 +83,6 @@ def using(setting: str | None) -> Iterator[str]:
         _SETTING.reset(token)
 
 
-def scores_code(examples: Iterable[Any], scorer: Any = None) -> bool:
-    """Whether any example is scored by the `code` task (its test runs the reply's code)."""
-    from colab_graphs.data.scoring import task_for
-    from colab_graphs.data.tasks import CodeTask
-
-    return any(isinstance(task_for(e, scorer), CodeTask) for e in examples)
-
-
-def require(examples: Iterable[Any], scorer: Any = None, setting: str | None = None) -> dict[str, Any] | None:
-    """Before the first model call: the sandbox record when any example is scored by code, else None.
-
-    Raises:
-        SandboxUnavailable: the setting (`setting`, else `current()`) cannot be met here, or its backend failed
-            a known-good answer; the message says what is missing and the ways out. Nothing has run.
-    """
-    if not scores_code(examples, scorer):
-        return None
-    return probe(normalize(setting) or current())
-
-
 @functools.cache
 def probe(setting: str) -> dict[str, Any]:
     """The record of `setting` on this machine: resolve it and score one known-good answer in its backend.

@@ -24,6 +24,7 @@ from typing import Any
 from colab_graphs.accounting import account, made_since
 from colab_graphs.audit.game import CoalitionGame, Play, read_plays
 from colab_graphs.audit.run import AuditError, play_audit, plots_available
+from colab_graphs.data.scoring import require_sandbox
 from colab_graphs.log import LOG_FILE, Header, LogVersionError, LogWriter
 from colab_graphs.models.client import ModelClient
 from colab_graphs.sandbox import scope
@@ -290,8 +291,8 @@ async def _play_study(
 
 
 def code_sandbox(plan: StudyPlan) -> dict[str, Any] | None:
-    """The sandbox record of the study's code scores (`colab_graphs.sandbox.scope.require`), None without any."""
-    records = [scope.require(plan.examples[label], d.scorer) for label, d in plan.datasets.items()]
+    """The sandbox record of the study's code scores (`colab_graphs.data.scoring.require_sandbox`), None without any."""
+    records = [require_sandbox(plan.examples[label], d.scorer) for label, d in plan.datasets.items()]
     return next((r for r in records if r is not None), None)
 
 

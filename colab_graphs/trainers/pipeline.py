@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import colab_graphs._env  # noqa: F401  (offline settings before transformers / litellm load)
+from colab_graphs.data.scoring import require_sandbox
 from colab_graphs.files import atomic_write_text, holding
 from colab_graphs.redaction import hide_secrets
 from colab_graphs.sandbox import scope
@@ -174,7 +175,7 @@ def _train(
     split = system.load_split(config)
     # Code-scored rewards: the sandbox is checked before the first call, and named in every metrics line and
     # in summary.json (the LoopThread carries the setting to the rollouts).
-    sandbox = scope.require([*split.train, *split.eval], config.scorer)
+    sandbox = require_sandbox([*split.train, *split.eval], config.scorer)
     loop = LoopThread.shared()
     try:
         scripted = server_for_configs(config.scripted_members, "scripted_members")
