@@ -195,7 +195,7 @@ def evaluate(
                 seed=EVAL_SEED,
                 game=game,
                 play_every_coalition=True,
-                individual=True,
+                individual=False,
                 plots=False,
             )
         )
@@ -224,9 +224,6 @@ def evaluate(
                     else 0.0
                     for c in coalitions
                     if c
-                },
-                "solo": {
-                    m: (game.plays[(coalition_id("solo", [m]), example.id)].score or 0.0) for m in players
                 },
                 **_teammates_row(grand, example.input, example.answer, view, False),
             }

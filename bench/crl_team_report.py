@@ -126,10 +126,12 @@ def shapley(coalitions: dict[str, float], player: str) -> float:
 def constants(row: dict, best: str) -> dict[str, float]:
     """What each constant policy would make the team score on this question (slots as the row shows them)."""
     right = dict(zip(row["slot_members"], row["slots_right"], strict=True))
+    # Two replies of the same text (same phrasing, same answer) name one member twice: either slot is its.
+    best_right = right.get(best, row["slots_right"][0])
     return {
         "copy slot 1": float(row["slots_right"][0]),
         "copy slot 2": float(row["slots_right"][1]),
-        "copy the best teammate": float(right[best]),
+        "copy the best teammate": float(best_right),
         "oracle selector": float(any(row["slots_right"])),
     }
 
@@ -145,12 +147,9 @@ def measures(audit: list[dict], swap: list[dict], best: str) -> dict[str, list[f
         out["team"].append(row["score"])
         out["loo"].append(row["score"] - c["adder,multiplier"])
         out["shapley"].append(shapley(c, "policy"))
-        out["policy_alone"].append(row["solo"]["policy"])
+        out["policy_alone"].append(c["policy"])  # the policy in its seat, no teammate
         out["swap"].append(s["score"])
         out["swap_changed"].append(float(s["score"] != row["score"]))
-        out["minus_best_constant"].append(
-            row["score"] - max(const[k] for k in const if k != "oracle selector")
-        )
         decisive = row["slots_right"][0] != row["slots_right"][1]
         if decisive:
             out["follows_right"].append(row["score"])
@@ -231,9 +230,18 @@ def summarise(rows: list[dict], best: str, manifest: dict) -> dict[str, Any]:
         if before is None:
             continue
         n = len(before["team"])
+        # The best constant policy is one policy (the best mean on these questions, the oracle aside), not the
+        # best one per question; the teammates' answers are every arm's, so it is the same for every arm.
+        means = {k: sum(v) / n for k, v in before.items() if k.startswith("const:") and "oracle" not in k}
+        best_constant = max(means, key=lambda k: means[k])
+        for values in keys.values():
+            values["minus_best_constant"] = [
+                t - c for t, c in zip(values["team"], values[best_constant], strict=True)
+            ]
         entry: dict[str, Any] = {
             "n_questions": n,
             "constants": {k[6:]: sum(v) / n for k, v in before.items() if k.startswith("const:")},
+            "best_constant": best_constant[6:],
             "arms": {},
             "differences": {},
         }
@@ -318,7 +326,8 @@ def table(summary: dict, manifest: dict) -> str:
         lines += [
             f"**{setting}** ({entry['n_questions']} held-out questions never trained on). Constant policies: "
             + ", ".join(f"{k} {v:.3f}" for k, v in const.items())
-            + f" (best teammate on the training questions: {summary['best_teammate']}).",
+            + f" (best teammate on the training questions: {summary['best_teammate']}; the best constant here: "
+            f"{entry['best_constant']}).",
             "",
             "| arm | seeds | team score | per seed | LOO of the policy seat | Shapley of the policy seat "
             "| team - best constant | position swap | policy alone | team on decisive questions |",

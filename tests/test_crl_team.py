@@ -182,7 +182,6 @@ def test_the_report_refuses_rows_whose_audit_means_disagree(tmp_path: Path) -> N
         "id": "q",
         "kind": "add",
         "score": 1.0,
-        "solo": {"policy": 0.0},
         "slots": ["85", "95"],
         "slots_right": [True, False],
         "slot_members": ["adder", "multiplier"],
