@@ -30,11 +30,15 @@ folders), `rows/SETTING-ARM-SEED-EVAL.jsonl` (one line per held-out question), `
 reports), `manifest.json` (the config, the seed list, the commit and the tree's state, the machine, times).
 `python bench/crl_team_report.py OUT` then builds the summary, table and figure from the rows alone.
 
-    # the full study (a few hours on 2 quiet cores; BENCHMARKS.md has the cost):
-    nice -n 19 python bench/crl_team.py --out runs/crl_team --settings vote gate --seeds 0 1 2 3 4 5 \
-        --steps 24 --eval-size 300 --transfer
-    # the run README's table comes from (shipped in bench/results/crl_team/):
-    nice -n 19 python bench/crl_team.py --out runs/crl_team_small --settings vote --seeds 0 1 2 --steps 8
+    # the full study, one seat per invocation (about 4 h each on 2 quiet cores; BENCHMARKS.md has the cost):
+    nice -n 19 python bench/crl_team.py --out runs/crl_team --settings vote --seeds 0 1 2 3 4 5 --steps 24 \
+        --eval-size 300
+    nice -n 19 python bench/crl_team.py --out runs/crl_team --settings gate --seeds 0 1 2 3 4 5 --steps 24 \
+        --eval-size 300
+    # (--transfer also evaluates each policy in the other seat: about 2 h more per seat)
+    # the small run README's table comes from (shipped in bench/results/crl_team/):
+    nice -n 19 python bench/crl_team.py --out runs/crl_team_small --settings vote --seeds 0 1 2 --steps 6 \
+        --eval-size 60 --save-steps 3
 """
 
 from __future__ import annotations

@@ -151,6 +151,13 @@ def measures(audit: list[dict], swap: list[dict], best: str) -> dict[str, list[f
         out["swap"].append(s["score"])
         out["swap_changed"].append(float(s["score"] != row["score"]))
         decisive = row["slots_right"][0] != row["slots_right"][1]
+        slots, mine = row["slots"], row.get("policy_answer", "")
+        if slots[0] != slots[1]:  # what the policy's own vote was, where the teammates differ
+            out["votes_slot1"].append(float(mine == slots[0]))
+            out["votes_slot2"].append(float(mine == slots[1]))
+            out["votes_own"].append(float(mine not in slots))
+        if decisive:
+            out["picks_right"].append(float(mine == slots[0 if row["slots_right"][0] else 1]))
         if decisive:
             out["follows_right"].append(row["score"])
         for k, v in const.items():
@@ -262,6 +269,10 @@ def summarise(rows: list[dict], best: str, manifest: dict) -> dict[str, Any]:
                         "swap_changed",
                         "minus_best_constant",
                         "follows_right",
+                        "picks_right",
+                        "votes_slot1",
+                        "votes_slot2",
+                        "votes_own",
                     )
                 },
             }
@@ -330,8 +341,9 @@ def table(summary: dict, manifest: dict) -> str:
             f"{entry['best_constant']}).",
             "",
             "| arm | seeds | team score | per seed | LOO of the policy seat | Shapley of the policy seat "
-            "| team - best constant | position swap | policy alone | team on decisive questions |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| team - best constant | position swap | policy alone | team on decisive questions "
+            "| policy names the right one (decisive) | policy's answer: slot 1 / slot 2 / neither |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for arm, a in entry["arms"].items():
             seeds_text = ",".join("-" if s is None else str(s) for s in a["seeds"])
@@ -339,7 +351,8 @@ def table(summary: dict, manifest: dict) -> str:
             lines.append(
                 f"| {ARM_NAMES.get(arm, arm)} | {seeds_text} | {_ci(a['team'])} | {per_seed} | {_ci(a['loo'], True)} "
                 f"| {_ci(a['shapley'], True)} | {_ci(a['minus_best_constant'], True)} | {_ci(a['swap'])} "
-                f"| {_ci(a['policy_alone'])} | {_ci(a['follows_right'])} |"
+                f"| {_ci(a['policy_alone'])} | {_ci(a['follows_right'])} | {_ci(a['picks_right'])} "
+                f"| {a['votes_slot1']['mean']:.2f} / {a['votes_slot2']['mean']:.2f} / {a['votes_own']['mean']:.2f} |"
             )
         lines += [
             "",

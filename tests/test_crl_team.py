@@ -4,6 +4,7 @@ what the shipped rows give (bench/results/crl_team), rebuilt by the report scrip
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import sys
@@ -164,7 +165,14 @@ def test_readme_crl_table_is_rebuilt_from_the_shipped_rows_alone(tmp_path: Path)
     assert readme.split(start, 1)[1].split(end, 1)[0] == "\n" + text
     assert text == (SHIPPED / "table.md").read_text()
     vote = summary["settings"]["vote"]
-    assert vote["n_questions"] >= 300
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert vote["n_questions"] == manifest["eval_size"]
+    # The shipped questions: none held out is a training question, operand order included.
+    train = {
+        team.question_key(json.loads(line)["input"]) for line in (folder / "data" / "train.jsonl").open()
+    }
+    held_out = [json.loads(line)["input"] for line in (folder / "data" / "eval.jsonl").open()]
+    assert len(held_out) == vote["n_questions"] and not {team.question_key(q) for q in held_out} & train
     assert len(vote["arms"]["uniform"]["seeds"]) == len(summary["seeds"]) >= 2
     # The constants come from the rows: copying a slot scores what the rows say that slot scores.
     rows = [r for r in report.read_rows(folder) if r["eval"] == "audit" and r["arm"] == "before"]
