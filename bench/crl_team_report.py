@@ -456,7 +456,8 @@ def plot(summary: dict, curves: list[dict], path: Path) -> None:
             ax.plot(steps, mean, color=f"C{k}", lw=2, label=f"{arm} (seed mean)")
         ax.set_xlabel("policy update")
         ax.set_title("rollout reward (team; solo RL: the policy alone)", fontsize=9)
-        ax.legend(fontsize=6)
+        if ax.get_legend_handles_labels()[0]:  # an untrained-only seat has no curves
+            ax.legend(fontsize=6)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
