@@ -1,0 +1,393 @@
+"""C-RL where the policy's credit is collaborative: a proposer whose answer a fixed vote combines with its
+teammates', and a critic whose verdict gates a fixed answerer (`bench/crl_team_graphs.py` has the team).
+
+Arms (one `CRLTrainer`, colab_graphs/trainers/baselines.py; the same prompts, draws, optimizer, schedule,
+LoRA, seed and number of updates; they differ only in what is rolled out and what the loss is):
+
+    before   the untrained policy
+    solo     reward: solo            GRPO on the policy's own correctness, answering alone
+    sft      reward: sft             cross-entropy on the policy turns of team rollouts that scored 1
+    uniform  reward: system, credit: uniform   (C-RL)
+    replay   reward: system, credit: replay    (C-RL, turn credit from K=2 re-runs)
+
+Every trained policy (and `before`) is evaluated on the same held-out questions, greedily, with the teammates'
+replies (hence the slot order) fixed per question and the same for every arm:
+
+- `audit`: the product's own audit (`colab_graphs.audit.run.play_audit`, method exact: all 8 coalitions of
+  policy + 2 teammates, and each member alone); every question's coalition scores are kept, so the policy
+  seat's leave-one-out and Shapley values are recomputed per question from the rows (and checked against the
+  audit report's means);
+- `swap`: the whole team with the slot order reversed (position swap): a policy that follows the right
+  teammate scores the same, one that copies a slot does not;
+- `transfer` (with `--transfer`): the policy trained in one setting evaluated in the other one.
+
+Constant policies a skeptic computes first (from the same rows, in `crl_team_report.py`): copy slot 1, copy the
+best teammate (the one right most often on the training questions), an oracle selector, always reject.
+
+Outputs under OUT (resumable: a rerun skips every training and evaluation already finished, and resumes a
+training from its last checkpoint): `data/{train,eval}.jsonl`, `runs/SETTING-ARM-SEED/` (the trainer's
+folders), `rows/SETTING-ARM-SEED-EVAL.jsonl` (one line per held-out question), `audits/*.json` (the audit
+reports), `manifest.json` (the config, the seed list, the commit and the tree's state, the machine, times).
+`python bench/crl_team_report.py OUT` then builds the summary, table and figure from the rows alone.
+
+    # the full study, one seat per invocation (about 4 h each on 2 quiet cores; BENCHMARKS.md has the cost):
+    nice -n 19 python bench/crl_team.py --out runs/crl_team --settings vote --seeds 0 1 2 3 4 5 --steps 24 \
+        --eval-size 300
+    nice -n 19 python bench/crl_team.py --out runs/crl_team --settings gate --seeds 0 1 2 3 4 5 --steps 24 \
+        --eval-size 300
+    # (--transfer also evaluates each policy in the other seat: about 2 h more per seat)
+    # the small run README's table comes from (shipped in bench/results/crl_team/):
+    nice -n 19 python bench/crl_team.py --out runs/crl_team_small --settings vote --seeds 0 1 2 --steps 6 \
+        --eval-size 60 --save-steps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+import crl_team_graphs as team  # noqa: E402  (sets the process defaults first: colab_graphs._env)
+
+ARMS = {
+    "solo": {"reward": "solo"},
+    "sft": {"reward": "sft"},
+    "uniform": {"reward": "system", "credit": "uniform"},
+    "replay": {"reward": "system", "credit": "replay"},
+}
+TEMPERATURE = 0.7  # rollouts' sampling temperature (at 1.0 SmolLM2-135M mostly writes off-topic text)
+EVAL_SEED = 0  # the evaluation's draws (greedy policy; it fixes nothing else): the same for every arm
+
+
+def write_data(out: Path, n_train: int, n_eval: int) -> tuple[Path, Path]:
+    """The training and held-out files (no question in both, operand order included)."""
+    train, held = team.questions(n_train, n_eval)
+    folder = out / "data"
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = folder / "train.jsonl", folder / "eval.jsonl"
+    for path, records in zip(paths, (train, held), strict=True):
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return paths
+
+
+def pool_settings(tokens: int) -> dict[str, dict]:
+    """The policy (its model set by the trainer) and the two teammates, which sample their phrasing."""
+    return {
+        "policy": {"max_tokens": tokens},
+        **{m: {"temperature": TEMPERATURE} for m in team.TEAMMATES},
+    }
+
+
+def settings(args: argparse.Namespace, setting: str, arm: str, seed: int, data: tuple[Path, Path]) -> dict:
+    """One arm's training config: everything but `reward` / `credit` shared by all arms."""
+    return {
+        "graph": f"crl_team_graphs:{setting}",
+        "pool": pool_settings(args.tokens),
+        "scripted_members": team.teammate_configs(),
+        "policy_model": args.policy,
+        "data": str(data[0]),
+        # The trainer's own held-out evaluation runs on one question only (it is not this study's: that is the
+        # audit below, on every held-out question); the training file holds none of them anyway.
+        "eval_data": str(data[1]),
+        "eval_size": 1,
+        "eval_before": False,
+        "num_generations": 4,
+        "per_device_train_batch_size": 4 * args.prompts,
+        "max_steps": args.steps,
+        "learning_rate": args.lr,
+        "lora": True,
+        "lora_r": 16,
+        "lora_alpha": 32,
+        "max_completion_length": args.tokens,
+        "temperature": TEMPERATURE,
+        "replay_samples": 2,
+        "seed": seed,
+        "save_steps": args.save_steps,
+        "use_cpu": True,
+        "max_concurrency": 32,
+        "output_dir": str(args.out / "runs" / f"{setting}-{arm}-{seed}"),
+        "cache_dir": str(args.out / "cache"),
+        **ARMS[arm],
+    }
+
+
+def train_arm(args: argparse.Namespace, setting: str, arm: str, seed: int, data: tuple[Path, Path]) -> Path:
+    """Train one arm (resuming from its last checkpoint); the exported policy folder."""
+    from colab_graphs.trainers.config import config_from_dict
+    from colab_graphs.trainers.pipeline import train
+
+    values = settings(args, setting, arm, seed, data)
+    folder = Path(values["output_dir"])
+    if (folder / "summary.json").exists():
+        return folder / "policy"
+    if any((folder / "checkpoints").glob("checkpoint-*")):
+        values["resume_from_checkpoint"] = True
+    started = time.perf_counter()
+    train(
+        config_from_dict(values), on_step=lambda line: print(setting, arm, seed, json.dumps(line), flush=True)
+    )
+    print(json.dumps({"trained": f"{setting}-{arm}-{seed}", "wall_s": round(time.perf_counter() - started)}))
+    return folder / "policy"
+
+
+# --- evaluation ----------------------------------------------------------------------------------------------
+
+
+def _teammates_row(play: Any, question: str, answer: str, view: Any, swap: bool) -> dict[str, Any]:
+    """Who sits in which slot, what each answered and whether it is right, and the policy's reply."""
+    replies = {c.seat: c.completion or "" for c in play.calls if c.seat}
+    by_reply = {replies.get(f"answer_{m}", ""): m for m in team.TEAMMATES}
+    ordered = team.slot_order(question, [replies.get(f"answer_{m}", "") for m in team.TEAMMATES], swap)
+    slots = [view.extract(r) or "" for r in ordered]
+    policy_reply = replies.get("propose", replies.get("critic", ""))
+    return {
+        "slot_members": [by_reply[r] for r in ordered],
+        "slots": slots,
+        "slots_right": [bool(a) and view.same(a, answer) for a in slots],
+        "policy_reply": policy_reply,
+        "policy_answer": view.extract(policy_reply) or "",
+        "verdict": team.verdict(policy_reply),
+    }
+
+
+def evaluate(
+    folder: str, setting: str, held: list[Any], label: str, out: Path, tokens: int
+) -> dict[str, list[dict]]:
+    """The audit rows and the position-swap rows of the policy in `folder` in `setting`."""
+    from colab_graphs.audit.game import CoalitionGame, coalition_id
+    from colab_graphs.audit.run import play_audit
+    from colab_graphs.data.scoring import view_for
+    from colab_graphs.models.client import ModelClient
+    from colab_graphs.models.local import set_local_model
+    from colab_graphs.pool import Pool
+    from colab_graphs.testing.server import server_for_configs
+    from colab_graphs.trainers import system
+    from colab_graphs.trainers.rollout import LoopThread
+
+    loop = LoopThread.shared()
+    model, tokenizer = system.load_policy(folder, "cpu")
+    model.eval()
+    name = f"crl-team-{label}"  # one local name per policy: no cache can mix two policies' calls
+    set_local_model(name, model, tokenizer)
+    players = ["policy", *team.TEAMMATES]
+    result: dict[str, list[dict]] = {}
+    with server_for_configs(team.teammate_configs(), "teammates") as server:
+        members = pool_settings(tokens)
+        members["policy"] = {"model": f"local/{name}", "temperature": 0.0, "max_tokens": tokens}
+        for m in team.TEAMMATES:
+            members[m].update(server.litellm_kwargs(m))
+        pool = Pool.from_dict({m: members[m] for m in players})
+        client = ModelClient(None, max_concurrency=32)  # no cache: every policy's calls are its own
+        spec = team.GRAPHS[setting](pool.names)
+        game = CoalitionGame(spec, pool, held, client=client)
+        report = loop.run(
+            play_audit(
+                spec,
+                pool,
+                held,
+                client=client,
+                method="exact",
+                seed=EVAL_SEED,
+                game=game,
+                play_every_coalition=True,
+                individual=False,
+                plots=False,
+            )
+        )
+        (out / "audits").mkdir(parents=True, exist_ok=True)
+        (out / "audits" / f"{label}.json").write_text(report.model_dump_json(indent=1) + "\n")
+        coalitions = [
+            [m for m in players if m in s]
+            for k in range(8)
+            for s in [{p for i, p in enumerate(players) if k >> i & 1}]
+        ]
+        rows = []
+        for example in held:
+            view = view_for(example)
+            grand = game.plays[(coalition_id("coalition", players), example.id)]
+            row = {
+                "id": example.id,
+                "kind": example.fields.get("kind"),
+                "input": example.input,
+                "answer": example.answer,
+                "final": grand.answer,
+                "score": grand.score or 0.0,
+                "failed": any(p.failed for (c, e), p in game.plays.items() if e == example.id),
+                "coalitions": {
+                    ",".join(c): (p.score or 0.0)
+                    if (p := game.plays.get((coalition_id("coalition", c), example.id)))
+                    else 0.0
+                    for c in coalitions
+                    if c
+                },
+                **_teammates_row(grand, example.input, example.answer, view, False),
+            }
+            rows.append(row)
+        result["audit"] = rows
+        result["audit_report"] = [
+            {"shapley": report.shapley, "loo": report.loo, "individual": report.individual}
+        ]
+        swapped = team.GRAPHS[setting](pool.names, swap=True)
+        swap_game = CoalitionGame(swapped, pool, held, client=client)
+        loop.run(swap_game.evaluate([frozenset(players)], []))
+        result["swap"] = []
+        for example in held:
+            view = view_for(example)
+            play = swap_game.plays[(coalition_id("coalition", players), example.id)]
+            result["swap"].append(
+                {
+                    "id": example.id,
+                    "kind": example.fields.get("kind"),
+                    "final": play.answer,
+                    "score": play.score or 0.0,
+                    "failed": play.failed,
+                    **_teammates_row(play, example.input, example.answer, view, True),
+                }
+            )
+    return result
+
+
+def write_rows(path: Path, rows: list[dict], meta: dict) -> None:
+    """One JSON line per held-out question, each carrying `meta` (setting, arm, seed, evaluation)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps({**meta, **r}) + "\n" for r in rows))
+    tmp.replace(path)
+
+
+def run_evaluations(
+    args: argparse.Namespace, folder: str, setting: str, arm: str, seed: int | None, held: list[Any]
+) -> None:
+    """Evaluate one policy in its setting (and, with --transfer, in the other); skip what is done."""
+    rows_dir = args.out / "rows"
+    rows_dir.mkdir(parents=True, exist_ok=True)
+    targets = [setting] + (
+        [s for s in team.GRAPHS if s != setting] if args.transfer and arm != "before" else []
+    )
+    for where in targets:
+        label = f"{setting}-{arm}-{seed if seed is not None else 'all'}" + (
+            "" if where == setting else f"-in-{where}"
+        )
+        done = rows_dir / f"{label}-audit.jsonl"
+        if done.exists():
+            continue
+        started = time.perf_counter()
+        result = evaluate(folder, where, held, label, args.out, args.tokens)
+        meta = {"setting": setting, "evaluated_in": where, "arm": arm, "seed": seed}
+        write_rows(rows_dir / f"{label}-swap.jsonl", result["swap"], {**meta, "eval": "swap"})
+        write_rows(
+            rows_dir / f"{label}-audit-report.jsonl", result["audit_report"], {**meta, "eval": "report"}
+        )
+        write_rows(done, result["audit"], {**meta, "eval": "audit"})
+        print(json.dumps({"evaluated": label, "wall_s": round(time.perf_counter() - started)}), flush=True)
+
+
+# --- provenance ----------------------------------------------------------------------------------------------
+
+
+def _git(*argv: str) -> str:
+    try:
+        return subprocess.run(
+            ["git", *argv], cwd=BENCH, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def manifest(args: argparse.Namespace, data: tuple[Path, Path], started: float) -> dict[str, Any]:
+    """The config, the seed list, the commit (and whether the tree differed from it), the machine."""
+    import torch
+    import transformers
+    import trl
+
+    path = args.out / "manifest.json"
+    earlier = json.loads(path.read_text()) if path.exists() else {}
+    config = {
+        s: {
+            a: {k: v for k, v in settings(args, s, a, 0, data).items() if k not in ("seed", "output_dir")}
+            for a in ARMS
+        }
+        for s in args.settings
+    }
+    return {
+        "study": "bench/crl_team.py",
+        "command": " ".join(sys.argv),
+        "settings": args.settings,
+        "arms": ["before", *[a for a in ARMS if a in set(earlier.get("arms", [])) | set(args.arms)]],
+        "seeds": sorted(set(earlier.get("seeds", [])) | set(args.seeds)),
+        "steps": args.steps,
+        "prompts_per_step": args.prompts,
+        "rollouts_per_prompt": 4,
+        "eval_size": args.eval_size,
+        "train_size": args.train_size,
+        "policy": args.policy,
+        "tokens": args.tokens,
+        "learning_rate": args.lr,
+        "transfer": args.transfer,
+        "eval_seed": EVAL_SEED,
+        "config": config,
+        "commit": _git("rev-parse", "HEAD"),
+        "tree_dirty": bool(_git("status", "--porcelain", "--", ".")),
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "trl": trl.__version__,
+        },
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, {platform.python_version()}",
+        "started": earlier.get("started", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))),
+        "wall_s": round(earlier.get("wall_s", 0) + time.time() - started),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("runs/crl_team"))
+    parser.add_argument("--settings", nargs="+", default=["vote"], choices=list(team.GRAPHS))
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=8, help="policy updates per arm")
+    parser.add_argument("--prompts", type=int, default=2, help="prompts per update (x 4 rollouts)")
+    parser.add_argument("--eval-size", type=int, default=300)
+    parser.add_argument("--train-size", type=int, default=600)
+    parser.add_argument("--policy", default="smollm2-135m", help="zoo name or HF folder")
+    parser.add_argument("--tokens", type=int, default=10, help="most tokens per policy turn")
+    parser.add_argument("--lr", type=float, default=3e-4, help="LoRA (r 16) learning rate")
+    parser.add_argument("--save-steps", type=int, default=4, help="checkpoint every N updates (resume)")
+    parser.add_argument(
+        "--transfer", action="store_true", help="also evaluate each policy in the other setting"
+    )
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    data = write_data(args.out, args.train_size, args.eval_size)
+    from colab_graphs.data.loaders import load_examples
+
+    held = load_examples(str(data[1]))
+    train_keys = {team.question_key(e.input) for e in load_examples(str(data[0]))}
+    overlap = [e.id for e in held if team.question_key(e.input) in train_keys]
+    if overlap:
+        raise SystemExit(f"held-out questions also in training: {overlap[:5]}")
+    (args.out / "manifest.json").write_text(json.dumps(manifest(args, data, started), indent=1) + "\n")
+    for setting in args.settings:
+        run_evaluations(args, args.policy, setting, "before", None, held)
+    for seed in args.seeds:
+        for setting in args.settings:
+            for arm in args.arms:
+                folder = train_arm(args, setting, arm, seed, data)
+                run_evaluations(args, str(folder), setting, arm, seed, held)
+                (args.out / "manifest.json").write_text(
+                    json.dumps(manifest(args, data, started), indent=1) + "\n"
+                )
+                started = time.time()
+
+
+if __name__ == "__main__":
+    main()
