@@ -9,8 +9,15 @@ call path and identical calls are made once across coalitions (calls made = dist
 protocols). A member outside the coalition follows its declared rule (`member_chat_model(..., on_absent=)`):
 raise `MemberAbsent` (the default: an app may catch it, e.g. a supervisor skipping that worker), answer
 empty, or substitute another member. A `MemberAbsent` the app does not catch ends that run without an
-answer (scored as an empty answer); any other exception the app raises fails the example (reported, not
-scored), as a failed call does. The empty coalition scores 0; each member's individual strength is its
+answer (scored as an empty answer, and the play records the member and the node: `ended_by_absent`; every
+absent member a call asked for, and what its rule did, is in the play's `absent`); any other exception the
+app raises fails the example (reported, not scored), as a failed call does.
+
+Sync and async apps alike, at any concurrency: sync nodes and tools run in the loop's executor while every
+model call runs on the call path's own loop (`colab_graphs.models.loops`), so a sync node waiting for its
+reply never holds a thread that the reply needs. Each play has a deadline (`--example-timeout`, 600 s by
+default): a play past it fails, its error naming the nodes running and the calls pending; a watchdog logs
+what every play waits for when no call and no node has finished for a while (`colab_graphs.watch`). The empty coalition scores 0; each member's individual strength is its
 `solo` score, as in every audit.
 
 What is hooked where: `AppGame` is a `CoalitionGame` whose coalition graphs are the app bound to a coalition
@@ -33,6 +40,7 @@ from colab_graphs.data.example import Example
 from colab_graphs.models.binding import MemberAbsent, MemberBinding, bind_members
 from colab_graphs.models.client import CallError, ModelClient
 from colab_graphs.pool import Pool
+from colab_graphs.watch import APP_EXAMPLE_TIMEOUT_S, current_watch, node_tracker
 
 
 class AppError(ValueError):
@@ -75,10 +83,17 @@ class AppGraph:
             memo=context.memo,
             loop=asyncio.get_running_loop(),
         )
+        watch = current_watch()
+        if watch is not None:  # the nodes it runs tell the play's watch (what a stalled play waits for)
+            config = {**(config or {}), "callbacks": [node_tracker(watch)]}
         with bind_members(binding):
             try:
                 final = await self.app.ainvoke({"input": state["input"]}, config)
-            except MemberAbsent:
+            except MemberAbsent as absent:
+                # Scored as an empty answer, as the contract says, and visibly: the play records who and where.
+                ended = {"member": absent.member, "node": absent.node}
+                if context.trace is not None:
+                    context.trace.ended_by_absent = ended  # type: ignore[attr-defined]  (a play's extra field)
                 return {**state, "answer": ""}
             except CallError:
                 raise
@@ -125,6 +140,9 @@ class AppGame(CoalitionGame):
             store=store,
             dataset=dataset,
         )
+
+    default_example_timeout = APP_EXAMPLE_TIMEOUT_S
+    """An app's plays have a deadline by default: a sync node waiting forever must not hang the audit."""
 
     def _graph(self, game: str, members: list[str]) -> tuple[Any, Any]:
         if game == "solo":
