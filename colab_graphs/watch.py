@@ -281,10 +281,10 @@ class Watchdog:
             self.report(self.describe(plays, idle, now))
 
     def describe(self, plays: list[PlayWatch], idle: float, now: float) -> str:
-        lines = [f"stalled: no call and no node has finished for {idle:.0f} s; {len(plays)} play(s) waiting:"]
+        lines = [f"stalled: no call and no node has finished for {idle:.1f} s; {len(plays)} play(s) waiting:"]
         if self.loop is not None and now - self._beat > self.stall_s / 2:
             lines.append(
-                f"  the event loop itself has not run for {now - self._beat:.0f} s: an async node or tool "
+                f"  the event loop itself has not run for {now - self._beat:.1f} s: an async node or tool "
                 "doing blocking work (time.sleep, a sync client, waiting on a lock) holds it"
             )
         shown = plays[:10]

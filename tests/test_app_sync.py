@@ -240,3 +240,43 @@ def test_a_protocol_play_past_its_deadline_fails_naming_the_pending_calls(script
             client=ModelClient(None),
             progress=False,
         )
+
+
+def test_the_watchdog_says_when_an_async_node_blocks_the_event_loop(scripted_server, pool_for, caplog):
+    # An async node that does blocking work holds the loop itself: no timer of the loop can fire, but the
+    # watchdog is a thread, and says what blocks.
+    import time
+
+    from langgraph.graph import START, StateGraph
+    from typing_extensions import TypedDict
+
+    import colab_graphs as cg
+    from colab_graphs.models.client import ModelClient
+
+    class State(TypedDict, total=False):
+        input: str
+        answer: str
+
+    async def blocking(state: State) -> State:
+        time.sleep(2.5)  # a sync client, in an async node
+        return {"answer": "The answer is 391."}
+
+    app = StateGraph(State).add_node(blocking).add_edge(START, "blocking").compile(name="blocking")
+    pool = pool_for(scripted_server(SOLVERS), ["a"])
+    with caplog.at_level("WARNING", logger="colab_graphs"):
+        report = cg.run_audit(
+            app,
+            pool,
+            arithmetic(1),
+            stall_after=0.5,
+            client=ModelClient(None),
+            individual=False,
+            progress=False,
+        )
+    assert report.loo == {"a": 1.0}  # (the empty coalition is not played: it scores 0)
+    said = caplog.text
+    assert (
+        "the event loop itself has not run for" in said
+        and "an async node or tool doing blocking work" in said
+    )
+    assert "example 'q0' with a: running node 'blocking'" in said

@@ -5,7 +5,6 @@ Heavy modules (litellm, torch, transformers, trl) are imported inside the comman
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Annotated
@@ -116,10 +115,11 @@ def run(
         progress.update(task, advance=1, status=f"score {mean:.3f}  failed {failed}")
 
     from colab_graphs.fitting import run_fitted
+    from colab_graphs.models.loops import run_loop
 
     try:
         with holding_out(out), progress:
-            outcomes, summary = asyncio.run(
+            outcomes, summary = run_loop(
                 run_fitted(
                     spec,
                     the_pool,
