@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import functools
 import os
-import sys
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -179,28 +178,14 @@ def synced(async_form: Callable[P, Awaitable[T]]) -> Callable[P, T]:
 def sync(make: Callable[[], Awaitable[T]]) -> T:
     """Run the coroutine `make()` builds on the background loop and wait for it (works inside a running loop).
 
-    LiteLLM's logging worker (a task it starts on the loop of its first call) is stopped when the work ends:
-    left pending on a loop that outlives the caller's work, it is destroyed at exit ("Task was destroyed but
-    it is pending!"), and a later `asyncio.run` elsewhere would move it off this loop, leaving the old one
-    pending. It starts again with the next call.
+    LiteLLM's calls run on the package's call loop whatever loop waits for them (`colab_graphs.models.loops`),
+    which stops LiteLLM's logging worker at exit: nothing is left pending on either loop.
     """
 
     async def main() -> T:
-        try:
-            return await make()
-        finally:
-            await _stop_litellm_logging()
+        return await make()
 
     return asyncio.run_coroutine_threadsafe(main(), background_loop()).result()
-
-
-async def _stop_litellm_logging() -> None:
-    worker_module = sys.modules.get("litellm.litellm_core_utils.logging_worker")
-    worker = getattr(worker_module, "GLOBAL_LOGGING_WORKER", None)
-    task = getattr(worker, "_worker_task", None)
-    if worker is None or task is None or task.done() or task.get_loop() is not asyncio.get_running_loop():
-        return
-    await worker.stop(timeout=5.0)
 
 
 def as_pool(pool: PoolLike | None) -> Pool:
@@ -372,6 +357,8 @@ async def arun_audit(
     client: ModelClient | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     max_concurrency: int = 16,
+    example_timeout: float | None = None,
+    stall_after: float | None = None,
     on_progress: Callable[[Progress], None] | None = None,
     progress: bool | None = None,
     sandbox: str | None = None,
@@ -384,8 +371,10 @@ async def arun_audit(
     (`colab_graphs.audit.app_contract.AppIO`; checked against the app before any call). `method`: "loo" (n + 1 coalitions), "exact"
     (all 2^n) or "sampled" (`budget` in `budget_unit`: distinct calls, coalitions or permutations; or until
     `target_error`). `max_calls` / `max_cost_usd` cap the audit's spending (the report is then `partial`; run
-    again to finish it). `sandbox`: where code-scored answers run (as `arun`). Writes report.json, report.md and
-    plots under `out` when given.
+    again to finish it). `sandbox`: where code-scored answers run (as `arun`). `example_timeout`: each play's deadline in seconds, after which it fails saying what
+    it waited for (None: 600 for an app, none for a protocol; 0: none); `stall_after`: log what every play
+    waits for when no call and no node has finished for that long (None: 60; 0: never). Writes report.json,
+    report.md and plots under `out` when given.
     """
     from colab_graphs.audit.run import play_audit
 
@@ -431,6 +420,8 @@ async def arun_audit(
             on_progress=lambda play: report.advance(calls=play.calls),
             game=game,
             sandbox=sandbox,
+            example_timeout=example_timeout,
+            stall_after=stall_after,
         )
 
 

@@ -40,6 +40,7 @@ from colab_graphs.redaction import hide_secrets
 from colab_graphs.sandbox import scope
 from colab_graphs.spec import GraphSpec
 from colab_graphs.trace import Trace, read_traces, trace_line, write_traces
+from colab_graphs.watch import DeadlinePassed, PlayWatch, Watchdog, watching, within
 
 
 class RunError(RuntimeError):
@@ -106,20 +107,30 @@ async def run_example(
     *,
     view: TaskView | None = None,
     memo: Memo | None = None,
+    timeout_s: float | None = None,
+    watchdog: Watchdog | None = None,
 ) -> ExampleOutcome:
     """Run one example through a compiled graph and score it. A failed model call marks it failed.
 
     The example's task (`scorer`, else its fields' default; or `view`, the task already bound to it) shapes the
     question the members see, answers their votes and cascades, and scores the final output. `memo` shares
-    calls between runs of the same example (see `RunContext.memo`).
+    calls between runs of the same example (see `RunContext.memo`). A run not finished within `timeout_s`
+    seconds (None: no deadline) is failed, its error saying what it was waiting for (`colab_graphs.watch`);
+    `watchdog` watches it with the other runs in flight.
     """
     view = view or view_for(example, scorer)
     trace = Trace(example_id=example.id, protocol=spec.name, coalition=list(spec.members))
     context = RunContext(client, pool, trace, view, memo)
+    watch = PlayWatch(f"example {example.id!r} with {', '.join(spec.members) or 'nobody'}", watchdog)
     try:
-        state = await graph.ainvoke(view.graph_input(), {"recursion_limit": 200}, context=context)
+        with watching(watch):
+            run = graph.ainvoke(view.graph_input(), {"recursion_limit": 200}, context=context)
+            state = await within(timeout_s, watch, run)
     except CallError as err:
         trace.failed, trace.error = True, str(err)
+        return ExampleOutcome(trace)
+    except DeadlinePassed as passed:
+        trace.failed, trace.error = True, f"{spec.name!r} {passed}"
         return ExampleOutcome(trace)
     trace.output = str(state.get("answer", ""))
     try:

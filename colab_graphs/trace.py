@@ -126,9 +126,12 @@ class Trace(BaseModel):
     `game` says what the play was for: "run" (a run's example), or in an audit's coalition game "coalition"
     (the protocol restricted to `coalition`) or "solo" (the member alone, its individual strength).
     `coalition` is who played, in the protocol's order; `answer` is what the task extracted from `output`, and
-    `score` its score. A failed play (a call failed after retries) has `error` and no score. `sandbox` (code
-    scores only) names the backend and isolation the code ran under (`colab_graphs.sandbox.scope`); a trace
-    line has it only then. Fields a later version adds (to a trace line, or a log's play record) are kept.
+    `score` its score. A failed play (a call failed after retries, or a deadline passed) has `error` and no
+    score. `sandbox` (code scores only) names the backend and isolation the code ran under
+    (`colab_graphs.sandbox.scope`); a trace line has it only then. Fields a later version adds (to a trace
+    line, or a log's play record) are kept; so are an app play's own: `absent` (each absent member a call
+    asked for: member, node, rule, answered_by, calls) and `ended_by_absent` (the member and node whose
+    uncaught `MemberAbsent` ended the play; see `colab_graphs.audit.app`).
     """
 
     model_config = ConfigDict(extra="allow")

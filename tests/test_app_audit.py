@@ -198,6 +198,46 @@ def test_an_absent_member_raises_by_default_and_an_uncaught_absence_scores_empty
     assert values == {(): 0.0, ("a",): 0.0, ("b",): 0.0, ("a", "b"): 1.0}
 
 
+def test_a_play_ended_by_an_uncaught_absence_records_the_member_and_the_node(
+    scripted_server, pool_for, tmp_path
+):
+    from colab_graphs.audit.game import read_plays
+
+    server = scripted_server({"a": "The answer is 5.", "b": "The answer is 5."})
+    pool = pool_for(server, ["a", "b"])
+    substitute = cg.member_chat_model("b", on_absent="substitute", substitute="a")
+    data = [{"id": "q", "input": "What is 2 + 3?", "answer": "5"}]
+    report = cg.run_audit(
+        tiny_app(cg.member_chat_model("a"), substitute), pool, data, method="exact", client=ModelClient(None),
+        individual=False, progress=False, out=tmp_path / "audit", plots=False,
+    )  # fmt: skip
+    # Without a, its MemberAbsent ends the play at node "ask" (scored as an empty answer, as the contract
+    # says); without b, a answers in its place.
+    assert {tuple(c.members): c.value for c in report.coalitions} == {
+        (): 0.0,
+        ("a",): 1.0,
+        ("b",): 0.0,
+        ("a", "b"): 1.0,
+    }
+    assert report.ended_by_absent == [{"member": "a", "node": "ask", "plays": 1, "coalitions": [["b"]]}]
+    plays = {
+        tuple(p.coalition): p.model_extra for p in read_plays(tmp_path / "audit") if p.game == "coalition"
+    }
+    assert plays[("b",)]["ended_by_absent"] == {"member": "a", "node": "ask"}
+    assert plays[("b",)]["absent"] == [
+        {"member": "a", "node": "ask", "rule": "raise", "answered_by": None, "calls": 1}
+    ]
+    assert plays[("a",)]["absent"] == [
+        {"member": "b", "node": "ask", "rule": "substitute", "answered_by": "a", "calls": 1}
+    ]
+    assert "ended_by_absent" not in plays[("a", "b")] and "absent" not in plays[("a", "b")]
+    page = (tmp_path / "audit" / "report.md").read_text()
+    assert (
+        "## Plays ended by an absent member" in page
+        and "- `a` at node `ask`: 1 play(s), coalitions: b" in page
+    )
+
+
 def test_an_absent_member_may_answer_empty(scripted_server, pool_for):
     server = scripted_server({"a": "The answer is 5.", "b": "The answer is 7."})
     pool = pool_for(server, ["a", "b"])

@@ -18,7 +18,14 @@ empty, or substitute another member. A `MemberAbsent` the app does not catch end
 answer (scored as an empty answer); any other exception the app raises fails the example (reported, not
 scored), as a failed call does, except a broken contract (`AppContractError`: an answer the whole pool's
 play did not write, a key it read that the audit does not send, an `interrupt()`), which stops the audit with
-what to pass. The empty coalition scores 0; each member's individual strength is its
+what to pass. A play ended by a `MemberAbsent` records the member and the node (`ended_by_absent`), and
+every absent member a call asked for, and what its rule did, is in the play's `absent`.
+
+Sync and async apps alike, at any concurrency: sync nodes and tools run in the loop's executor while every
+model call runs on the call path's own loop (`colab_graphs.models.loops`), so a sync node waiting for its
+reply never holds a thread that the reply needs. Each play has a deadline (`--example-timeout`, 600 s by
+default): a play past it fails, its error naming the nodes running and the calls pending; a watchdog logs
+what every play waits for when no call and no node has finished for a while (`colab_graphs.watch`). The empty coalition scores 0; each member's individual strength is its
 `solo` score, as in every audit.
 
 What is hooked where: `AppGame` is a `CoalitionGame` whose coalition graphs are the app bound to a coalition
@@ -43,6 +50,7 @@ from colab_graphs.data.example import Example
 from colab_graphs.models.binding import MemberAbsent, MemberBinding, bind_members
 from colab_graphs.models.client import CallError, ModelClient
 from colab_graphs.pool import Pool
+from colab_graphs.watch import APP_EXAMPLE_TIMEOUT_S, current_watch, node_tracker
 
 
 @dataclass(frozen=True)
@@ -93,10 +101,20 @@ class AppGraph:
         sent = self.io.input_state(state["input"])
         run = PlayRun(self.app)
         unsent: str | None = None
+        watch = current_watch()
+        if watch is not None:  # the nodes it runs tell the play's watch (what a stalled play waits for)
+            config = {
+                **(config or {}),
+                "callbacks": [*((config or {}).get("callbacks") or []), node_tracker(watch)],
+            }
         with bind_members(binding):
             try:
                 final = await self.app.ainvoke(sent, run.config(config))
-            except MemberAbsent:
+            except MemberAbsent as absent:
+                # Scored as an empty answer, as the contract says, and visibly: the play records who and where.
+                ended = {"member": absent.member, "node": absent.node}
+                if context.trace is not None:
+                    context.trace.ended_by_absent = ended  # type: ignore[attr-defined]  (a play's extra field)
                 return {**state, "answer": ""}
             except CallError:
                 raise
@@ -141,6 +159,9 @@ class AppGame(CoalitionGame):
             store=store,
             dataset=dataset,
         )
+
+    default_example_timeout = APP_EXAMPLE_TIMEOUT_S
+    """An app's plays have a deadline by default: a sync node waiting forever must not hang the audit."""
 
     def _graph(self, game: str, members: list[str]) -> tuple[Any, Any]:
         if game == "solo":

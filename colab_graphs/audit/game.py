@@ -48,6 +48,7 @@ from colab_graphs.models.spend import CapReached
 from colab_graphs.pool import Pool
 from colab_graphs.runner import run_example, run_fingerprint
 from colab_graphs.spec import GraphSpec
+from colab_graphs.watch import STALL_S, Watchdog
 
 Coalition = frozenset[str]
 
@@ -93,14 +94,31 @@ class CoalitionGame:
         self.log: LogWriter | None = None
         self.max_in_flight = max_in_flight or max(2 * client.max_concurrency, 4)
         self.plays: dict[tuple[str, str], Play] = {}
+        # Each play's deadline and the stall watchdog's time (`watch_plays`; None: none).
+        self.example_timeout: float | None = self.default_example_timeout
+        self.stall_s: float | None = STALL_S
         # When this audit first started (kept across resumes): cache entries written since then are calls this
         # audit made, even where a resumed run found them in the cache.
         self.started_at = time.time()
         self._graphs: dict[str, tuple[GraphSpec | None, Any]] = {}
+        self._watchdog: Watchdog | None = None
         # Coalition id -> the coalition fitted by its protocol's fit step (protocols that declare one).
         self.fits: dict[str, Fitted] = {}
         if self.store is not None:
             self._open_store()
+
+    default_example_timeout: float | None = None
+    """A protocol's plays have no deadline unless given one (its calls have their own timeouts)."""
+
+    def watch_plays(self, example_timeout: float | None = None, stall_s: float | None = None) -> None:
+        """Each play's deadline in seconds (None: this game's default; 0: none) and the watchdog's stall time
+        (None: `colab_graphs.watch.STALL_S`; 0: no watchdog); see `colab_graphs.watch`."""
+        for name, value in (("example timeout", example_timeout), ("stall time", stall_s)):
+            if value is not None and not value >= 0:
+                raise ValueError(f"the {name} must be >= 0 seconds (0: none), got {value}")
+        default = self.default_example_timeout
+        self.example_timeout = default if example_timeout is None else (example_timeout or None)
+        self.stall_s = STALL_S if stall_s is None else (stall_s or None)
 
     # --- persistence ---------------------------------------------------------------------------------------
 
@@ -200,7 +218,11 @@ class CoalitionGame:
             return Play(
                 example_id=example.id, protocol=self.spec.name, game=game, coalition=members, score=score
             )
-        play = (await run_example(graph, spec, self.pool, self.client, example, view=view, memo=memo)).trace
+        outcome = await run_example(
+            graph, spec, self.pool, self.client, example, view=view, memo=memo,
+            timeout_s=self.example_timeout, watchdog=self._watchdog,
+        )  # fmt: skip
+        play = outcome.trace
         # The run's trace is the play; the game keeps its calls and score, not every seat's output.
         play.protocol, play.game, play.coalition, play.state = self.spec.name, game, members, {}
         return play
@@ -273,7 +295,14 @@ class CoalitionGame:
                     on_progress(done)
             if todo:
                 tasks.append(asyncio.ensure_future(plays_of(example, todo)))
-        await _settle(tasks)
+        if self.stall_s is None or not tasks:
+            await _settle(tasks)
+            return
+        with Watchdog(self.stall_s, loop=asyncio.get_running_loop()) as self._watchdog:
+            try:
+                await _settle(tasks)
+            finally:
+                self._watchdog = None
 
     async def _fit(self, game: str, members: list[str]) -> None:
         """Run the protocol's fit step for one coalition, once (see `colab_graphs.fitting`)."""

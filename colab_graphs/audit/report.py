@@ -119,6 +119,14 @@ class AuditReport(BaseModel):
     dataset: str | None = None
     n_examples: int
     failed_examples: list[str] = Field(default_factory=list)
+    errors: dict[str, str] = Field(
+        default_factory=dict, description="failed example -> the error of its first failed play"
+    )
+    ended_by_absent: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="an app's plays ended by an uncaught MemberAbsent: {member, node, plays, coalitions} "
+        "(scored as empty answers)",
+    )
     method: Literal["loo", "exact", "sampled"]
     shapley_method: Literal["exact", "sampled"] | None = None
     shapley_estimator: str | None = Field(
@@ -389,6 +397,25 @@ def _table(header: list[str], align: str, rows: list[list[str]]) -> list[str]:
     return lines + ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
 
 
+def _troubles(r: AuditReport) -> list[str]:
+    """The report's lines on failed examples (their errors) and plays an absent member ended."""
+    lines: list[str] = []
+    if r.errors:
+        lines += ["", "## Failed examples", "", "Left out of every value (not scored):", ""]
+        lines += [f"- `{example}`: {error}" for example, error in r.errors.items()]
+    if r.ended_by_absent:
+        lines += ["", "## Plays ended by an absent member", ""]
+        lines.append(
+            "An uncaught `MemberAbsent` ended these plays; each scored as an empty answer (the app's contract)."
+        )
+        lines.append("")
+        for entry in r.ended_by_absent:
+            where = f" at node `{entry['node']}`" if entry.get("node") else ""
+            coalitions = "; ".join(", ".join(c) or "nobody" for c in entry.get("coalitions", []))
+            lines.append(f"- `{entry['member']}`{where}: {entry['plays']} play(s), coalitions: {coalitions}")
+    return lines
+
+
 def render_markdown(report: AuditReport, images: Mapping[str, str] | None = None) -> str:
     """The report as a readable markdown page.
 
@@ -464,6 +491,8 @@ def render_markdown(report: AuditReport, images: Mapping[str, str] | None = None
         for m in r.players
     ]
     lines += _table(header, "l" + "r" * (len(header) - 1), rows)
+
+    lines += _troubles(r)
 
     if r.rank_correlation:
         lines += ["", "## Individual vs compositional strength", ""]

@@ -264,6 +264,8 @@ async def play_audit(
     on_progress: Callable[[Play], None] | None = None,
     game: CoalitionGame | None = None,
     sandbox: str | None = None,
+    example_timeout: float | None = None,
+    stall_after: float | None = None,
 ) -> AuditReport:
     """Audit each member's contribution to `spec` on `examples`; write the report under `out` when given.
 
@@ -286,12 +288,17 @@ async def play_audit(
         sandbox: the sandbox setting for code scores (`colab_graphs.sandbox.scope`; None: the one in force).
             With code-scored examples it is checked before any call (`SandboxUnavailable`), and the report
             names it (`sandbox`).
+        example_timeout: each play's deadline in seconds (one coalition on one example), after which it fails
+            with what it was waiting for and its example is reported failed, not scored. None: the game's
+            default (an app's: `colab_graphs.watch.APP_EXAMPLE_TIMEOUT_S`; a protocol's: none); 0: none.
+        stall_after: the watchdog's time: when no call and no node has finished for this many seconds, what
+            every play in flight waits for is logged (None: `colab_graphs.watch.STALL_S`; 0: no watchdog).
     """
     with scope.using(sandbox):
         return await _play_audit(
             spec, pool, examples, client, method, budget, budget_unit, target_error, seed, scorer, out,
             dataset, force, individual, plots, max_calls, max_cost_usd, play_every_coalition, on_plan,
-            on_progress, game,
+            on_progress, game, example_timeout, stall_after,
         )  # fmt: skip
 
 
@@ -317,6 +324,8 @@ async def _play_audit(
     on_plan: Callable[[int], None] | None,
     on_progress: Callable[[Play], None] | None,
     game: CoalitionGame | None,
+    example_timeout: float | None,
+    stall_after: float | None,
 ) -> AuditReport:
     started = time.perf_counter()
     sandbox = require_sandbox(examples, scorer)  # fail closed, before the first call
@@ -329,6 +338,7 @@ async def _play_audit(
     game = game or CoalitionGame(
         spec, pool, examples, client=client, scorer=scorer, store=out, dataset=dataset
     )
+    game.watch_plays(example_timeout, stall_after)
     audit = _Audit(strategy, game, players if individual else [], on_plan, on_progress)
     reached: CapReached | None = None
     outer = client.cap
@@ -417,6 +427,8 @@ def _report(
         scorer=scorer,
         dataset=dataset,
         failed_examples=game.failed_examples(),
+        errors=_errors(game),
+        ended_by_absent=_ended_by_absent(game),
         calls=acct.calls(),
         tokens=_tokens(acct),
         cost_usd=acct.cost_usd,
@@ -435,3 +447,33 @@ def _tokens(spent: Spend | Accounting) -> TokenCount:
 
 def _first_error(game: CoalitionGame) -> Any:
     return next((p.error for p in game.plays.values() if p.failed), None)
+
+
+def _errors(game: CoalitionGame) -> dict[str, str]:
+    """Failed example -> the error of its first failed play (coalitions before solo runs, larger first)."""
+    failed = sorted(
+        (p for p in game.plays.values() if p.failed),
+        key=lambda p: (p.game != "coalition", -len(p.coalition), p.coalition),
+    )
+    errors: dict[str, str] = {}
+    for play in failed:
+        errors.setdefault(play.example_id, str(play.error))
+    return {e.id: errors[e.id] for e in game.examples if e.id in errors}
+
+
+def _ended_by_absent(game: CoalitionGame) -> list[dict[str, Any]]:
+    """The plays an uncaught `MemberAbsent` ended, by member and node (see `colab_graphs.audit.app`)."""
+    ended: dict[tuple[str, str | None], list[list[str]]] = {}
+    for play in game.plays.values():
+        where = (play.model_extra or {}).get("ended_by_absent")
+        if isinstance(where, dict) and where.get("member"):
+            ended.setdefault((where["member"], where.get("node")), []).append(list(play.coalition))
+    return [
+        {
+            "member": member,
+            "node": node,
+            "plays": len(plays),
+            "coalitions": sorted(map(list, {tuple(c) for c in plays})),
+        }
+        for (member, node), plays in sorted(ended.items(), key=lambda item: (item[0][0], item[0][1] or ""))
+    ]

@@ -5,7 +5,6 @@ Heavy modules (litellm, torch, transformers, trl) are imported inside the comman
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Annotated
@@ -137,6 +136,7 @@ def run(
 
     from colab_graphs.audit.app import run_app
     from colab_graphs.fitting import run_fitted
+    from colab_graphs.models.loops import run_loop
 
     options = {
         "client": client,
@@ -147,7 +147,7 @@ def run(
     }
     try:
         with holding_out(out), progress, scope.using(sandbox):
-            outcomes, summary = asyncio.run(
+            outcomes, summary = run_loop(
                 run_app(the_app[0], spec, the_pool, examples, **options)
                 if the_app is not None
                 else run_fitted(spec, the_pool, examples, **options)  # type: ignore[arg-type]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 from pathlib import Path
 from typing import Annotated
@@ -27,6 +26,7 @@ from colab_graphs.cli.options import (
     CacheDirOpt,
     ConcOpt,
     DataOpt,
+    ExampleTimeoutOpt,
     GraphOpt,
     InputKeyOpt,
     LimitOpt,
@@ -40,6 +40,7 @@ from colab_graphs.cli.options import (
     SandboxOpt,
     ScorerOpt,
     SeedOpt,
+    StallAfterOpt,
     progress_bar,
 )
 
@@ -97,6 +98,8 @@ def audit(
     no_individual: Annotated[bool, typer.Option("--no-individual", help="Skip the solo runs.")] = False,
     no_plots: Annotated[bool, typer.Option("--no-plots", help="Do not draw PNG plots.")] = False,
     no_preflight: NoPreflightOpt = False,
+    example_timeout: ExampleTimeoutOpt = None,
+    stall_after: StallAfterOpt = None,
     play_every_coalition: Annotated[
         bool,
         typer.Option(
@@ -109,6 +112,7 @@ def audit(
     """Audit how much each member adds to a protocol: writes report.json, report.md and PNG plots."""
     from colab_graphs.audit.run import AuditError, play_audit
     from colab_graphs.audit.strategy import BUDGET_UNITS, choose_strategy
+    from colab_graphs.models.loops import run_loop
     from colab_graphs.sandbox import SandboxUnavailable, scope
     from colab_graphs.spec import SpecError
 
@@ -182,7 +186,7 @@ def audit(
             if overwrite:
                 _empty(out)
             with progress:
-                report = asyncio.run(
+                report = run_loop(
                     play_audit(
                         spec,
                         the_pool,
@@ -206,6 +210,8 @@ def audit(
                         on_progress=on_progress,
                         game=make_game() if make_game is not None else None,
                         sandbox=sandbox,
+                        example_timeout=example_timeout,
+                        stall_after=stall_after,
                     )
                 )
     except SandboxUnavailable as err:
@@ -307,8 +313,17 @@ def _print_report(report, out: Path) -> None:
         console.print(
             f"rank correlation, individual vs {name}: spearman {fmt(corr.spearman)}, kendall {fmt(corr.kendall)}"
         )
+    for entry in report.ended_by_absent:
+        where = f" at node {entry['node']!r}" if entry.get("node") else ""
+        console.print(
+            f"[yellow]{entry['plays']} play(s) ended by absent member {entry['member']!r}{where} (uncaught "
+            "MemberAbsent; scored as empty answers)[/]",
+            highlight=False,
+        )
     if report.failed_examples:
         console.print(f"[yellow]{len(report.failed_examples)} example(s) failed and were left out[/]")
+        for example, error in list(report.errors.items())[:3]:
+            console.print(f"  {example}: {error}", highlight=False, markup=False)
     console.print(f"report: {out / 'report.md'}")
 
 

@@ -72,6 +72,24 @@ AppModeOpt = Annotated[
         "AI message) | auto (messages when the app's input has 'messages' and no 'input').",
     ),
 ]
+ExampleTimeoutOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--example-timeout",
+        min=0,
+        help="Fail a play (one coalition on one example) not finished within SECONDS, naming what it waits "
+        "for (default: 600 for --app, none for a protocol; 0: none).",
+    ),
+]
+StallAfterOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--stall-after",
+        min=0,
+        help="When no call and no node has finished for SECONDS, print what every play waits for (default 60; "
+        "0: never).",
+    ),
+]
 SeedOpt = Annotated[
     int | None, typer.Option("--seed", help="Shuffle the data with this seed before --limit.")
 ]

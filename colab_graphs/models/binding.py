@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -38,14 +39,17 @@ class MemberAbsent(RuntimeError):
     """A call to a pool member that is not in the coalition being played (rule "raise", the default).
 
     An app may catch it to route around the member (a supervisor skipping that worker); an app that does not
-    catch it gives no answer for that coalition, which then scores as an empty answer.
+    catch it gives no answer for that coalition, which then scores as an empty answer (and its play records
+    the member and the node: `ended_by_absent`). `node` is the LangGraph node that made the call, where known.
     """
 
-    def __init__(self, member: str, coalition: frozenset[str]):
+    def __init__(self, member: str, coalition: frozenset[str], node: str | None = None):
         present = ", ".join(sorted(coalition)) or "nobody"
-        super().__init__(f"member {member!r} is absent from this coalition (present: {present})")
+        where = f" (called at node {node!r})" if node else ""
+        super().__init__(f"member {member!r} is absent from this coalition{where} (present: {present})")
         self.member = member
         self.coalition = coalition
+        self.node = node
 
 
 @dataclass(frozen=True)
@@ -63,16 +67,32 @@ class MemberBinding:
 
 
 _binding: ContextVar[MemberBinding | None] = ContextVar("colab_graphs_member_binding", default=None)
+_plays = [0]  # coalition plays running now, in this process
+_plays_lock = threading.Lock()
 
 
 @contextlib.contextmanager
 def bind_members(binding: MemberBinding) -> Iterator[MemberBinding]:
-    """Make `binding` what member chat models call through, in this context and the tasks it starts."""
+    """Make `binding` what member chat models call through, in this context and the tasks it starts (and the
+    threads started with this context: LangGraph's and LangChain's copy it; a thread of your own needs
+    `contextvars.copy_context().run`)."""
     token = _binding.set(binding)
+    playing = binding.coalition is not None
+    if playing:
+        with _plays_lock:
+            _plays[0] += 1
     try:
         yield binding
     finally:
         _binding.reset(token)
+        if playing:
+            with _plays_lock:
+                _plays[0] -= 1
+
+
+def plays_running() -> bool:
+    """Whether a coalition play (an app audit's) is running in this process now."""
+    return _plays[0] > 0
 
 
 def current_binding() -> MemberBinding | None:

@@ -50,6 +50,7 @@ from colab_graphs.models.flight import Memo
 from colab_graphs.models.lc import ai_message, last_chunk, message_chunk, openai_messages
 from colab_graphs.pool import LITELLM_KWARGS, Member, PoolError, make_member
 from colab_graphs.trace import Call, Trace
+from colab_graphs.watch import pending_call
 
 # Keyword arguments LangChain hands a model that are about tracing, not the request.
 _NOT_SENT = frozenset({"ls_structured_output_format", "structured_output_format", "stream"})
@@ -110,11 +111,12 @@ class CallPathChatModel(BaseChatModel):
             return None
         sent = openai_messages(messages)
         options: dict[str, Any] = {"overrides": overrides or None, "node": target.node, "seat": member.name}
-        if target.memo is None:
-            return await target.client.complete(
-                member, sent, trace=target.trace, on_delta=on_delta, **options
-            )
-        return await _memoised(target, target.memo, member, sent, overrides, on_delta, options)
+        with pending_call(target.node, member.name):  # (a call another run makes counts as this one's)
+            if target.memo is None:
+                return await target.client.complete(
+                    member, sent, trace=target.trace, on_delta=on_delta, **options
+                )
+            return await _memoised(target, target.memo, member, sent, overrides, on_delta, options)
 
     def _model_name(self, target: Target, overrides: dict[str, Any]) -> str:
         return str(overrides.get("model") or (target.member.model if target.member else ""))

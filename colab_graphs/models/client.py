@@ -12,6 +12,7 @@ member's request and its deployments together, so which replica answered never c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import logging
@@ -26,10 +27,12 @@ from urllib.parse import urlsplit, urlunsplit
 from colab_graphs.models.cache import CallCache, request_key
 from colab_graphs.models.flight import SingleFlight
 from colab_graphs.models.identity import cache_identity
+from colab_graphs.models.loops import DaemonThreads, new_loop_thread, on_call_loop
 from colab_graphs.models.spend import SpendCap
 from colab_graphs.pool import CONNECTION_KEYS, Member
 from colab_graphs.redaction import public_url, redact
 from colab_graphs.trace import Call, Reply, Trace, Usage
+from colab_graphs.watch import pending_call
 
 logger = logging.getLogger("colab_graphs")
 
@@ -354,7 +357,8 @@ class ModelClient:
             key=key,
         )
         try:
-            call = await self._served(asked, member, request, kwargs, on_delta)
+            with pending_call(node or seat, member.name):
+                call = await self._served(asked, member, request, kwargs, on_delta)
         except CallError as err:
             if trace is not None:
                 failed = {"error": err.detail, "error_type": err.kind, "attempts": err.attempts}
@@ -456,7 +460,9 @@ class ModelClient:
         )
 
     async def _send(self, member: Member, kwargs: dict) -> Any:
-        """One attempt: straight to LiteLLM, or through the member's Router when it has deployments."""
+        """One attempt: straight to LiteLLM, or through the member's Router when it has deployments. Runs on
+        the call loop (`colab_graphs.models.loops`): LiteLLM's own sync work never waits for a thread that a
+        sync node holds."""
         litellm = _litellm()
         if not member.deployments:
             return await litellm.acompletion(**{**kwargs, "num_retries": 0, "max_retries": 0})
@@ -469,21 +475,40 @@ class ModelClient:
         """One attempt: (response, text, tool calls, finish reason). Streamed when `on_delta` is given; `sent`
         becomes [True] once a piece has been handed out."""
         if on_delta is None:
-            response = await self._send(member, kwargs)
+            response = await on_call_loop(self._send(member, kwargs))
             return (response, *_response_message(response))
-        stream = await self._send(
-            member, {**kwargs, "stream": True, "stream_options": {"include_usage": True}}
-        )
-        chunks = []
-        async for chunk in stream:
-            chunks.append(chunk)
-            delta = getattr(chunk.choices[0], "delta", None) if chunk.choices else None
-            if delta is None:
-                continue
-            text, calls = getattr(delta, "content", None) or "", getattr(delta, "tool_calls", None)
-            if text or calls:
+        # The stream is read on the call loop; its pieces come back here, in order, then None.
+        here = asyncio.get_running_loop()
+        pieces: asyncio.Queue[Delta | None] = asyncio.Queue()
+
+        async def read() -> list[Any]:
+            stream = await self._send(
+                member, {**kwargs, "stream": True, "stream_options": {"include_usage": True}}
+            )
+            chunks = []
+            async for chunk in stream:
+                chunks.append(chunk)
+                delta = getattr(chunk.choices[0], "delta", None) if chunk.choices else None
+                if delta is None:
+                    continue
+                text, calls = getattr(delta, "content", None) or "", getattr(delta, "tool_calls", None)
+                if text or calls:
+                    piece = Delta(text, [_plain(c) for c in calls] if calls else None)
+                    here.call_soon_threadsafe(pieces.put_nowait, piece)
+            return chunks
+
+        reading = asyncio.ensure_future(on_call_loop(read()))
+        reading.add_done_callback(lambda _: pieces.put_nowait(None))
+        try:
+            while (piece := await pieces.get()) is not None:
                 sent[0] = True
-                await deliver(on_delta, Delta(text, [_plain(c) for c in calls] if calls else None))
+                await deliver(on_delta, piece)
+            chunks = reading.result()
+        finally:
+            if not reading.done():
+                reading.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reading
         response = _litellm().stream_chunk_builder(chunks, messages=kwargs["messages"])
         if response is None:
             raise ValueError("the stream ended without a chunk")
@@ -497,8 +522,8 @@ class ModelClient:
         kwargs: dict[str, Any],
         on_delta: DeltaHandler | None = None,
     ) -> Call:
-        """The call `asked` made upstream (with retries), its reply stored in the cache."""
-        litellm = _litellm()
+        """The call `asked` made upstream (with retries), its reply stored in the cache. (LiteLLM is first
+        imported on the call loop, by `_send`: its seconds of import do not hold this loop's timers.)"""
         models = [kwargs["model"], *(d.get("model", "") for d in member.deployments)]
         local = any(m.startswith("local/") for m in models)
         if local:
@@ -558,7 +583,9 @@ class ModelClient:
         )
         # In-process `local/` models cost nothing to call (as `models.pricing` plans them), not "unknown".
         cost = (
-            0.0 if all(m.startswith("local/") for m in models) else _response_cost(litellm, response, models)
+            0.0
+            if all(m.startswith("local/") for m in models)
+            else _response_cost(_litellm(), response, models)
         )
         if self.cap is not None:
             self.cap.settle(reserved, cost)
@@ -623,11 +650,11 @@ def default_client() -> ModelClient:
 
 
 def background_loop() -> asyncio.AbstractEventLoop:
-    """One event loop in a daemon thread, where calls run when they are waited for synchronously (a graph's
-    or chat model's `invoke`, the API's sync forms): LiteLLM keeps per-loop state, so one loop serves them."""
+    """One event loop in a daemon thread, where work runs when it is waited for synchronously (a graph's or
+    chat model's `invoke`, the API's sync forms); its default executor, where an app's sync nodes run, is a
+    `DaemonThreads` (see `colab_graphs.models.loops`)."""
     global _loop
     with _loop_lock:
         if _loop is None:
-            _loop = asyncio.new_event_loop()
-            threading.Thread(target=_loop.run_forever, name="colab-graphs-loop", daemon=True).start()
+            _loop = new_loop_thread("colab-graphs-loop", DaemonThreads())
     return _loop

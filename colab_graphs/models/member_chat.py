@@ -7,14 +7,16 @@ with.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from pydantic import Field
 
-from colab_graphs.models.binding import AbsentRule, MemberAbsent, current_binding
+from colab_graphs.models.binding import AbsentRule, MemberAbsent, current_binding, plays_running
 from colab_graphs.models.chat_model import CallPathChatModel, Target
 from colab_graphs.models.client import ModelClient, default_client
 from colab_graphs.pool import Pool
+from colab_graphs.trace import Trace
 
 
 class MemberChatModel(CallPathChatModel):
@@ -52,20 +54,38 @@ class MemberChatModel(CallPathChatModel):
 
     def _target(self, metadata: dict[str, Any] | None) -> Target:
         binding = current_binding()
+        if binding is None and plays_running():
+            # Fail closed: called outside every play's context while an audit plays (a thread started without
+            # the caller's context), the call cannot know its coalition; answering as the whole pool would
+            # give a wrong value silently.
+            raise RuntimeError(
+                f"member_chat_model({self.member_name!r}) was called where no audit play reaches, while an "
+                "app audit is running: from a thread your code started? Start it with the caller's context "
+                "(contextvars.copy_context().run, or LangChain's ContextThreadPoolExecutor) so the call knows "
+                "its coalition"
+            )
         pool = binding.pool if binding is not None else self.pool
         if pool is None:
             raise RuntimeError(
                 f"member_chat_model({self.member_name!r}) has no pool: run the app through "
                 "colab_graphs.run_audit(app, pool, data), or give one: member_chat_model(NAME, pool=...)"
             )
-        name = self._answering(pool, binding.coalition if binding is not None else None)
         node = (metadata or {}).get("langgraph_node")
+        coalition = binding.coalition if binding is not None else None
+        try:
+            name = self._answering(pool, coalition, node)
+        except MemberAbsent:
+            if binding is not None:
+                note_absence(binding.trace, self.member_name, node, self.on_absent, None)
+            raise
         if binding is None:
             return Target(self.client or default_client(), pool[name] if name else None, node=node)
+        if name != self.member_name:
+            note_absence(binding.trace, self.member_name, node, self.on_absent, name)
         member = pool[name] if name else None
         return Target(binding.client, member, binding.trace, binding.memo, binding.loop, node)
 
-    def _answering(self, pool: Pool, coalition: frozenset[str] | None) -> str | None:
+    def _answering(self, pool: Pool, coalition: frozenset[str] | None, node: str | None) -> str | None:
         """The member that answers this call (None: nobody, an empty answer)."""
         unknown = [m for m in (self.member_name, self.substitute) if m is not None and m not in pool]
         if unknown:
@@ -85,4 +105,26 @@ class MemberChatModel(CallPathChatModel):
                 present = [m for m in pool.names if m in coalition]
                 if present:
                     return present[0]
-        raise MemberAbsent(self.member_name, coalition)
+        raise MemberAbsent(self.member_name, coalition, node)
+
+
+def note_absence(
+    trace: Trace | None, member: str, node: str | None, rule: str, answered_by: str | None
+) -> None:
+    """Record in the play (`trace.absent`, a list kept in the log with the play) that a call asked for an
+    absent `member` at `node`, and what its rule did: "raise" (`MemberAbsent`), "empty" (answered empty) or
+    "substitute" (`answered_by` answered); repeated calls count in `calls`."""
+    extra = trace.__pydantic_extra__ if trace is not None else None
+    if extra is None:
+        return
+    entry = {"member": member, "node": node, "rule": rule, "answered_by": answered_by}
+    with _absence_lock:  # (sync nodes of one play record from several threads)
+        absent: list[dict[str, Any]] = extra.setdefault("absent", [])
+        for seen in absent:
+            if all(seen.get(k) == v for k, v in entry.items()):
+                seen["calls"] = seen.get("calls", 1) + 1
+                return
+        absent.append({**entry, "calls": 1})
+
+
+_absence_lock = threading.Lock()
