@@ -173,9 +173,6 @@ def _train(
     started = time.perf_counter()
     main = processes.is_main_process
     split = system.load_split(config)
-    # Code-scored rewards: the sandbox is checked before the first call, and named in every metrics line and
-    # in summary.json (the LoopThread carries the setting to the rollouts).
-    sandbox = require_sandbox([*split.train, *split.eval], config.scorer)
     loop = LoopThread.shared()
     try:
         scripted = server_for_configs(config.scripted_members, "scripted_members")
@@ -183,6 +180,10 @@ def _train(
         raise ConfigError(str(err)) from None
     with scripted as server:
         pool, spec, model, tokenizer = system.seated_system(config, server, str(processes.device))
+        # Code-scored rewards: the sandbox is checked before the first call, and named in every metrics line and
+        # in summary.json (the LoopThread carries the setting to the rollouts). After the system is seated: a
+        # scorer the graph's module registers (`scorer: toy_marker`) is known from then on.
+        sandbox = require_sandbox([*split.train, *split.eval], config.scorer)
         cache = None if config.no_cache else CallCache(config.cache_dir)
         client = ModelClient(cache, max_concurrency=config.max_concurrency)
         policy = [config.policy_member]
