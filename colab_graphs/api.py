@@ -290,6 +290,8 @@ async def arun(
     on_progress: Callable[[Progress], None] | None = None,
     progress: bool | None = None,
     sandbox: str | None = None,
+    example_timeout: float | None = None,
+    stall_after: float | None = None,
 ) -> RunResult:
     """Run a protocol, or score a LangGraph app once with the whole pool, over a dataset (what `colab-graphs
     run` does); writes the run outputs (results.jsonl, traces.jsonl, summary.json, log.jsonl) under `out`.
@@ -298,7 +300,8 @@ async def arun(
     reference instead (``file.py:NAME``, ``module:NAME``, ``langgraph.json:NAME``); `input_key`, `answer_key`,
     `mode`: how the app's state is mapped (`colab_graphs.audit.app_contract.AppIO`). `sandbox`: where
     code-scored answers run (`colab_graphs.sandbox.scope`: auto | namespaces | landlock | unsafe-local; None:
-    env, else auto); checked before any call (`SandboxUnavailable`).
+    env, else auto); checked before any call (`SandboxUnavailable`). `example_timeout`, `stall_after`: each
+    example's deadline and the stall watchdog's time, as `arun_audit`'s (an app's default deadline: 600 s).
     """
     from colab_graphs.audit.app import run_app
     from colab_graphs.data.scoring import require_sandbox
@@ -322,6 +325,8 @@ async def arun(
             "scorer": scorer,
             "out": out,
             "on_progress": lambda outcome: report.advance(calls=outcome.trace.calls),
+            "example_timeout": example_timeout,
+            "stall_after": stall_after,
         }
         if the_app is not None:
             outcomes, summary = await run_app(the_app[0], spec, the_pool, examples, **options)
@@ -371,7 +376,8 @@ async def arun_audit(
     (`colab_graphs.audit.app_contract.AppIO`; checked against the app before any call). `method`: "loo" (n + 1 coalitions), "exact"
     (all 2^n) or "sampled" (`budget` in `budget_unit`: distinct calls, coalitions or permutations; or until
     `target_error`). `max_calls` / `max_cost_usd` cap the audit's spending (the report is then `partial`; run
-    again to finish it). `sandbox`: where code-scored answers run (as `arun`). `example_timeout`: each play's deadline in seconds, after which it fails saying what
+    again to finish it). `sandbox`: where code-scored answers run (as `arun`). `example_timeout`: each play's
+    deadline in seconds, after which it fails saying what
     it waited for (None: 600 for an app, none for a protocol; 0: none); `stall_after`: log what every play
     waits for when no call and no node has finished for that long (None: 60; 0: never). Writes report.json,
     report.md and plots under `out` when given.

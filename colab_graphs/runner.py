@@ -40,7 +40,7 @@ from colab_graphs.redaction import hide_secrets
 from colab_graphs.sandbox import scope
 from colab_graphs.spec import GraphSpec
 from colab_graphs.trace import Trace, read_traces, trace_line, write_traces
-from colab_graphs.watch import DeadlinePassed, PlayWatch, Watchdog, watching, within
+from colab_graphs.watch import STALL_S, DeadlinePassed, PlayWatch, Watchdog, watching, within
 
 
 class RunError(RuntimeError):
@@ -238,20 +238,35 @@ async def run_dataset(
     on_progress: Callable[[ExampleOutcome], None] | None = None,
     sandbox: str | None = None,
     graph: Any = None,
+    example_timeout: float | None = None,
+    stall_after: float | None = None,
 ) -> tuple[list[ExampleOutcome], dict[str, Any]]:
     """Run `spec` over `examples`; write results/traces/summary under `out` when given. Returns (outcomes, summary).
 
     `sandbox`: the sandbox setting for code scores (`colab_graphs.sandbox.scope`; None: the one in force).
     `graph`: what to run instead of `spec` compiled (a user's app bound to the pool,
     `colab_graphs.audit.app.run_app`); `spec` then only names and identifies the run.
+    `example_timeout`: each example's deadline in seconds (None or 0: none), after which it fails with what it
+    was waiting for; `stall_after`: the watchdog's time (None: `colab_graphs.watch.STALL_S`; 0: no watchdog).
 
     Raises:
         SandboxUnavailable: code-scored examples, and the setting cannot be met here (before any call).
     """
     with scope.using(sandbox):
-        return await _run_dataset(
-            spec, pool, examples, client, scorer, out, max_examples_in_flight, overwrite, on_progress, graph
-        )
+        for name, value in (("example timeout", example_timeout), ("stall time", stall_after)):
+            if value is not None and not value >= 0:
+                raise ValueError(f"the {name} must be >= 0 seconds (0: none), got {value}")
+        stall_s = STALL_S if stall_after is None else stall_after
+        if not stall_s:
+            return await _run_dataset(
+                spec, pool, examples, client, scorer, out, max_examples_in_flight, overwrite, on_progress,
+                graph, example_timeout or None, None,
+            )  # fmt: skip
+        with Watchdog(stall_s, loop=asyncio.get_running_loop()) as watchdog:
+            return await _run_dataset(
+                spec, pool, examples, client, scorer, out, max_examples_in_flight, overwrite, on_progress,
+                graph, example_timeout or None, watchdog,
+            )  # fmt: skip
 
 
 async def _run_dataset(
@@ -265,6 +280,8 @@ async def _run_dataset(
     overwrite: bool,
     on_progress: Callable[[ExampleOutcome], None] | None,
     graph: Any,
+    timeout_s: float | None,
+    watchdog: Watchdog | None,
 ) -> tuple[list[ExampleOutcome], dict[str, Any]]:
     started = time.perf_counter()
     sandbox = require_sandbox(examples, scorer)  # fail closed, before the first call
@@ -310,7 +327,9 @@ async def _run_dataset(
 
     async def one(example: Example) -> ExampleOutcome:
         async with limit:
-            outcome = await run_example(graph, spec, pool, client, example, scorer)
+            outcome = await run_example(
+                graph, spec, pool, client, example, scorer, timeout_s=timeout_s, watchdog=watchdog
+            )
         if out_dir is not None:
             async with write_lock:
                 with open(out_dir / "results.jsonl", "a", encoding="utf-8") as fh:

@@ -194,6 +194,31 @@ def test_a_stalled_app_fails_within_its_deadline_naming_the_node(scripted_server
     assert "Task was destroyed" not in done.stderr
 
 
+def test_run_of_a_stalled_app_fails_each_example_at_its_deadline_naming_the_node(scripted_server, tmp_path):
+    # `colab-graphs run --app` scores the app once, the whole pool playing: each example has the same deadline
+    # as an audit's play. Bound: 2 examples in flight together, 2 s each, plus the start.
+    server = scripted_server(SOLVERS)
+    pool = write_pool_file(tmp_path / "pool.yaml", server, ["a", "b", "c"])
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("".join(json.dumps(row) + "\n" for row in arithmetic(2)))
+    out = tmp_path / "run"
+    command = [TASKSET, "-c", on_cores(2), sys.executable, "-m", "colab_graphs.cli.app", "run", "--app",
+               f"{TESTS}/sync_apps.py:stalled", "--pool", str(pool), "--data", str(questions), "--no-cache",
+               "--out", str(out), "--example-timeout", "2", "--stall-after", "1"]  # fmt: skip
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=90, env={**os.environ, "COLUMNS": "200"}
+    )
+    assert done.returncode == 3, done.stdout + done.stderr
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(r["failed"] for r in rows)
+    assert all(
+        "did not finish within 2 s (the example timeout): running node 'wait_for_review'" in r["error"]
+        for r in rows
+    )
+    assert "stalled: no call and no node has finished for" in done.stderr
+    assert json.loads((out / "summary.json").read_text())["failed"] == 2
+
+
 def test_a_call_from_a_thread_without_the_plays_context_fails_closed(scripted_server, pool_for):
     # A node that starts a bare thread (no copy of its context) calls a member: the call cannot know its
     # coalition, so it fails the example with what to do, rather than answering as the whole pool.

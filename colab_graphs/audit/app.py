@@ -314,8 +314,13 @@ async def run_app(
 ) -> tuple[list[Any], dict[str, Any]]:
     """Score the app once, the whole pool playing (what `colab-graphs run --app` and `colab_graphs.run(app)`
     do): `runner.run_dataset` with the app for the graph, so the outputs (results.jsonl, traces.jsonl,
-    summary.json, log.jsonl) and the viewer are a protocol run's."""
+    summary.json, log.jsonl) and the viewer are a protocol run's. Each example has a deadline
+    (`example_timeout`, default `colab_graphs.watch.APP_EXAMPLE_TIMEOUT_S`), as each play of an app audit."""
     from colab_graphs.runner import run_dataset
 
     graph = AppGraph(app, spec.name, spec.members, spec.io, full=True)
+    if (
+        run_options.get("example_timeout") is None
+    ):  # an app's examples have a deadline by default, as its plays
+        run_options["example_timeout"] = APP_EXAMPLE_TIMEOUT_S
     return await run_dataset(spec, pool, examples, client=client, graph=graph, **run_options)  # type: ignore[arg-type]

@@ -29,6 +29,7 @@ from colab_graphs.cli.options import (
     CacheDirOpt,
     ConcOpt,
     DataOpt,
+    ExampleTimeoutOpt,
     GraphOpt,
     InputKeyOpt,
     LimitOpt,
@@ -42,6 +43,7 @@ from colab_graphs.cli.options import (
     SandboxOpt,
     ScorerOpt,
     SeedOpt,
+    StallAfterOpt,
     progress_bar,
 )
 
@@ -98,6 +100,8 @@ def run(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Discard an earlier run in --out.")] = False,
     no_preflight: NoPreflightOpt = False,
     sandbox: SandboxOpt = None,
+    example_timeout: ExampleTimeoutOpt = None,
+    stall_after: StallAfterOpt = None,
 ) -> None:
     """Run a protocol (or score your LangGraph app, --app) over a dataset; write results.jsonl, traces.jsonl,
     summary.json and log.jsonl."""
@@ -144,6 +148,8 @@ def run(
         "out": out,
         "overwrite": overwrite,
         "on_progress": on_progress,
+        "example_timeout": example_timeout,
+        "stall_after": stall_after,
     }
     try:
         with holding_out(out), progress, scope.using(sandbox):
