@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import write_pool_file
 from typer.testing import CliRunner
 
 import colab_graphs as cg
@@ -69,14 +70,7 @@ def multiplier(messages: list[dict[str, Any]], params: dict[str, Any]) -> str:
 def team(scripted_server, tmp_path, monkeypatch):
     """(server, pool file) of the two scripted members, and a call cache of the test's own."""
     server = scripted_server({"adder": Member(adder), "multiplier": Member(multiplier)})
-    pool = tmp_path / "pool.yaml"
-    pool.write_text(
-        "models:\n"
-        + "".join(
-            f"  {m}: {{model: openai/{m}, api_base: '{server.base_url}', api_key: sk-test}}\n"
-            for m in ("adder", "multiplier")
-        )
-    )
+    pool = write_pool_file(tmp_path / "pool.yaml", server, ["adder", "multiplier"])
     monkeypatch.setenv("COLAB_GRAPHS_CACHE_DIR", str(tmp_path / "cache"))
     _register_optional_commands()
     return server, pool

@@ -155,14 +155,7 @@ def test_the_sync_react_agent_with_a_critic_on_one_core(scripted_server, tmp_pat
 
     examples = TESTS.parent / "examples"
     server = scripted_server(load_members(f"{examples}/agent_members.py:CRITIC_TEAM"))
-    pool = tmp_path / "pool.yaml"
-    pool.write_text(
-        "models:\n"
-        + "".join(
-            f"  {m}: {{model: openai/{m}, api_base: '{server.base_url}', api_key: sk-test}}\n"
-            for m in ("solver", "critic")
-        )
-    )
+    pool = write_pool_file(tmp_path / "pool.yaml", server, ["solver", "critic"])
     command = [TASKSET or "taskset", "-c", on_cores(1), sys.executable, "-m", "colab_graphs.cli.app", "audit",
                "--app", f"{examples}/react_critic_app.py:app", "--pool", str(pool), "--data",
                str(examples / "calculator_questions.jsonl"), "--method", "exact", "--no-cache", "--no-plots",
