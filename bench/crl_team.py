@@ -19,7 +19,12 @@ replies (hence the slot order) fixed per question and the same for every arm:
   audit report's means);
 - `swap`: the whole team with the slot order reversed (position swap): a policy that follows the right
   teammate scores the same, one that copies a slot does not;
-- `transfer` (with `--transfer`): the policy trained in one setting evaluated in the other one.
+- `transfer` (with `--transfer`): the policy evaluated in the other seat (a protocol it was not trained in) and
+  in its own seat on the transfer task (three-digit operands: a task it was not trained on;
+  `crl_team_graphs.transfer_questions`), each as the team and the team without the policy (its LOO).
+
+`--bf16` trains with bf16 autocast (fp32 master weights; TRL's `bf16`) and evaluates bf16 weights: 2-2.5x faster
+on a CPU with AVX-512 BF16, at the price of greedy answers that may depend on what a request is batched with.
 
 Constant policies a skeptic computes first (from the same rows, in `crl_team_report.py`): copy slot 1, copy the
 best teammate (the one right most often on the training questions), an oracle selector, always reject.
@@ -30,12 +35,9 @@ folders), `rows/SETTING-ARM-SEED-EVAL.jsonl` (one line per held-out question), `
 reports), `manifest.json` (the config, the seed list, the commit and the tree's state, the machine, times).
 `python bench/crl_team_report.py OUT` then builds the summary, table and figure from the rows alone.
 
-    # the full study, one seat per invocation (about 4 h each on 2 quiet cores; BENCHMARKS.md has the cost):
-    nice -n 19 python bench/crl_team.py --out runs/crl_team --settings vote --seeds 0 1 2 3 4 5 --steps 24 \
-        --eval-size 300
-    nice -n 19 python bench/crl_team.py --out runs/crl_team --settings gate --seeds 0 1 2 3 4 5 --steps 24 \
-        --eval-size 300
-    # (--transfer also evaluates each policy in the other seat: about 2 h more per seat)
+    # the full study, both seats, seed after seed (BENCHMARKS.md has its cost):
+    nice -n 19 python bench/crl_team.py --out runs/crl_team --settings vote gate --seeds 0 1 2 3 4 5 \
+        --steps 24 --eval-size 300 --bf16 --transfer
     # the small run README's table comes from (shipped in bench/results/crl_team/):
     nice -n 19 python bench/crl_team.py --out runs/crl_team_small --settings vote --seeds 0 1 2 --steps 6 \
         --eval-size 60 --save-steps 3
@@ -68,13 +70,13 @@ TEMPERATURE = 0.7  # rollouts' sampling temperature (at 1.0 SmolLM2-135M mostly 
 EVAL_SEED = 0  # the evaluation's draws (greedy policy; it fixes nothing else): the same for every arm
 
 
-def write_data(out: Path, n_train: int, n_eval: int) -> tuple[Path, Path]:
-    """The training and held-out files (no question in both, operand order included)."""
+def write_data(out: Path, n_train: int, n_eval: int) -> tuple[Path, Path, Path]:
+    """The training, held-out and transfer-task files (no question in two of them, operand order included)."""
     train, held = team.questions(n_train, n_eval)
     folder = out / "data"
     folder.mkdir(parents=True, exist_ok=True)
-    paths = folder / "train.jsonl", folder / "eval.jsonl"
-    for path, records in zip(paths, (train, held), strict=True):
+    paths = folder / "train.jsonl", folder / "eval.jsonl", folder / "transfer.jsonl"
+    for path, records in zip(paths, (train, held, team.transfer_questions(n_eval)), strict=True):
         path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return paths
 
@@ -87,7 +89,7 @@ def pool_settings(tokens: int) -> dict[str, dict]:
     }
 
 
-def settings(args: argparse.Namespace, setting: str, arm: str, seed: int, data: tuple[Path, Path]) -> dict:
+def settings(args: argparse.Namespace, setting: str, arm: str, seed: int, data: tuple[Path, ...]) -> dict:
     """One arm's training config: everything but `reward` / `credit` shared by all arms."""
     return {
         "graph": f"crl_team_graphs:{setting}",
@@ -113,6 +115,7 @@ def settings(args: argparse.Namespace, setting: str, arm: str, seed: int, data: 
         "seed": seed,
         "save_steps": args.save_steps,
         "use_cpu": True,
+        "bf16": args.bf16,
         "max_concurrency": 32,
         "output_dir": str(args.out / "runs" / f"{setting}-{arm}-{seed}"),
         "cache_dir": str(args.out / "cache"),
@@ -120,7 +123,7 @@ def settings(args: argparse.Namespace, setting: str, arm: str, seed: int, data: 
     }
 
 
-def train_arm(args: argparse.Namespace, setting: str, arm: str, seed: int, data: tuple[Path, Path]) -> Path:
+def train_arm(args: argparse.Namespace, setting: str, arm: str, seed: int, data: tuple[Path, ...]) -> Path:
     """Train one arm (resuming from its last checkpoint); the exported policy folder."""
     from colab_graphs.trainers.config import config_from_dict
     from colab_graphs.trainers.pipeline import train
@@ -159,25 +162,40 @@ def _teammates_row(play: Any, question: str, answer: str, view: Any, swap: bool)
     }
 
 
+def load(folder: str, label: str, bf16: bool) -> str:
+    """Serve the policy in `folder` as the local model `crl-team-LABEL`; its name (one per policy, so no
+    cache can mix two policies' calls)."""
+    from colab_graphs.models.local import set_local_model
+    from colab_graphs.trainers import system
+
+    model, tokenizer = system.load_policy(folder, "cpu")
+    if bf16:
+        import torch
+
+        model = model.to(torch.bfloat16)
+    model.eval()
+    name = f"crl-team-{label}"
+    set_local_model(name, model, tokenizer)
+    return name
+
+
 def evaluate(
-    folder: str, setting: str, held: list[Any], label: str, out: Path, tokens: int
+    name: str, setting: str, held: list[Any], label: str, out: Path, tokens: int, full: bool = True
 ) -> dict[str, list[dict]]:
-    """The audit rows and the position-swap rows of the policy in `folder` in `setting`."""
+    """The rows of the policy served as `name` in `setting` on `held`.
+
+    `full`: the product's exact audit (all 8 coalitions, so LOO and Shapley of the policy seat) and the
+    position swap; otherwise (the transfer evaluations) the team and the team without the policy (its LOO).
+    """
     from colab_graphs.audit.game import CoalitionGame, coalition_id
     from colab_graphs.audit.run import play_audit
     from colab_graphs.data.scoring import view_for
     from colab_graphs.models.client import ModelClient
-    from colab_graphs.models.local import set_local_model
     from colab_graphs.pool import Pool
     from colab_graphs.testing.server import server_for_configs
-    from colab_graphs.trainers import system
     from colab_graphs.trainers.rollout import LoopThread
 
     loop = LoopThread.shared()
-    model, tokenizer = system.load_policy(folder, "cpu")
-    model.eval()
-    name = f"crl-team-{label}"  # one local name per policy: no cache can mix two policies' calls
-    set_local_model(name, model, tokenizer)
     players = ["policy", *team.TEAMMATES]
     result: dict[str, list[dict]] = {}
     with server_for_configs(team.teammate_configs(), "teammates") as server:
@@ -189,27 +207,34 @@ def evaluate(
         client = ModelClient(None, max_concurrency=32)  # no cache: every policy's calls are its own
         spec = team.GRAPHS[setting](pool.names)
         game = CoalitionGame(spec, pool, held, client=client)
-        report = loop.run(
-            play_audit(
-                spec,
-                pool,
-                held,
-                client=client,
-                method="exact",
-                seed=EVAL_SEED,
-                game=game,
-                play_every_coalition=True,
-                individual=False,
-                plots=False,
+        if full:
+            report = loop.run(
+                play_audit(
+                    spec,
+                    pool,
+                    held,
+                    client=client,
+                    method="exact",
+                    seed=EVAL_SEED,
+                    game=game,
+                    play_every_coalition=True,
+                    individual=False,
+                    plots=False,
+                )
             )
-        )
-        (out / "audits").mkdir(parents=True, exist_ok=True)
-        (out / "audits" / f"{label}.json").write_text(report.model_dump_json(indent=1) + "\n")
-        coalitions = [
-            [m for m in players if m in s]
-            for k in range(8)
-            for s in [{p for i, p in enumerate(players) if k >> i & 1}]
-        ]
+            (out / "audits").mkdir(parents=True, exist_ok=True)
+            (out / "audits" / f"{label}.json").write_text(report.model_dump_json(indent=1) + "\n")
+            coalitions = [
+                [m for m in players if m in s]
+                for k in range(1, 8)
+                for s in [{p for i, p in enumerate(players) if k >> i & 1}]
+            ]
+            result["audit_report"] = [
+                {"shapley": report.shapley, "loo": report.loo, "individual": report.individual}
+            ]
+        else:
+            coalitions = [players, list(team.TEAMMATES)]
+            loop.run(game.evaluate([frozenset(c) for c in coalitions], []))
         rows = []
         for example in held:
             view = view_for(example)
@@ -227,15 +252,13 @@ def evaluate(
                     if (p := game.plays.get((coalition_id("coalition", c), example.id)))
                     else 0.0
                     for c in coalitions
-                    if c
                 },
                 **_teammates_row(grand, example.input, example.answer, view, False),
             }
             rows.append(row)
         result["audit"] = rows
-        result["audit_report"] = [
-            {"shapley": report.shapley, "loo": report.loo, "individual": report.individual}
-        ]
+        if not full:
+            return result
         swapped = team.GRAPHS[setting](pool.names, swap=True)
         swap_game = CoalitionGame(swapped, pool, held, client=client)
         loop.run(swap_game.evaluate([frozenset(players)], []))
@@ -264,30 +287,48 @@ def write_rows(path: Path, rows: list[dict], meta: dict) -> None:
 
 
 def run_evaluations(
-    args: argparse.Namespace, folder: str, setting: str, arm: str, seed: int | None, held: list[Any]
+    args: argparse.Namespace,
+    folder: str,
+    setting: str,
+    arm: str,
+    seed: int | None,
+    held: list[Any],
+    transfer: list[Any],
 ) -> None:
-    """Evaluate one policy in its setting (and, with --transfer, in the other); skip what is done."""
+    """Evaluate one policy in its setting on the held-out questions (the full audit and the swap) and, with
+    --transfer, in the other setting (a protocol it was not trained in) and on the transfer task (a task it
+    was not trained on); skip what is done."""
     rows_dir = args.out / "rows"
     rows_dir.mkdir(parents=True, exist_ok=True)
-    targets = [setting] + (
-        [s for s in team.GRAPHS if s != setting] if args.transfer and arm != "before" else []
-    )
-    for where in targets:
-        label = f"{setting}-{arm}-{seed if seed is not None else 'all'}" + (
-            "" if where == setting else f"-in-{where}"
-        )
-        done = rows_dir / f"{label}-audit.jsonl"
-        if done.exists():
-            continue
-        started = time.perf_counter()
-        result = evaluate(folder, where, held, label, args.out, args.tokens)
-        meta = {"setting": setting, "evaluated_in": where, "arm": arm, "seed": seed}
-        write_rows(rows_dir / f"{label}-swap.jsonl", result["swap"], {**meta, "eval": "swap"})
-        write_rows(
-            rows_dir / f"{label}-audit-report.jsonl", result["audit_report"], {**meta, "eval": "report"}
-        )
-        write_rows(done, result["audit"], {**meta, "eval": "audit"})
-        print(json.dumps({"evaluated": label, "wall_s": round(time.perf_counter() - started)}), flush=True)
+    base = f"{setting}-{arm}-{seed if seed is not None else 'all'}"
+    targets = [(setting, setting, held, base, True)]
+    if args.transfer:
+        targets += [(s, s, held, f"{base}-in-{s}", False) for s in team.GRAPHS if s != setting]
+        targets += [(setting, f"{setting}/big", transfer, f"{base}-on-big", False)]
+    todo = [t for t in targets if not (rows_dir / f"{t[3]}-audit.jsonl").exists()]
+    if not todo:
+        return
+    name = load(folder, base, args.bf16)
+    try:
+        for graph, where, questions, label, full in todo:
+            started = time.perf_counter()
+            result = evaluate(name, graph, questions, label, args.out, args.tokens, full)
+            meta = {"setting": setting, "evaluated_in": where, "arm": arm, "seed": seed}
+            if full:
+                write_rows(rows_dir / f"{label}-swap.jsonl", result["swap"], {**meta, "eval": "swap"})
+                write_rows(
+                    rows_dir / f"{label}-audit-report.jsonl",
+                    result["audit_report"],
+                    {**meta, "eval": "report"},
+                )
+            write_rows(rows_dir / f"{label}-audit.jsonl", result["audit"], {**meta, "eval": "audit"})
+            print(
+                json.dumps({"evaluated": label, "wall_s": round(time.perf_counter() - started)}), flush=True
+            )
+    finally:
+        from colab_graphs.models.local import unload
+
+        unload(f"crl-team-{base}")
 
 
 # --- provenance ----------------------------------------------------------------------------------------------
@@ -302,7 +343,7 @@ def _git(*argv: str) -> str:
         return ""
 
 
-def manifest(args: argparse.Namespace, data: tuple[Path, Path], started: float) -> dict[str, Any]:
+def manifest(args: argparse.Namespace, data: tuple[Path, ...], started: float) -> dict[str, Any]:
     """The config, the seed list, the commit (and whether the tree differed from it), the machine."""
     import torch
     import transformers
@@ -332,6 +373,8 @@ def manifest(args: argparse.Namespace, data: tuple[Path, Path], started: float) 
         "tokens": args.tokens,
         "learning_rate": args.lr,
         "transfer": args.transfer,
+        "transfer_task": "three-digit operands (add, mul, sub; bench/crl_team_graphs.transfer_questions)",
+        "bf16": args.bf16,
         "eval_seed": EVAL_SEED,
         "config": config,
         "commit": _git("rev-parse", "HEAD"),
@@ -364,25 +407,31 @@ def main() -> None:
     parser.add_argument(
         "--transfer", action="store_true", help="also evaluate each policy in the other setting"
     )
+    parser.add_argument(
+        "--bf16", action="store_true", help="bf16 autocast in training, bf16 weights in evaluation"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     data = write_data(args.out, args.train_size, args.eval_size)
     from colab_graphs.data.loaders import load_examples
 
-    held = load_examples(str(data[1]))
+    held, transfer = load_examples(str(data[1])), load_examples(str(data[2]))
     train_keys = {team.question_key(e.input) for e in load_examples(str(data[0]))}
-    overlap = [e.id for e in held if team.question_key(e.input) in train_keys]
+    overlap = [e.id for e in [*held, *transfer] if team.question_key(e.input) in train_keys]
+    overlap += [
+        e.id for e in transfer if team.question_key(e.input) in {team.question_key(h.input) for h in held}
+    ]
     if overlap:
-        raise SystemExit(f"held-out questions also in training: {overlap[:5]}")
+        raise SystemExit(f"held-out or transfer questions also in training or held out: {overlap[:5]}")
     (args.out / "manifest.json").write_text(json.dumps(manifest(args, data, started), indent=1) + "\n")
     for setting in args.settings:
-        run_evaluations(args, args.policy, setting, "before", None, held)
+        run_evaluations(args, args.policy, setting, "before", None, held, transfer)
     for seed in args.seeds:
         for setting in args.settings:
             for arm in args.arms:
                 folder = train_arm(args, setting, arm, seed, data)
-                run_evaluations(args, str(folder), setting, arm, seed, held)
+                run_evaluations(args, str(folder), setting, arm, seed, held, transfer)
                 (args.out / "manifest.json").write_text(
                     json.dumps(manifest(args, data, started), indent=1) + "\n"
                 )

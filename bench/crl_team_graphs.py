@@ -85,20 +85,29 @@ _QUESTION = re.compile(r"What is (-?\d+) ([+*-]) (-?\d+)\?")
 # --- questions -----------------------------------------------------------------------------------------------
 
 
-def make_question(kind: str, rng: random.Random) -> tuple[str, int, tuple]:
-    """(question, answer, key) of one question of type `kind`; `key` is `question_key`'s."""
+def make_question(kind: str, rng: random.Random, big: bool = False) -> tuple[str, int, tuple]:
+    """(question, answer, key) of one question of type `kind`; `key` is `question_key`'s.
+
+    `big`: the transfer task's operands, three digits where the training questions have two (`easy` has no
+    big form: its single-digit sums are what makes it easy)."""
+    if kind == "easy" and big:
+        raise ValueError("the transfer task has no easy questions")
     if kind == "add":
-        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        a, b = (
+            (rng.randint(100, 999), rng.randint(100, 999))
+            if big
+            else (rng.randint(10, 99), rng.randint(10, 99))
+        )
         text, answer = f"What is {a} + {b}?", a + b
     elif kind == "mul":
-        a, b = rng.randint(3, 12), rng.randint(11, 29)
+        a, b = rng.randint(3, 12), rng.randint(101, 299) if big else rng.randint(11, 29)
         text, answer = f"What is {a} * {b}?", a * b
     elif kind == "easy":
         a, b = rng.randint(1, 9), rng.randint(1, 9)
         text, answer = f"What is {a} + {b}?", a + b
     elif kind == "sub":
-        a = rng.randint(10, 80)
-        b = rng.randint(a + 5, 99)
+        a = rng.randint(100, 800) if big else rng.randint(10, 80)
+        b = rng.randint(a + 5, 999) if big else rng.randint(a + 5, 99)
         text, answer = f"What is {a} - {b}?", a - b
     else:
         raise ValueError(f"unknown question type {kind!r}; types: {', '.join(KINDS)}")
@@ -141,6 +150,30 @@ def questions(n_train: int, n_eval: int, seed: int = 0) -> tuple[list[dict], lis
                 {"id": f"{split}-{len(out[split])}", "input": text, "answer": str(answer), "kind": kind}
             )
     return out["train"], out["eval"]
+
+
+TRANSFER_MIX = {"add": 0.40, "mul": 0.35, "sub": 0.25}
+"""The transfer task's types (three-digit operands; no single-digit sums)."""
+
+
+def transfer_questions(n: int, seed: int = 0) -> list[dict]:
+    """`n` distinct questions of the transfer task (`kind` prefixed `big-`): the same skills, operands of three
+    digits, so none is a training or held-out question. Exactly one teammate is right on `big-add` and
+    `big-mul`, both are wrong alike on `big-sub`."""
+    rng = random.Random(f"crl-team-transfer:{seed}")
+    seen: set[tuple] = set()
+    out: list[dict] = []
+    kinds, weights = list(TRANSFER_MIX), list(TRANSFER_MIX.values())
+    while len(out) < n:
+        kind = rng.choices(kinds, weights)[0]
+        text, answer, key = make_question(kind, rng, big=True)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(
+            {"id": f"transfer-{len(out)}", "input": text, "answer": str(answer), "kind": f"big-{kind}"}
+        )
+    return out
 
 
 # --- teammates -----------------------------------------------------------------------------------------------

@@ -142,14 +142,16 @@ def measures(audit: list[dict], swap: list[dict], best: str) -> dict[str, list[f
     out: dict[str, list[float]] = defaultdict(list)
     for row in audit:
         c = row["coalitions"]
-        s = by_id[row["id"]]
         const = constants(row, best)
         out["team"].append(row["score"])
         out["loo"].append(row["score"] - c["adder,multiplier"])
-        out["shapley"].append(shapley(c, "policy"))
-        out["policy_alone"].append(c["policy"])  # the policy in its seat, no teammate
-        out["swap"].append(s["score"])
-        out["swap_changed"].append(float(s["score"] != row["score"]))
+        if len(c) == 2 ** len(PLAYERS) - 1:  # the full audit (a transfer evaluation plays two coalitions)
+            out["shapley"].append(shapley(c, "policy"))
+            out["policy_alone"].append(c["policy"])  # the policy in its seat, no teammate
+        if row["id"] in by_id:
+            s = by_id[row["id"]]
+            out["swap"].append(s["score"])
+            out["swap_changed"].append(float(s["score"] != row["score"]))
         decisive = row["slots_right"][0] != row["slots_right"][1]
         slots, mine = row["slots"], row.get("policy_answer", "")
         if slots[0] != slots[1]:  # what the policy's own vote was, where the teammates differ
@@ -163,6 +165,34 @@ def measures(audit: list[dict], swap: list[dict], best: str) -> dict[str, list[f
         for k, v in const.items():
             out[f"const:{k}"].append(v)
     return dict(out)
+
+
+MEASURES = (
+    "team",
+    "loo",
+    "shapley",
+    "policy_alone",
+    "swap",
+    "swap_changed",
+    "minus_best_constant",
+    "follows_right",
+    "picks_right",
+    "votes_slot1",
+    "votes_slot2",
+    "votes_own",
+)
+"""What `summarise` reports per arm (where the evaluation has it: a transfer evaluation has no Shapley value,
+policy-alone score or swap)."""
+
+
+def label(setting: str, where: str) -> str:
+    """The summary's name of policies trained in `setting` evaluated in `where` (`SEAT/big`: the transfer
+    task in that seat)."""
+    if where == setting:
+        return setting
+    if where == f"{setting}/big":
+        return f"{setting} on the transfer task (three-digit operands)"
+    return f"{setting} evaluated in {where}"
 
 
 # --- statistics -----------------------------------------------------------------------------------------------
@@ -219,7 +249,7 @@ def summarise(rows: list[dict], best: str, manifest: dict) -> dict[str, Any]:
     for key, evals in groups.items():
         order = {r["id"]: i for i, r in enumerate(evals["audit"])}
         audit = sorted(evals["audit"], key=lambda r: order[r["id"]])
-        per[key] = measures(audit, evals["swap"], best)
+        per[key] = measures(audit, evals.get("swap", []), best)
         report = reports.get(key)
         if report is not None:  # the audit's own means must be the rows' (the same plays)
             for name, ours in (("shapley", per[key]["shapley"]), ("loo", per[key]["loo"])):
@@ -231,8 +261,13 @@ def summarise(rows: list[dict], best: str, manifest: dict) -> dict[str, Any]:
     out: dict[str, Any] = {"best_teammate": best, "seeds": manifest.get("seeds"), "settings": {}}
     for setting, where in sorted({(k[0], k[1]) for k in per}):
         keys = {k[2:]: v for k, v in per.items() if k[:2] == (setting, where)}
-        if where != setting and ("before", None) in {k[2:] for k in per if k[:2] == (where, where)}:
-            keys[("before", None)] = per[(where, where, "before", None)]  # the untrained policy is one policy
+        if (
+            "before",
+            None,
+        ) not in keys:  # the untrained policy is one policy, whichever seat it was listed in
+            found = [v for k, v in per.items() if k[1] == where and k[2] == "before"]
+            if found:
+                keys[("before", None)] = found[0]
         before = next((v for (arm, _), v in keys.items() if arm == "before"), None)
         if before is None:
             continue
@@ -260,20 +295,8 @@ def summarise(rows: list[dict], best: str, manifest: dict) -> dict[str, Any]:
                 "seeds": seeds,
                 **{
                     m: stat([by_arm[arm][s][m] for s in seeds])
-                    for m in (
-                        "team",
-                        "loo",
-                        "shapley",
-                        "policy_alone",
-                        "swap",
-                        "swap_changed",
-                        "minus_best_constant",
-                        "follows_right",
-                        "picks_right",
-                        "votes_slot1",
-                        "votes_slot2",
-                        "votes_own",
-                    )
+                    for m in MEASURES
+                    if all(by_arm[arm][s].get(m) for s in seeds)
                 },
             }
         for arm in names[1:]:
@@ -295,7 +318,7 @@ def summarise(rows: list[dict], best: str, manifest: dict) -> dict[str, Any]:
                     for s in seeds
                 ]
                 entry["differences"][f"{arm} - {base}"] = {"seeds": seeds, **stat(diffs)}
-        out["settings"][setting if where == setting else f"{setting} (evaluated in {where})"] = entry
+        out["settings"][label(setting, where)] = entry
     return out
 
 
@@ -308,6 +331,11 @@ def _ci(s: dict, signed: bool = False) -> str:
     if math.isnan(low):
         return f(s["mean"])
     return f"{f(s['mean'])} [{f(low)}, {f(high)}]"
+
+
+def _cell(arm: dict, key: str, signed: bool = False) -> str:
+    """`_ci` of the arm's measure `key`, or "-" where the evaluation has none (a transfer has no Shapley)."""
+    return _ci(arm[key], signed) if key in arm else "-"
 
 
 def _excludes(s: dict) -> str:
@@ -348,11 +376,14 @@ def table(summary: dict, manifest: dict) -> str:
         for arm, a in entry["arms"].items():
             seeds_text = ",".join("-" if s is None else str(s) for s in a["seeds"])
             per_seed = " / ".join(f"{x:.3f}" for x in a["team"]["per_seed"])
+            votes = " / ".join(
+                f"{a[k]['mean']:.2f}" if k in a else "-" for k in ("votes_slot1", "votes_slot2", "votes_own")
+            )
             lines.append(
-                f"| {ARM_NAMES.get(arm, arm)} | {seeds_text} | {_ci(a['team'])} | {per_seed} | {_ci(a['loo'], True)} "
-                f"| {_ci(a['shapley'], True)} | {_ci(a['minus_best_constant'], True)} | {_ci(a['swap'])} "
-                f"| {_ci(a['policy_alone'])} | {_ci(a['follows_right'])} | {_ci(a['picks_right'])} "
-                f"| {a['votes_slot1']['mean']:.2f} / {a['votes_slot2']['mean']:.2f} / {a['votes_own']['mean']:.2f} |"
+                f"| {ARM_NAMES.get(arm, arm)} | {seeds_text} | {_ci(a['team'])} | {per_seed} | {_cell(a, 'loo', True)} "
+                f"| {_cell(a, 'shapley', True)} | {_cell(a, 'minus_best_constant', True)} | {_cell(a, 'swap')} "
+                f"| {_cell(a, 'policy_alone')} | {_cell(a, 'follows_right')} | {_cell(a, 'picks_right')} "
+                f"| {votes} |"
             )
         lines += [
             "",
@@ -389,6 +420,8 @@ def _dots(ax: Any, arms: dict, keys: tuple) -> None:  # noqa: ANN401
     """Each arm's seed values as dots and their mean with its t-interval, for each (key, offset, colour)."""
     for i, arm in enumerate(arms):
         for key, dx, color in keys:
+            if key not in arms[arm]:
+                continue
             s = arms[arm][key]
             ax.scatter([i + dx] * len(s["per_seed"]), s["per_seed"], s=12, color=color, alpha=0.6)
             low, high = s["t95"]

@@ -37,6 +37,21 @@ def test_held_out_questions_are_never_trained_on_operand_order_included() -> Non
     assert team.questions(900, 300)[1] == held
 
 
+def test_the_transfer_task_shares_no_question_and_keeps_the_skill_split() -> None:
+    train, held = team.questions(600, 300)
+    transfer = team.transfer_questions(300)
+    seen = {team.question_key(r["input"]) for r in [*train, *held]}
+    assert len(transfer) == 300 and not [r for r in transfer if team.question_key(r["input"]) in seen]
+    assert {r["kind"] for r in transfer} == {"big-add", "big-mul", "big-sub"}
+    for r in transfer:
+        add, mul = (team.specialist_answer(s, r["input"]) for s in ("add", "mul"))
+        right = (add == int(r["answer"]), mul == int(r["answer"]))
+        expected = {"big-add": (True, False), "big-mul": (False, True), "big-sub": (False, False)}[r["kind"]]
+        assert right == expected, r
+        assert r["kind"] != "big-sub" or add == mul  # both wrong with the same answer
+    assert team.transfer_questions(300) == transfer  # drawn from a fixed seed
+
+
 def test_specialists_are_right_by_question_type() -> None:
     answers = {
         "What is 47 + 38?": (85, 95),  # add: adder right, multiplier forgets a carry
