@@ -136,8 +136,13 @@ def constants(row: dict, best: str) -> dict[str, float]:
     }
 
 
-def measures(audit: list[dict], swap: list[dict], best: str) -> dict[str, list[float]]:
-    """Per-question values of one evaluation (rows in question order)."""
+def measures(audit: list[dict], swap: list[dict], best: str, seat: str = "vote") -> dict[str, list[float]]:
+    """Per-question values of one evaluation (rows in question order) of a policy in `seat`.
+
+    What the policy did, in the last columns: in the vote, its own answer where the teammates differ (slot 1's,
+    slot 2's or neither) and whether it names the right one where exactly one is right; in the gate, its
+    verdict on every question (accept, reject, none: the answer stands) and whether the verdict is right where
+    exactly one slot is right (accept a right slot 1, reject a wrong one)."""
     by_id = {r["id"]: r for r in swap}
     out: dict[str, list[float]] = defaultdict(list)
     for row in audit:
@@ -154,12 +159,20 @@ def measures(audit: list[dict], swap: list[dict], best: str) -> dict[str, list[f
             out["swap_changed"].append(float(s["score"] != row["score"]))
         decisive = row["slots_right"][0] != row["slots_right"][1]
         slots, mine = row["slots"], row.get("policy_answer", "")
-        if slots[0] != slots[1]:  # what the policy's own vote was, where the teammates differ
-            out["votes_slot1"].append(float(mine == slots[0]))
-            out["votes_slot2"].append(float(mine == slots[1]))
-            out["votes_own"].append(float(mine not in slots))
-        if decisive:
-            out["picks_right"].append(float(mine == slots[0 if row["slots_right"][0] else 1]))
+        if seat == "gate":
+            verdict = row.get("verdict")
+            out["votes_slot1"].append(float(verdict is True))
+            out["votes_slot2"].append(float(verdict is False))
+            out["votes_own"].append(float(verdict is None))
+            if decisive:
+                out["picks_right"].append(float((verdict is False) != row["slots_right"][0]))
+        else:
+            if slots[0] != slots[1]:  # what the policy's own vote was, where the teammates differ
+                out["votes_slot1"].append(float(mine == slots[0]))
+                out["votes_slot2"].append(float(mine == slots[1]))
+                out["votes_own"].append(float(mine not in slots))
+            if decisive:
+                out["picks_right"].append(float(mine == slots[0 if row["slots_right"][0] else 1]))
         if decisive:
             out["follows_right"].append(row["score"])
         for k, v in const.items():
@@ -249,7 +262,7 @@ def summarise(rows: list[dict], best: str, manifest: dict) -> dict[str, Any]:
     for key, evals in groups.items():
         order = {r["id"]: i for i, r in enumerate(evals["audit"])}
         audit = sorted(evals["audit"], key=lambda r: order[r["id"]])
-        per[key] = measures(audit, evals.get("swap", []), best)
+        per[key] = measures(audit, evals.get("swap", []), best, key[1].split("/")[0])
         report = reports.get(key)
         if report is not None:  # the audit's own means must be the rows' (the same plays)
             for name, ours in (("shapley", per[key]["shapley"]), ("loo", per[key]["loo"])):
@@ -281,6 +294,7 @@ def summarise(rows: list[dict], best: str, manifest: dict) -> dict[str, Any]:
                 t - c for t, c in zip(values["team"], values[best_constant], strict=True)
             ]
         entry: dict[str, Any] = {
+            "seat": where.split("/")[0],
             "n_questions": n,
             "constants": {k[6:]: sum(v) / n for k, v in before.items() if k.startswith("const:")},
             "best_constant": best_constant[6:],
@@ -370,7 +384,11 @@ def table(summary: dict, manifest: dict) -> str:
             "",
             "| arm | seeds | team score | per seed | LOO of the policy seat | Shapley of the policy seat "
             "| team - best constant | position swap | policy alone | team on decisive questions "
-            "| policy names the right one (decisive) | policy's answer: slot 1 / slot 2 / neither |",
+            + (
+                "| verdict right (decisive) | verdict: accept / reject / none |"
+                if entry.get("seat") == "gate"
+                else "| policy names the right one (decisive) | policy's answer: slot 1 / slot 2 / neither |"
+            ),
             "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for arm, a in entry["arms"].items():
