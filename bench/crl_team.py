@@ -35,9 +35,9 @@ folders), `rows/SETTING-ARM-SEED-EVAL.jsonl` (one line per held-out question), `
 reports), `manifest.json` (the config, the seed list, the commit and the tree's state, the machine, times).
 `python bench/crl_team_report.py OUT` then builds the summary, table and figure from the rows alone.
 
-    # the full study, both seats, seed after seed (BENCHMARKS.md has its cost):
-    nice -n 19 python bench/crl_team.py --out runs/crl_team --settings vote gate --seeds 0 1 2 3 4 5 \
-        --steps 24 --eval-size 300 --bf16 --transfer
+    # the full study, both seats, seed after seed (BENCHMARKS.md has its cost), 4 policies per process:
+    until nice -n 19 python bench/crl_team.py --out runs/crl_team --settings vote gate --seeds 0 1 2 3 4 5 \
+        --steps 24 --eval-size 300 --save-steps 4 --bf16 --transfer --stop-after 4; do [ $? = 3 ] || break; done
     # the small run README's table comes from (shipped in bench/results/crl_team/):
     nice -n 19 python bench/crl_team.py --out runs/crl_team_small --settings vote --seeds 0 1 2 --steps 6 \
         --eval-size 60 --save-steps 3
@@ -410,6 +410,13 @@ def main() -> None:
     parser.add_argument(
         "--bf16", action="store_true", help="bf16 autocast in training, bf16 weights in evaluation"
     )
+    parser.add_argument(
+        "--stop-after",
+        type=int,
+        default=0,
+        help="exit (status 3) once N policies were trained by this process (a loop of fresh processes keeps "
+        "a long study's memory bounded; each resumes where the last stopped)",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -427,9 +434,15 @@ def main() -> None:
     (args.out / "manifest.json").write_text(json.dumps(manifest(args, data, started), indent=1) + "\n")
     for setting in args.settings:
         run_evaluations(args, args.policy, setting, "before", None, held, transfer)
+    fresh = 0
     for seed in args.seeds:
         for setting in args.settings:
             for arm in args.arms:
+                trained = (args.out / "runs" / f"{setting}-{arm}-{seed}" / "summary.json").exists()
+                if args.stop_after and fresh >= args.stop_after and not trained:
+                    print(json.dumps({"stopped_after": fresh}), flush=True)
+                    raise SystemExit(3)
+                fresh += not trained
                 folder = train_arm(args, setting, arm, seed, data)
                 run_evaluations(args, str(folder), setting, arm, seed, held, transfer)
                 (args.out / "manifest.json").write_text(
