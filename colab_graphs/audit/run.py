@@ -286,7 +286,8 @@ async def play_audit(
             is cheap (`strategy`).
         budget: for "sampled": distinct calls, coalitions or permutations (`budget_unit`).
         budget_unit: "calls" (default), "coalitions", or "permutations" (the permutation sampler).
-        target_error: for "sampled": stop once every member's 95% sampling interval is within +- this.
+        target_error: for "sampled": stop once every member's 95% sampling interval is within +- this (the
+            simultaneous one with `simultaneous`).
         simultaneous: for "sampled": sampling intervals that hold all members' values at once (95%; each
             member's at Bonferroni's 1 - 0.05 / n), not each member's alone; `target_error` then applies to
             them. The report records the kind (`sampling_interval`).

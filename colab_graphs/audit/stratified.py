@@ -12,14 +12,17 @@ strata of sizes 0, 1, n-1 and n are enumerated (2n + 2 coalitions, the leave-one
 middle sizes are sampled without replacement, allocated where the variance per unit of cost is largest
 (Neyman allocation, with the cost of a coalition in calls when it is known).
 
-What shapiq's estimators do not use, and this one does:
+What shapiq's estimators do not use on the mean game v(S), and this one does (`bench/estimators.py` also gives
+them the same control variate; BENCHMARKS.md compares both):
 
 - **The per-example structure.** v(S) is a mean over examples of per-example games v_e(S). Per example, a
   member is *right* when it scores at least 0.5 alone (its singleton, which the estimate holds anyway). The
   surrogate g_e(S) = F(members of S right on e, members of S wrong on e), with F fitted over every held
   (coalition, example) pair, is most of a vote-like game, and its Shapley value is exact in closed form (a
-  game of two player types). Only the residual v - g is sampled: a control variate, unbiased whatever F is
-  (F is refitted from the held values; its dependence on them is a second-order effect).
+  game of two player types). Only the residual v - g is sampled: a control variate (`ControlVariate`),
+  unbiased whatever F is (F is refitted from the held values; its dependence on them is a second-order
+  effect). It is most of a vote's variance and little of a game where being right alone says little (a
+  cover game: BENCHMARKS.md).
 - **The coalitions already played.** Every held coalition enters every member's strata, and the allocation
   of the next batch reads the variances of the held ones.
 - **The example-level variance.** The sampling error (over the choice of coalitions, for these examples) is
@@ -27,8 +30,10 @@ What shapiq's estimators do not use, and this one does:
 
 The sampling standard error pools the residual variance of each size over its coalitions (more stable than
 per-stratum variances from a handful of samples, and conservative: it includes the spread between the + and
-- strata) and applies the finite-population correction, so a fully enumerated stratum adds none. Once the
-held coalitions cover all 2^n, the value is exact and computed from the table (`exact_shapley_table`).
+- strata) and applies the finite-population correction, so a fully enumerated stratum adds none. A sampling
+interval is the standard error times a normal quantile, per member or for all members at once
+(`critical_value`). Once the held coalitions cover all 2^n, the value is exact and computed from the table
+(`exact_shapley_table`).
 
 Coalitions are bitmasks over the players in pool order (bit i: the i-th member).
 
@@ -62,9 +67,9 @@ def critical_value(n: int, simultaneous: bool, confidence: float = 0.95) -> floa
 
     Per member (`simultaneous=False`), each member's interval holds its value with probability `confidence`;
     simultaneous, all n intervals hold at once with at least that probability (Bonferroni: each at
-    1 - (1 - confidence) / n). Bonferroni needs no model of how the members' estimates are correlated; where
-    they are nearly independent (the stratified estimate's are) the exact max-|z| quantile is barely smaller
-    (at n = 12 and 95%: 2.858 under independence vs 2.865).
+    1 - (1 - confidence) / n). Bonferroni needs no model of how the members' estimates are correlated; for
+    independent ones the exact max-|z| quantile is barely smaller (n = 12, 95%: 2.858 vs 2.865). Measured
+    coverage: BENCHMARKS.md.
     """
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must lie strictly between 0 and 1, got {confidence}")
@@ -468,7 +473,7 @@ class StratifiedSampler:
         n: players.
         seed: the draws' seed (the same seed, values and budget give the same batches, so a resumed audit
             replays the same plan).
-        target_error: stop once every member's 95% sampling interval is within +- this.
+        target_error: stop once every member's 95% sampling interval (simultaneous or not) is within +- this.
         max_coalitions: stop once this many coalitions are held.
         simultaneous: the target error holds for the intervals that cover all members at once
             (`critical_value`), not each member's own.
