@@ -1,34 +1,46 @@
-"""Shapley estimators on vote and debate games: coalitions and distinct calls to reach a target accuracy.
+"""Shapley estimators given the same information: coalitions and distinct calls to reach a target accuracy.
 
-Run: ``python bench/estimators.py [--n 6,8,10,12,16] [--runs 60] [--examples 100] [--json PATH]``
+Run: ``python bench/estimators.py [--n 12] [--games vote,debate,weighted,judge,cover] [--runs 40]
+[--only NAME,...] [--coverage RUNS] [--json PATH]``
 
-shapiq is optional (its estimators are skipped without it) and is never a dependency of this package: it
-pulls ~740 MB of numba and galois. To compare against it, run the bench with an interpreter that has it:
+shapiq is optional (its estimators are skipped without it) and is never a dependency of this package. shapiq 1.8
+needs Python >= 3.12; give it a venv of its own (xgboost-cpu is RegressionMSR's and ProxySHAP's proxy; the
+`xgboost` wheel would pull a CUDA library):
 
-    python3 -m venv /tmp/venv-shapiq && /tmp/venv-shapiq/bin/pip install shapiq==1.4.1 numpy pydantic pyyaml rich typer
-    PYTHONPATH=. /tmp/venv-shapiq/bin/python bench/estimators.py --json bench-estimators.json
+    python3.12 -m venv /tmp/venv-shapiq18
+    /tmp/venv-shapiq18/bin/pip install shapiq==1.8.0 xgboost-cpu numpy pydantic pyyaml rich typer networkx
+    PYTHONPATH=. /tmp/venv-shapiq18/bin/python bench/estimators.py --json bench-estimators.json
 
-Games (values of all 2^n coalitions computed once, so the exact Shapley values are known):
+Games (n players, `--examples` questions; the values of all 2^n coalitions on every question are computed once,
+so the exact Shapley values are known). An estimator asks for the coalitions it chooses:
 
-- **vote**: majority vote over `--examples` questions; member i is right with a probability that falls with
-  i (skills evenly spread) and with the question's difficulty, plus a noise shared by every member of a
-  question (correlated members); a wrong member gives the question's trap answer with probability 0.6 (so
-  wrong members agree), else one of three others. v(S) is the mean over questions of the vote's correctness
-  (ties: pool order), computed for every coalition with `colab_graphs.audit.answers.vote_values`. Treated as
-  a black box: an estimator asks for v(S) of the coalitions it chooses (ours also gets the per-question
-  values of those coalitions: that is what an audit's game returns).
+- **vote**: majority vote; member i is right with a probability that falls with i and with the question's
+  difficulty, plus a noise shared by every member of a question (correlated members); a wrong member gives
+  the question's trap answer with probability 0.6, else one of three others (ties: pool order), computed with
+  `colab_graphs.audit.answers.vote_values`.
 - **debate**: the same first answers, then one revision round in which each member of S adopts S's
   first-round majority answer with a probability that grows with its weakness, then a vote. Distinct calls:
   a coalition costs |S| x 2 calls per question, except first-round answers, which depend only on the member
   and the question and are shared by every coalition (and made once).
+- **weighted**, **judge**, **cover** (games the package's estimator was not designed on): a confidence-weighted
+  vote of three families of members that make the same mistakes; "the most confident member answers", with
+  miscalibrated members; a two-skill cover (a question is solved when S can do both of its steps). See
+  `weighted_table`, `judge_table`, `cover_table`.
+
+Information. This package's stratified estimator gets each question's value of every coalition it asks (what
+an audit's game returns) and uses it in a per-example control variate (`ControlVariate`). shapiq's estimators
+are run two ways: **plain**, on the mean game v(S) only, and **+ control variate**, given the same per-question
+values and the same control variate: they estimate the residual game v - g, and g's exact Shapley values are
+added back (`shapiq_estimator`). For a linear estimator (SVARM, KernelSHAP) running it on each question's game
+and averaging is the plain estimator, so "+ control variate" is the equal-information form. Ours is also run
+with its control variate ablated (`control_variate=False`).
 
 For each estimator and game, the smallest budget at which at least 90% of `--runs` runs (seeds) reach the
-target: max error < 0.01 over members, and Kendall tau = 1 (the exact ranking). Reported as coalitions
-evaluated (all games) and distinct calls (debate). Estimators: this package's stratified estimator with its
-control variate (`colab_graphs.audit.stratified`; on the debate it allocates by the calls each coalition
-costs), its former permutation sampler (antithetic pairs), and shapiq 1.4.1's SVARM, KernelSHAP (paired),
-StratifiedSamplingSV and PermutationSamplingSV. Each budget is found by bisection over a grid; a probe stops
-as soon as more than 10% of its runs failed.
+target (max error < 0.01 over members; `--targets tau`: Kendall tau = 1), reported as the 90th percentile of
+the coalitions evaluated over those runs (the singletons a control variate needs count), and distinct calls on
+the debate. Each budget is found by bisection over a grid; a probe stops as soon as more than 10% of its runs
+failed. `--coverage RUNS`: how often ours's sampling intervals hold the exact values, per member and all at
+once (`coverage`).
 """
 
 from __future__ import annotations
@@ -41,6 +53,7 @@ import math
 import platform
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -52,7 +65,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from colab_graphs.audit.answers import vote_values  # noqa: E402
 from colab_graphs.audit.estimators import plan_coalitions, rank_correlation  # noqa: E402
 from colab_graphs.audit.stratified import (  # noqa: E402
+    ControlVariate,
+    StratifiedEstimate,
     StratifiedSampler,
+    critical_value,
     exact_shapley_table,
     stratified_shapley,
     warmup_masks,
@@ -129,6 +145,87 @@ def debate_calls(masks: set[int] | list[int], n_examples: int) -> int:
     return (later + first) * n_examples
 
 
+def _present(n: int) -> np.ndarray:
+    """(2^n, n): whether member i is in coalition bitmask m."""
+    return ((np.arange(1 << n)[:, None] >> np.arange(n)) & 1).astype(bool)
+
+
+def weighted_table(n: int, n_examples: int, seed: int) -> np.ndarray:
+    """A weighted vote whose members come in three families that make the same mistakes.
+
+    Each family shares most of its per-question noise and, when wrong, its trap answer (members trained on
+    the same data); skills are shuffled over the pool, and each member's vote weighs its log-odds of being
+    right (a confidence-weighted vote), so a strong family can outvote a larger weak one.
+    """
+    rng = np.random.default_rng([seed, n, 2])
+    family = np.arange(n) % 3
+    skill = rng.permutation(np.linspace(1.4, -0.6, n))
+    difficulty = rng.normal(0.0, 1.0, n_examples)
+    shared = rng.normal(0.0, 1.0, (n_examples, 3))[:, family]
+    noise = 0.85 * shared + 0.5 * rng.normal(0.0, 1.0, (n_examples, n))
+    right = skill[None, :] - difficulty[:, None] + noise > 0
+    trap = 1 + rng.integers(0, 2, (n_examples, 3))[:, family]  # a family's wrong answer: 1 or 2
+    stray = rng.random((n_examples, n)) < 0.25
+    classes = np.where(right, 0, np.where(stray, rng.integers(3, 6, (n_examples, n)), trap))
+    accuracy = np.clip(right.mean(axis=0), 0.05, 0.95)
+    weight = np.log(accuracy / (1.0 - accuracy)) + 3.0  # positive; ties between sums have probability 0
+    present = _present(n)
+    out = np.empty((1 << n, n_examples))
+    for e in range(n_examples):
+        totals = (present * weight) @ np.eye(6)[classes[e]]  # (2^n, classes): the weight behind each answer
+        out[:, e] = totals.argmax(axis=1) == 0
+    out[0] = 0.0
+    return out
+
+
+def judge_table(n: int, n_examples: int, seed: int) -> np.ndarray:
+    """ "The most confident member answers": a judge takes the answer of the member of S that states the
+    highest confidence. Confidence follows being right only loosely, and some weak members are overconfident
+    (a bias per member), so a member's worth depends on whom it outranks, not on a count of right members."""
+    rng = np.random.default_rng([seed, n, 3])
+    skill = rng.permutation(np.linspace(1.5, -1.0, n))
+    difficulty = rng.normal(0.0, 1.0, n_examples)
+    right = skill[None, :] - difficulty[:, None] + 0.9 * rng.normal(0.0, 1.0, (n_examples, n)) > 0
+    bias = rng.normal(0.0, 0.8, n)
+    confidence = 1.2 * right + bias[None, :] + rng.normal(0.0, 0.7, (n_examples, n))
+    masks = np.arange(1 << n)
+    out = np.zeros((1 << n, n_examples))
+    for e in range(n_examples):
+        answered = np.zeros(1 << n, dtype=bool)
+        for i in np.argsort(-confidence[e]):  # the most confident present member answers
+            takes = ~answered & ((masks >> i) & 1).astype(bool)
+            out[takes, e] = right[e, i]
+            answered |= takes
+    return out
+
+
+def cover_table(n: int, n_examples: int, seed: int) -> np.ndarray:
+    """A two-skill cover: a question is solved when some member of S can do its first step (skill A) and
+    some member its second (skill B). Half the pool are A specialists, half B, a few have a little of both;
+    each member's skill varies with the question. Few members solve a question alone, so "right alone" says
+    little about what a member adds."""
+    rng = np.random.default_rng([seed, n, 4])
+    lean = rng.permutation(np.linspace(-1.0, 1.0, n))  # -1: all A, +1: all B
+    level = rng.uniform(-0.8, 0.6, n)
+    hard = rng.normal(0.0, 1.0, (n_examples, 2))
+    logit_a = level - 1.6 * lean - hard[:, [0]] + rng.normal(0.0, 0.8, (n_examples, n))
+    logit_b = level + 1.6 * lean - hard[:, [1]] + rng.normal(0.0, 0.8, (n_examples, n))
+    has_a, has_b = logit_a > 0.5, logit_b > 0.5
+    present = _present(n).astype(np.int64)
+    return (((present @ has_a.T) > 0) & ((present @ has_b.T) > 0)).astype(float)
+
+
+GAMES = ("vote", "debate", "weighted", "judge", "cover")
+
+
+def game_table(game: str, n: int, n_examples: int, seed: int) -> np.ndarray:
+    """v_e(S) of every coalition bitmask and example of a game of `GAMES`: (2^n, examples)."""
+    if game in ("vote", "debate"):
+        classes = first_answers(n, n_examples, seed)
+        return vote_table(classes) if game == "vote" else debate_table(classes, seed)
+    return {"weighted": weighted_table, "judge": judge_table, "cover": cover_table}[game](n, n_examples, seed)
+
+
 # --- estimators: each (table, n, budget, seed) -> (values (n,), coalitions evaluated as bitmasks) ------------
 
 
@@ -137,27 +234,50 @@ def coalition_calls(seen: int, examples: int, mask: int) -> float:
     return (mask.bit_count() * (ROUNDS - 1) + (mask & ~seen).bit_count()) * examples
 
 
-def ours(table: np.ndarray, n: int, budget: int, seed: int, *, calls: bool) -> tuple[np.ndarray, set[int]]:
-    """The stratified estimator with its control variate; budget in coalitions, or in debate calls."""
+def stratified_run(
+    table: np.ndarray,
+    n: int,
+    seed: int,
+    *,
+    budget: int | None = None,
+    calls: bool = False,
+    target_error: float | None = None,
+    control_variate: bool = True,
+    simultaneous: bool = False,
+) -> tuple[StratifiedEstimate, set[int]]:
+    """The stratified estimator until its budget (coalitions, or debate calls with `calls`) or target error:
+    (the last estimate, the coalitions it evaluated)."""
     examples = table.shape[1]
-    sampler = StratifiedSampler(n, seed=seed, max_coalitions=None if calls else budget)
+    sampler = StratifiedSampler(
+        n, seed=seed, target_error=target_error, max_coalitions=None if calls else budget,
+        simultaneous=simultaneous,
+    )  # fmt: skip
     held = sampler.held
+    spend = math.inf if budget is None else budget
     while True:
-        est = stratified_shapley(n, held, table[held])
+        est = stratified_shapley(n, held, table[held], control_variate=control_variate)
         if sampler.stop(est):
             break
         if calls:
             seen = int(np.bitwise_or.reduce(np.array(held)))
             new = sampler.next_batch(
                 est,
-                spend=budget - debate_calls(held, examples),
+                spend=spend - debate_calls(held, examples),
                 cost_of=partial(coalition_calls, seen, examples),
             )
         else:
-            new = sampler.next_batch(est, spend=budget - len(held))
+            new = sampler.next_batch(est, spend=spend - len(held))
         if not new:
             break
-    return est.values, set(held)
+    return est, set(held)
+
+
+def ours(
+    table: np.ndarray, n: int, budget: int, seed: int, *, calls: bool = False, control_variate: bool = True
+) -> tuple[np.ndarray, set[int]]:
+    """The stratified estimator (with its control variate unless ablated); budget in coalitions or calls."""
+    est, held = stratified_run(table, n, seed, budget=budget, calls=calls, control_variate=control_variate)
+    return est.values, held
 
 
 def permutations_old(table: np.ndarray, n: int, budget: int, seed: int) -> tuple[np.ndarray, set[int]]:
@@ -180,30 +300,67 @@ def permutations_old(table: np.ndarray, n: int, budget: int, seed: int) -> tuple
     return values / len(orders), masks
 
 
-def shapiq_estimator(name: str) -> Callable[..., tuple[np.ndarray, set[int]]] | None:
+SHAPIQ_NAMES = (
+    "SVARM", "KernelSHAP (paired)", "LeverageSHAP", "RegressionMSR", "OddSHAP", "ProxySHAP",
+    "StratifiedSamplingSV", "PermutationSamplingSV",
+)  # fmt: skip
+# Run only when named in --only: the permutation samplers (far behind at n = 12, and slow to bisect).
+NOT_BY_DEFAULT = ("StratifiedSamplingSV", "PermutationSamplingSV", "ours before")
+
+
+def shapiq_estimator(name: str, control_variate: bool) -> Callable[..., tuple[np.ndarray, set[int]]] | None:
+    """shapiq's estimator `name` as (table, n, budget, seed) -> (values, coalitions asked); None without
+    shapiq or where this shapiq has no such class.
+
+    Plain, it sees the mean game v(S) only. With `control_variate` it gets the per-example information ours
+    gets, used exactly as ours uses it: it runs on the residual game v - g, with g this package's control
+    variate (`ControlVariate`) fitted on the (coalition, example) values of the coalitions it asked and the
+    singletons (which give each member's type on each example, and count as asked), and g's exact Shapley
+    values are added back. Every shapiq estimator here asks for its coalitions in one call, before it sees a
+    value, so g is fitted on everything it asked, as ours refits it on everything held.
+    """
     try:
         import shapiq
     except ImportError:
         return None
-    make = {
+    makers = {
         "SVARM": lambda n, s: shapiq.SVARM(n=n, random_state=s),
         "KernelSHAP (paired)": lambda n, s: shapiq.KernelSHAP(n=n, pairing_trick=True, random_state=s),
         "StratifiedSamplingSV": lambda n, s: shapiq.StratifiedSamplingSV(n=n, random_state=s),
         "PermutationSamplingSV": lambda n, s: shapiq.PermutationSamplingSV(n=n, random_state=s),
-    }[name]
+        # shapiq 1.8: Leverage SHAP (Musco and Witter 2025), regression-adjusted MSR with an XGBoost proxy
+        # (Witter et al. 2025), OddSHAP (odd Fourier regression with a tree surrogate), and ProxySHAP (the
+        # XGBoost proxy's Shapley values read out exactly, without RegressionMSR's residual adjustment).
+        "LeverageSHAP": lambda n, s: shapiq.LeverageSHAP(n=n, random_state=s),
+        "RegressionMSR": lambda n, s: shapiq.RegressionMSR(n=n, index="SV", random_state=s),
+        "OddSHAP": lambda n, s: shapiq.OddSHAP(n=n, random_state=s),
+        "ProxySHAP": lambda n, s: shapiq.ProxySHAP(n=n, index="SV", max_order=1, random_state=s),
+    }
+    if not hasattr(shapiq, name.split()[0]):
+        return None
+    make = makers[name]
 
     def run(table: np.ndarray, n: int, budget: int, seed: int) -> tuple[np.ndarray, set[int]]:
-        means = table.mean(axis=1)
         asked: set[int] = set()
         weights = 1 << np.arange(n)
+        added = np.zeros(n)
 
         def game(coalitions: np.ndarray) -> np.ndarray:
+            nonlocal added
             masks = np.atleast_2d(coalitions).astype(np.int64) @ weights
             asked.update(int(m) for m in masks)
-            return means[masks]
+            if not control_variate:
+                return table[masks].mean(axis=1)
+            asked.update(1 << i for i in range(n))
+            held = sorted(asked)
+            control = ControlVariate.fit(n, held, table[held])
+            added = control.shapley().mean(axis=0)
+            return (table[masks] - control.values(masks)).mean(axis=1)
 
-        values = make(n, seed).approximate(budget, game)
-        return np.array([values[(i,)] for i in range(n)]), asked
+        with warnings.catch_warnings():  # sklearn / xgboost chatter on tiny fits
+            warnings.simplefilter("ignore")
+            values = make(n, seed).approximate(budget, game)
+        return np.array([values[(i,)] for i in range(n)]) + added, asked
 
     return run
 
@@ -265,75 +422,123 @@ def geometric(low: int, high: int, ratio: float = 1.12) -> list[int]:
     return grid
 
 
-def estimators_for(table: np.ndarray, n: int, game: str, examples: int, available: dict) -> dict:
+OURS = "ours: stratified + control variate"
+OURS_PLAIN = "ours: stratified without control variate"
+OURS_CALLS = "ours: stratified + control variate by calls"
+OURS_BEFORE = "ours before: antithetic permutations"
+PLAIN, WITH_CONTROL = "", " + control variate"
+
+
+def estimators_for(table: np.ndarray, n: int, game: str, examples: int) -> dict:
     """Estimator name -> (run(budget, seed), budget grid, budget unit) on one game."""
     total = 1 << n
+    first_batch = len(warmup_masks(n, 0))
     estimators: dict[str, tuple[Callable, list[int], str]] = {
-        "stratified + control variate (this package)": (
-            partial(ours, table, n, calls=False),
-            geometric(2 * n + 2, total),
+        OURS: (partial(ours, table, n), geometric(first_batch, total), "coalitions"),
+        OURS_PLAIN: (
+            partial(ours, table, n, control_variate=False),
+            geometric(first_batch, total),
             "coalitions",
         ),
-        "permutations, antithetic (this package before)": (
-            partial(permutations_old, table, n),
-            geometric(2, 4 * total),
-            "permutations",
-        ),
+        OURS_BEFORE: (partial(permutations_old, table, n), geometric(2, 4 * total), "permutations"),
     }
     if game == "debate":
         full = debate_calls(range(total), examples)
         # The grid starts at the first batch's calls: a smaller budget still holds the first batch.
-        first_batch = debate_calls(warmup_masks(n, 0), examples)
-        estimators["stratified + control variate, by calls (this package)"] = (
-            partial(ours, table, n, calls=True),
-            geometric(first_batch, full, ratio=1.05),
-            "calls",
-        )
-    for name, fn in available.items():
-        estimators[f"shapiq {name}"] = (partial(fn, table, n), geometric(n + 2, 8 * total), "coalitions")
+        first_calls = debate_calls(warmup_masks(n, 0), examples)
+        estimators[OURS_CALLS] = (
+            partial(ours, table, n, calls=True), geometric(first_calls, full, ratio=1.05), "calls"
+        )  # fmt: skip
+    for name in SHAPIQ_NAMES:
+        for suffix in (PLAIN, WITH_CONTROL):
+            fn = shapiq_estimator(name, control_variate=suffix == WITH_CONTROL)
+            if fn is not None:
+                estimators[f"shapiq {name}{suffix}"] = (
+                    partial(fn, table, n),
+                    geometric(n + 2, total),
+                    "coalitions",
+                )
     return estimators
+
+
+def coverage(table: np.ndarray, n: int, runs: int) -> list[dict]:
+    """How often ours's sampling intervals hold the exact values: each member's (the per-member 95% interval,
+    over (run, member) pairs), and all members at once (over runs) with the per-member intervals and with the
+    simultaneous ones (`critical_value`), at a few budgets and target errors. `needed_z`: the 95th percentile
+    over runs of max over members of |error| / standard error, the z a simultaneous interval needs here."""
+    exact = exact_shapley_table(table).mean(axis=0)
+    first_batch = len(warmup_masks(n, 0))
+    z_member, z_all = critical_value(n, False), critical_value(n, True)
+    settings = {
+        "first batch": {"budget": first_batch},
+        "twice the first batch": {"budget": 2 * first_batch},
+        "500 coalitions": {"budget": 500},
+        "target 0.01 (per member)": {"target_error": 0.01},
+        "target 0.01 (simultaneous)": {"target_error": 0.01, "simultaneous": True},
+    }
+    rows = []
+    for setting, options in settings.items():
+        started = time.process_time()
+        ratios, sizes = [], []
+        for seed in range(runs):
+            est, held = stratified_run(table, n, seed, **options)  # type: ignore[arg-type]
+            ratios.append(np.abs(est.values - exact) / np.maximum(est.standard_error, 1e-12))
+            sizes.append(len(held))
+        ratio = np.array(ratios)  # (runs, n)
+        rows.append({
+            "setting": setting,
+            "coalitions_mean": round(float(np.mean(sizes)), 1),
+            "member": round(float((ratio <= z_member).mean()), 3),
+            "all_members_per_member_intervals": round(float((ratio <= z_member).all(axis=1).mean()), 3),
+            "all_members_simultaneous": round(float((ratio <= z_all).all(axis=1).mean()), 3),
+            "needed_z": round(float(np.quantile(ratio.max(axis=1), 0.95)), 2),
+            "cpu_s": round(time.process_time() - started, 1),
+        })  # fmt: skip
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--n", default="6,8,10,12,16")
-    parser.add_argument("--runs", type=int, default=60)
+    parser.add_argument("--n", default="12")
+    parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--examples", type=int, default=100)
-    parser.add_argument("--games", default="vote,debate")
-    parser.add_argument("--targets", default="max_error,tau")
+    parser.add_argument("--games", default=",".join(GAMES))
+    parser.add_argument("--targets", default="max_error")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", default="", help="comma-separated substrings: run only estimators named so")
+    parser.add_argument(
+        "--only", default="", help="comma-separated names: run only these estimators (default: all but the "
+        "permutation samplers)",
+    )  # fmt: skip
+    parser.add_argument("--coverage", type=int, default=0, help="runs of the interval coverage (0: none)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    shapiq_names = ["SVARM", "KernelSHAP (paired)", "StratifiedSamplingSV", "PermutationSamplingSV"]
-    available = {name: fn for name in shapiq_names if (fn := shapiq_estimator(name)) is not None}
-    if not available:
+    if shapiq_estimator("SVARM", False) is None:
         print("shapiq is not installed: its estimators are skipped (see the module docstring)")
-    rows = []
+    only = {name.strip() for name in args.only.split(",") if name.strip()}
+    rows, covered = [], []
     for n, game in itertools.product(map(int, args.n.split(",")), args.games.split(",")):
-        started = time.perf_counter()
-        classes = first_answers(n, args.examples, args.seed)
-        table = vote_table(classes) if game == "vote" else debate_table(classes, args.seed)
+        started = time.process_time()
+        table = game_table(game, n, args.examples, args.seed)
         exact = exact_shapley_table(table).mean(axis=0)
-        build_s = time.perf_counter() - started
+        print(f"# {game} n={n}: game built in {time.process_time() - started:.1f}s CPU", flush=True)
         cost = partial(debate_calls, n_examples=args.examples) if game == "debate" else len
-        estimators = estimators_for(table, n, game, args.examples, available)
-        for target in args.targets.split(","):
-            for name, (run, grid, unit) in estimators.items():
-                if args.only and not any(part in name for part in args.only.split(",")):
+        for target in args.targets.split(",") if args.runs else []:
+            for name, (run, grid, unit) in estimators_for(table, n, game, args.examples).items():
+                if name not in only if only else any(part in name for part in NOT_BY_DEFAULT):
                     continue
-                t = time.perf_counter()
+                t = time.process_time()
                 found = smallest_budget(run, exact, grid, args.runs, target, cost)
                 row = {
                     "game": game, "n": n, "target": target, "estimator": name, "budget_unit": unit,
-                    "budget": found["budget"], game == "debate" and "calls" or "coalitions": found["cost"],
-                    "note": found.get("note"), "seconds": round(time.perf_counter() - t, 1),
+                    "budget": found["budget"], "calls" if game == "debate" else "coalitions": found["cost"],
+                    "note": found.get("note"), "cpu_s": round(time.process_time() - t, 1),
                 }  # fmt: skip
-                if game == "debate" and found["budget"] is not None:
-                    row["coalitions"] = found["budget"] if unit == "coalitions" else None
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-        print(f"# {game} n={n}: game built in {build_s:.1f}s", flush=True)
+        if args.coverage:
+            for row in coverage(table, n, args.coverage):
+                covered.append({"game": game, "n": n, **row})
+                print(json.dumps(covered[-1]), flush=True)
     if args.json:
         meta = {
             "date": datetime.date.today().isoformat(),
@@ -341,9 +546,10 @@ def main(argv: list[str] | None = None) -> int:
             "python": platform.python_version(),
             "shapiq": _shapiq_version(),
             "runs": args.runs,
+            "coverage_runs": args.coverage,
             "examples": args.examples,
         }
-        args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+        args.json.write_text(json.dumps({"meta": meta, "rows": rows, "coverage": covered}, indent=2) + "\n")
     return 0
 
 

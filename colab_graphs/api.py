@@ -348,6 +348,7 @@ async def arun_audit(
     budget: int | None = None,
     budget_unit: str = "calls",
     target_error: float | None = None,
+    simultaneous: bool = False,
     params: Mapping[str, Any] | None = None,
     scorer: str | None = None,
     out: str | os.PathLike[str] | None = None,
@@ -375,7 +376,8 @@ async def arun_audit(
     `answer_key`, `mode` ("auto", "keys", "messages"): how the app's state is mapped
     (`colab_graphs.audit.app_contract.AppIO`; checked against the app before any call). `method`: "loo" (n + 1 coalitions), "exact"
     (all 2^n) or "sampled" (`budget` in `budget_unit`: distinct calls, coalitions or permutations; or until
-    `target_error`). `max_calls` / `max_cost_usd` cap the audit's spending (the report is then `partial`; run
+    `target_error`); `simultaneous`: its sampling intervals (and `target_error`) hold all members at once, not
+    each alone. `max_calls` / `max_cost_usd` cap the audit's spending (the report is then `partial`; run
     again to finish it). `sandbox`: where code-scored answers run (as `arun`). `example_timeout`: each play's
     deadline in seconds, after which it fails saying what
     it waited for (None: 600 for an app, none for a protocol; 0: none); `stall_after`: log what every play
@@ -412,6 +414,7 @@ async def arun_audit(
             budget=budget,
             budget_unit=budget_unit,  # type: ignore[arg-type]
             target_error=target_error,
+            simultaneous=simultaneous,
             max_calls=max_calls,
             max_cost_usd=max_cost_usd,
             play_every_coalition=play_every_coalition,

@@ -6,6 +6,9 @@ calls, or a target error), the 95% sampling interval must hold the exact value i
 member) pairs. Games: glove, weighted voting, airport, random additive + pairwise interaction (one example
 each), and a majority vote over correlated members (many examples: the control variate at work).
 
+The stratified estimator's simultaneous intervals (`simultaneous=True`) must hold every member's exact value at
+once in at least 90% of seeds, at the same kinds of budgets.
+
 The example interval (the bootstrap over examples, `ci[member]["shapley"]`) is checked apart: on examples
 drawn from a population whose values are known, it must hold the population's value as often.
 """
@@ -22,6 +25,7 @@ from colab_graphs.audit.estimators import estimate, estimates_from, plan_coaliti
 from colab_graphs.audit.strategy import MIN_PERMUTATIONS
 from colab_graphs.audit.stratified import (
     StratifiedSampler,
+    critical_value,
     exact_shapley_table,
     members_of,
     stratified_shapley,
@@ -78,12 +82,16 @@ GAMES = {
 }
 
 
-def stratified_run(table: np.ndarray, n: int, seed: int, budget: int | None, target: float | None):
-    sampler = StratifiedSampler(n, seed=seed, target_error=target, max_coalitions=budget)
+def stratified_run(
+    table: np.ndarray, n: int, seed: int, budget: int | None, target: float | None, simultaneous: bool = False
+):
+    sampler = StratifiedSampler(
+        n, seed=seed, target_error=target, max_coalitions=budget, simultaneous=simultaneous
+    )
     while True:
         est = stratified_shapley(n, sampler.held, table[sampler.held])
         if sampler.stop(est) or not sampler.next_batch(est):
-            return est.values, est.half_width()
+            return est.values, est.half_width(critical_value(n, simultaneous))
 
 
 def stratified_run_by_calls(table: np.ndarray, n: int, seed: int, budget: int):
@@ -104,6 +112,12 @@ def coverage(table: np.ndarray, runs) -> float:
     exact = exact_shapley_table(table).mean(axis=0)
     hits = [np.abs(values - exact) <= half + 1e-9 for values, half in runs]
     return float(np.mean(hits))
+
+
+def all_at_once(table: np.ndarray, runs) -> float:
+    """The share of runs whose intervals hold every member's exact value."""
+    exact = exact_shapley_table(table).mean(axis=0)
+    return float(np.mean([(np.abs(values - exact) <= half + 1e-9).all() for values, half in runs]))
 
 
 @pytest.mark.parametrize("game", GAMES)
@@ -142,6 +156,16 @@ def test_permutation_sampling_interval_covers_at_least_90_percent(game, permutat
         half = [0.0] * N if est.sampling_error is None else [est.sampling_error[p] for p in players]
         runs.append((np.array([est[p].value for p in players]), np.array(half)))
     assert coverage(table, runs) >= 0.9
+
+
+@pytest.mark.parametrize("game", GAMES)
+@pytest.mark.parametrize("budget", ["smallest", "most coalitions", "target 0.02"])
+def test_simultaneous_stratified_intervals_hold_all_members_at_once_in_90_percent_of_runs(game, budget):
+    table = GAMES[game]()
+    size = {"smallest": len(warmup_masks(N, 0)), "most coalitions": 200}.get(budget)
+    target = None if size is not None else float(budget.split()[-1])
+    runs = [stratified_run(table, N, seed, size, target, simultaneous=True) for seed in SEEDS]
+    assert all_at_once(table, runs) >= 0.9
 
 
 @pytest.mark.parametrize("n_examples", [20, 100])

@@ -96,6 +96,8 @@ class Estimates:
             estimate may be from the exact value on these examples, from the choice of permutations alone.
             None when the estimate is exact.
         exact: True when the values are exact (exact Shapley, or sampled prefixes that cover every coalition).
+        simultaneous: the sampling intervals hold all members' values at once with probability `confidence`
+            (Bonferroni: each at `member_level`), not each member's alone.
     """
 
     method: Method
@@ -107,6 +109,12 @@ class Estimates:
     sampling_error: Mapping[str, float] | None = None
     exact: bool = True
     estimator: str | None = None
+    simultaneous: bool = False
+
+    @property
+    def member_level(self) -> float:
+        """The level of each member's sampling interval: `confidence`, or Bonferroni's when simultaneous."""
+        return member_level(self.confidence, len(self.players), self.simultaneous)
 
     def __getitem__(self, player: str) -> PlayerEstimate:
         return self.per_player[player]
@@ -358,6 +366,12 @@ def _permutation_units(plan: CoalitionPlan) -> list[list[int]]:
     ]
 
 
+def member_level(confidence: float, n: int, simultaneous: bool) -> float:
+    """The level each of n members' intervals needs for them to hold together at `confidence` (Bonferroni:
+    1 - (1 - confidence) / n), or `confidence` itself per member."""
+    return 1.0 - (1.0 - confidence) / n if simultaneous else confidence
+
+
 def t_quantile(confidence: float, df: int) -> float:
     """Two-sided Student t quantile (Cornish-Fisher expansion; within 1% of the exact value from df = 3)."""
     from statistics import NormalDist
@@ -471,12 +485,14 @@ def estimates_from(
     estimator: str,
     exact: bool,
     sampling_error: Sequence[float] | None = None,
+    simultaneous: bool = False,
     n_boot: int = 1000,
     confidence: float = 0.95,
     seed: int = 0,
 ) -> Estimates:
     """`Estimates` from per-example values (n_examples, n) an estimator computed (stratified, from answers),
-    with example-bootstrap intervals and, unless exact, the sampling error's half-widths."""
+    with example-bootstrap intervals and, unless exact, the sampling error's half-widths (at `confidence`
+    per member, or for all members at once when `simultaneous`)."""
     _check_bootstrap(n_boot, confidence)
     low, high = _example_bootstrap(per_example, n_boot=n_boot, confidence=confidence, seed=seed)
     per_player = {
@@ -490,7 +506,10 @@ def estimates_from(
         if exact or sampling_error is None
         else dict(zip(players, map(float, sampling_error), strict=True))
     )
-    return Estimates(method, tuple(players), per_player, confidence, n_boot, None, error, exact, estimator)
+    return Estimates(
+        method, tuple(players), per_player, confidence, n_boot, None, error, exact, estimator,
+        simultaneous=error is not None and simultaneous,
+    )  # fmt: skip
 
 
 def ranks(scores: Mapping[str, float]) -> dict[str, int]:

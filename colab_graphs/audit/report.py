@@ -91,6 +91,19 @@ class Calls(BaseModel):
     naive: int | None = None
 
 
+class SamplingInterval(BaseModel):
+    """What a sampled estimate's sampling intervals (`sampling_error`) hold.
+
+    `kind` "member": each member's interval holds its exact value with probability `level`; "simultaneous":
+    all members' intervals hold at once with probability at least `level` (Bonferroni: each member's at
+    `member_level` = 1 - (1 - level) / n).
+    """
+
+    kind: Literal["member", "simultaneous"]
+    level: float
+    member_level: float
+
+
 class Correlation(BaseModel):
     """Rank correlation between individual and compositional strength; None where undefined."""
 
@@ -135,8 +148,11 @@ class AuditReport(BaseModel):
     )
     sampling_error: dict[str, float] | None = Field(
         None,
-        description="member -> half-width of the 95% sampling interval (None when exact); `ci[m]['shapley']` "
-        "is the example-noise interval, apart",
+        description="member -> half-width of the sampling interval `sampling_interval` describes (None when "
+        "exact); `ci[m]['shapley']` is the example-noise interval, apart",
+    )
+    sampling_interval: SamplingInterval | None = Field(
+        None, description="with `sampling_error`: per member or all members at once, and its level"
     )
     n_permutations: int | None = None
     budget: int | None = None
@@ -301,7 +317,8 @@ def contribution_fields(
         seed: Bootstrap seed; every measure resamples with it.
 
     Returns:
-        method, shapley_method, shapley_estimator, sampling_error, n_permutations, n_examples, coalitions,
+        method, shapley_method, shapley_estimator, sampling_error, sampling_interval, n_permutations,
+        n_examples, coalitions,
         individual, loo, shapley, confidence, n_boot, ci, ranks and rank_correlation.
     """
     boot = {"n_boot": n_boot, "confidence": confidence, "seed": seed}
@@ -335,6 +352,7 @@ def contribution_fields(
         "shapley_method": None if shapley is None else "exact" if shapley.exact else "sampled",
         "shapley_estimator": None if shapley is None else shapley.estimator,
         "sampling_error": None if shapley is None else shapley.sampling_error,
+        "sampling_interval": None if shapley is None else sampling_interval(shapley),
         "n_permutations": len(plan.permutations) or None,
         "n_examples": n_examples,
         "coalitions": [
@@ -355,6 +373,25 @@ def contribution_fields(
         },
         "rank_correlation": correlations,
     }
+
+
+def sampling_interval(shapley: Estimates) -> SamplingInterval | None:
+    """What the estimates' sampling intervals hold (None when they have none: exact values)."""
+    if shapley.sampling_error is None:
+        return None
+    kind: Literal["member", "simultaneous"] = "simultaneous" if shapley.simultaneous else "member"
+    return SamplingInterval(kind=kind, level=shapley.confidence, member_level=shapley.member_level)
+
+
+def describe_sampling(interval: SamplingInterval | None) -> str:
+    """The sampling interval in words, for report.md and the terminal."""
+    if interval is None or interval.kind == "member":
+        level = 0.95 if interval is None else interval.level
+        return f"the {level:.0%} sampling interval of each member"
+    return (
+        f"the {interval.level:.0%} simultaneous sampling interval (all members at once; Bonferroni, each "
+        f"member's at {interval.member_level:.2%})"
+    )
 
 
 def usd(value: float | None) -> str:
@@ -471,8 +508,9 @@ def render_markdown(report: AuditReport, images: Mapping[str, str] | None = None
     # (key, column title, signed): contributions can be negative, strengths cannot.
     if r.sampling_error is not None:
         lines += [
-            "The Shapley interval is the example noise; `Sampling +-` is the 95% sampling interval's half-width "
-            "(how far the estimate may be from the exact value on these examples).",
+            f"The Shapley interval is the example noise; `Sampling +-` is the half-width of "
+            f"{describe_sampling(r.sampling_interval)}: how far the estimate may be from the exact value on these "
+            "examples.",
             "",
         ]
     measures = [("individual", "Individual", False), ("loo", "LOO", True)]

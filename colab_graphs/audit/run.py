@@ -25,7 +25,13 @@ import numpy as np
 
 from colab_graphs.accounting import Accounting, Spend
 from colab_graphs.audit import answers
-from colab_graphs.audit.estimators import Coalition, Estimates, Method, estimates_from, ordered_coalitions
+from colab_graphs.audit.estimators import (
+    Coalition,
+    Estimates,
+    Method,
+    estimates_from,
+    ordered_coalitions,
+)
 from colab_graphs.audit.game import CoalitionGame, Play, coalition_id
 from colab_graphs.audit.plan import CallPlanner
 from colab_graphs.audit.plots import plots_available, write_plots
@@ -41,6 +47,7 @@ from colab_graphs.audit.strategy import MAX_SAMPLED_COALITIONS, AuditStrategy, B
 from colab_graphs.audit.stratified import (
     StratifiedEstimate,
     StratifiedSampler,
+    critical_value,
     exact_shapley_table,
     mask_of,
     members_of,
@@ -121,7 +128,9 @@ class _Audit:
                 "audit leave-one-out (--method loo)"
             )
         limit = s.budget if s.budget_unit == "coalitions" and s.budget is not None else MAX_SAMPLED_COALITIONS
-        sampler = StratifiedSampler(n, seed=s.seed, target_error=s.target_error, max_coalitions=limit)
+        sampler = StratifiedSampler(
+            n, seed=s.seed, target_error=s.target_error, max_coalitions=limit, simultaneous=s.simultaneous
+        )
         self.held = sampler.held
         await self.evaluate(s.coalitions)
         while True:
@@ -231,11 +240,12 @@ async def _shapley(audit: _Audit, kept: list[str], seed: int) -> tuple[Estimates
     values = audit.game.values(audit.asked, exclude=audit.excluded())
     if s.estimator != "stratified":
         return None, values, list(s.coalitions)
-    estimate = audit.stratified_estimate()
-    assert estimate is not None
+    sampled = audit.stratified_estimate()
+    assert sampled is not None
     shapley = estimates_from(
-        players, estimate.per_example, method=s.method, estimator="exact" if estimate.exact else "stratified",
-        exact=estimate.exact, sampling_error=estimate.half_width(), **boot,
+        players, sampled.per_example, method=s.method, estimator="exact" if sampled.exact else "stratified",
+        exact=sampled.exact, sampling_error=sampled.half_width(critical_value(len(players), s.simultaneous)),
+        simultaneous=s.simultaneous, **boot,
     )  # fmt: skip
     return shapley, values, list(ordered_coalitions(audit.asked, players))
 
@@ -250,6 +260,7 @@ async def play_audit(
     budget: int | None = None,
     budget_unit: BudgetUnit = "calls",
     target_error: float | None = None,
+    simultaneous: bool = False,
     seed: int = 0,
     scorer: str | None = None,
     out: str | Path | None = None,
@@ -275,7 +286,11 @@ async def play_audit(
             is cheap (`strategy`).
         budget: for "sampled": distinct calls, coalitions or permutations (`budget_unit`).
         budget_unit: "calls" (default), "coalitions", or "permutations" (the permutation sampler).
-        target_error: for "sampled": stop once every member's 95% sampling interval is within +- this.
+        target_error: for "sampled": stop once every member's 95% sampling interval is within +- this (the
+            simultaneous one with `simultaneous`).
+        simultaneous: for "sampled": sampling intervals that hold all members' values at once (95%; each
+            member's at Bonferroni's 1 - 0.05 / n), not each member's alone; `target_error` then applies to
+            them. The report records the kind (`sampling_interval`).
         individual: also run each member alone (`solo`) for its individual strength.
         plots: draw PNGs (default: when matplotlib is installed).
         max_calls, max_cost_usd: spending caps (module docstring); the report is then `partial`.
@@ -296,8 +311,8 @@ async def play_audit(
     """
     with scope.using(sandbox):
         return await _play_audit(
-            spec, pool, examples, client, method, budget, budget_unit, target_error, seed, scorer, out,
-            dataset, force, individual, plots, max_calls, max_cost_usd, play_every_coalition, on_plan,
+            spec, pool, examples, client, method, budget, budget_unit, target_error, simultaneous, seed, scorer,
+            out, dataset, force, individual, plots, max_calls, max_cost_usd, play_every_coalition, on_plan,
             on_progress, game, example_timeout, stall_after,
         )  # fmt: skip
 
@@ -311,6 +326,7 @@ async def _play_audit(
     budget: int | None,
     budget_unit: BudgetUnit,
     target_error: float | None,
+    simultaneous: bool,
     seed: int,
     scorer: str | None,
     out: str | Path | None,
@@ -332,7 +348,7 @@ async def _play_audit(
     players = list(spec.members)
     strategy = choose_strategy(
         spec, len(examples), method, budget=budget, budget_unit=budget_unit, target_error=target_error,
-        seed=seed, force=force, from_answers=not play_every_coalition,
+        seed=seed, simultaneous=simultaneous, force=force, from_answers=not play_every_coalition,
     )  # fmt: skip
     _check_prices(pool, players, max_cost_usd)
     game = game or CoalitionGame(

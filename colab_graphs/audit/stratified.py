@@ -12,14 +12,17 @@ strata of sizes 0, 1, n-1 and n are enumerated (2n + 2 coalitions, the leave-one
 middle sizes are sampled without replacement, allocated where the variance per unit of cost is largest
 (Neyman allocation, with the cost of a coalition in calls when it is known).
 
-What shapiq's estimators do not use, and this one does:
+What shapiq's estimators do not use on the mean game v(S), and this one does (`bench/estimators.py` also gives
+them the same control variate; BENCHMARKS.md compares both):
 
 - **The per-example structure.** v(S) is a mean over examples of per-example games v_e(S). Per example, a
   member is *right* when it scores at least 0.5 alone (its singleton, which the estimate holds anyway). The
   surrogate g_e(S) = F(members of S right on e, members of S wrong on e), with F fitted over every held
   (coalition, example) pair, is most of a vote-like game, and its Shapley value is exact in closed form (a
-  game of two player types). Only the residual v - g is sampled: a control variate, unbiased whatever F is
-  (F is refitted from the held values; its dependence on them is a second-order effect).
+  game of two player types). Only the residual v - g is sampled: a control variate (`ControlVariate`),
+  unbiased whatever F is (F is refitted from the held values; its dependence on them is a second-order
+  effect). It is most of a vote's variance and little of a game where being right alone says little (a
+  cover game: BENCHMARKS.md).
 - **The coalitions already played.** Every held coalition enters every member's strata, and the allocation
   of the next batch reads the variances of the held ones.
 - **The example-level variance.** The sampling error (over the choice of coalitions, for these examples) is
@@ -27,8 +30,10 @@ What shapiq's estimators do not use, and this one does:
 
 The sampling standard error pools the residual variance of each size over its coalitions (more stable than
 per-stratum variances from a handful of samples, and conservative: it includes the spread between the + and
-- strata) and applies the finite-population correction, so a fully enumerated stratum adds none. Once the
-held coalitions cover all 2^n, the value is exact and computed from the table (`exact_shapley_table`).
+- strata) and applies the finite-population correction, so a fully enumerated stratum adds none. A sampling
+interval is the standard error times a normal quantile, per member or for all members at once
+(`critical_value`). Once the held coalitions cover all 2^n, the value is exact and computed from the table
+(`exact_shapley_table`).
 
 Coalitions are bitmasks over the players in pool order (bit i: the i-th member).
 
@@ -47,11 +52,28 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from statistics import NormalDist
 
 import numpy as np
 
+from colab_graphs.audit.estimators import member_level
+
 Z_95 = 1.959963984540054  # the normal quantile of a two-sided 95% interval
 MIN_CELL = 30  # (coalition, example) pairs a surrogate cell needs before its mean is used
+
+
+def critical_value(n: int, simultaneous: bool, confidence: float = 0.95) -> float:
+    """The normal quantile a sampling interval's half-width is the standard error times.
+
+    Per member (`simultaneous=False`), each member's interval holds its value with probability `confidence`;
+    simultaneous, all n intervals hold at once with at least that probability (Bonferroni: each at
+    1 - (1 - confidence) / n). Bonferroni needs no model of how the members' estimates are correlated; for
+    independent ones the exact max-|z| quantile is barely smaller (n = 12, 95%: 2.858 vs 2.865). Measured
+    coverage: BENCHMARKS.md.
+    """
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must lie strictly between 0 and 1, got {confidence}")
+    return NormalDist().inv_cdf(0.5 + member_level(confidence, n, simultaneous) / 2.0)
 
 
 @lru_cache(maxsize=8)
@@ -157,7 +179,8 @@ class StratifiedEstimate:
         return self.per_example.mean(axis=0)
 
     def half_width(self, z: float = Z_95) -> np.ndarray:
-        """Half-width of the sampling interval (95% by default) of each member's value."""
+        """Half-width of each member's sampling interval: the standard error times `z` (95% per member by
+        default; `critical_value` gives the simultaneous one)."""
         return z * self.standard_error
 
 
@@ -230,7 +253,47 @@ def _surrogate_shapley(n: int, table: np.ndarray, right: np.ndarray) -> np.ndarr
     return np.where(right == 1, by_count_right[c][:, None], by_count_wrong[c][:, None])
 
 
-def stratified_shapley(n: int, masks: Sequence[int], values: np.ndarray) -> StratifiedEstimate:
+@dataclass(frozen=True)
+class ControlVariate:
+    """The per-example surrogate g_e(S) = F(members of S right on e, members of S wrong on e) (module docstring).
+
+    Attributes:
+        table: F, shape (n + 1, n + 1): F[k, w] for k right and w wrong members.
+        right: shape (n_examples, n): 1 where the member scores at least 0.5 alone on the example.
+    """
+
+    table: np.ndarray
+    right: np.ndarray
+
+    @classmethod
+    def fit(cls, n: int, masks: Sequence[int], values: np.ndarray) -> ControlVariate:
+        """F fitted over the held (coalition, example) pairs: `masks` (bitmasks) and their per-example values
+        (len(masks), n_examples). A member whose singleton is not among them counts as wrong everywhere."""
+        masks_arr = np.asarray(masks, dtype=np.int64)
+        right = _types(n, masks_arr, values)
+        right_count, wrong_count = _counts(masks_arr, right)
+        return cls(_surrogate_table(n, right_count, wrong_count, values), right)
+
+    def values(self, masks: Sequence[int]) -> np.ndarray:
+        """g_e(S) of each coalition (bitmasks) on each example: (len(masks), n_examples)."""
+        right_count, wrong_count = _counts(np.asarray(masks, dtype=np.int64), self.right)
+        return self.table[right_count, wrong_count]
+
+    def shapley(self) -> np.ndarray:
+        """g's exact Shapley values per example: (n_examples, n)."""
+        return _surrogate_shapley(self.right.shape[1], self.table, self.right)
+
+
+def _counts(masks: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Right and wrong members of each coalition on each example: two (coalitions, examples) arrays."""
+    bits = _bits(masks, right.shape[1]).astype(np.int64)
+    right_count = bits @ right.T
+    return right_count, bits.sum(axis=1)[:, None] - right_count
+
+
+def stratified_shapley(
+    n: int, masks: Sequence[int], values: np.ndarray, *, control_variate: bool = True
+) -> StratifiedEstimate:
     """Estimate Shapley values from held coalitions (see the module docstring).
 
     Args:
@@ -238,6 +301,8 @@ def stratified_shapley(n: int, masks: Sequence[int], values: np.ndarray) -> Stra
         masks: the held coalitions as bitmasks, distinct; they must include the border strata and, for each
             middle size, a coalition with and one without every member (`warmup_masks` gives both).
         values: shape (len(masks), n_examples): each held coalition's per-example values.
+        control_variate: sample the residual of the per-example control variate (`ControlVariate`); False
+            samples v itself (the ablation `bench/estimators.py` measures).
 
     Raises:
         ValueError: a stratum without a coalition, or values whose shape does not match the masks.
@@ -258,14 +323,14 @@ def stratified_shapley(n: int, masks: Sequence[int], values: np.ndarray) -> Stra
 
     bits = _bits(masks_arr, n)
     sizes = bits.sum(axis=1)
-    right = _types(n, masks_arr, values)
-    right_count = bits.astype(np.int64) @ right.T  # (coalitions, examples)
-    wrong_count = sizes[:, None] - right_count
-    table = _surrogate_table(n, right_count, wrong_count, values)
-    residual = values - table[right_count, wrong_count]
-
     n_examples = values.shape[1]
-    per_example = _surrogate_shapley(n, table, right)
+    control = (
+        ControlVariate.fit(n, masks_arr, values)
+        if control_variate
+        else ControlVariate(np.zeros((n + 1, n + 1)), np.zeros((n_examples, n), dtype=np.int64))
+    )
+    residual = values - control.values(masks_arr)
+    per_example = control.shapley()
     means = residual.mean(axis=1)  # the residual of each held coalition, over examples
     sampled = (sizes >= 2) & (sizes <= n - 2)
     overall = float(means[sampled].var(ddof=1)) if sampled.sum() > 1 else 0.0
@@ -408,17 +473,26 @@ class StratifiedSampler:
         n: players.
         seed: the draws' seed (the same seed, values and budget give the same batches, so a resumed audit
             replays the same plan).
-        target_error: stop once every member's 95% sampling interval is within +- this.
+        target_error: stop once every member's 95% sampling interval (simultaneous or not) is within +- this.
         max_coalitions: stop once this many coalitions are held.
+        simultaneous: the target error holds for the intervals that cover all members at once
+            (`critical_value`), not each member's own.
     """
 
     def __init__(
-        self, n: int, *, seed: int = 0, target_error: float | None = None, max_coalitions: int | None = None
+        self,
+        n: int,
+        *,
+        seed: int = 0,
+        target_error: float | None = None,
+        max_coalitions: int | None = None,
+        simultaneous: bool = False,
     ):
         self.n = n
         self.seed = seed
         self.target_error = target_error
         self.max_coalitions = max_coalitions or (1 << n)
+        self.z = critical_value(n, simultaneous)
         self.held: list[int] = warmup_masks(n, seed)
         self.batches = 0
 
@@ -426,7 +500,7 @@ class StratifiedSampler:
         """ "complete" (every coalition held: exact), "target_error", "coalitions" (max_coalitions), or None."""
         if estimate.exact:
             return "complete"
-        if self.target_error is not None and float(estimate.half_width().max()) <= self.target_error:
+        if self.target_error is not None and float(estimate.half_width(self.z).max()) <= self.target_error:
             return "target_error"
         if len(self.held) >= self.max_coalitions:
             return "coalitions"
@@ -445,7 +519,7 @@ class StratifiedSampler:
         growth = max(n, len(self.held) // 2)
         if self.target_error is not None:
             sampled = max(1, len(self.held) - 2 * n - 2)
-            needed = sampled * (float(estimate.half_width().max()) / self.target_error) ** 2 - sampled
+            needed = sampled * (float(estimate.half_width(self.z).max()) / self.target_error) ** 2 - sampled
             growth = int(min(growth, max(n, needed)))
         growth = min(growth, self.max_coalitions - len(self.held))
         self.batches += 1

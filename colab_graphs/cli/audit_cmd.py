@@ -68,6 +68,14 @@ def audit(
             "--target-error", help="For --method sampled: stop when every 95% sampling interval is +- E."
         ),
     ] = None,
+    simultaneous: Annotated[
+        bool,
+        typer.Option(
+            "--simultaneous",
+            help="For --method sampled: sampling intervals that hold all members at once (95%, Bonferroni), "
+            "not each member alone; --target-error then applies to them.",
+        ),
+    ] = False,
     dry_run: Annotated[
         bool,
         typer.Option("--dry-run", help="Print and write OUT/plan.json (calls, tokens, cost); call nothing."),
@@ -120,8 +128,8 @@ def audit(
         fail(f"--method must be loo, exact or sampled, got {method!r}")
     if budget_unit not in BUDGET_UNITS:
         fail(f"--budget-unit must be one of {', '.join(BUDGET_UNITS)}, got {budget_unit!r}")
-    if method != "sampled" and (budget is not None or target_error is not None):
-        fail("--budget and --target-error apply to --method sampled")
+    if method != "sampled" and (budget is not None or target_error is not None or simultaneous):
+        fail("--budget, --target-error and --simultaneous apply to --method sampled")
     if method == "sampled" and not budget and target_error is None:
         fail("--method sampled needs --budget (distinct calls, see --budget-unit) or --target-error")
     for name, cap in (("--max-calls", max_calls), ("--max-cost", max_cost)):
@@ -155,7 +163,8 @@ def audit(
         try:
             strategy = choose_strategy(
                 spec, len(examples), method, budget=budget, budget_unit=budget_unit,  # type: ignore[arg-type]
-                target_error=target_error, seed=seed or 0, force=force, from_answers=not play_every_coalition,
+                target_error=target_error, seed=seed or 0, simultaneous=simultaneous, force=force,
+                from_answers=not play_every_coalition,
             )  # fmt: skip
             the_plan = plan_audit(
                 spec, the_pool, examples, strategy, client=client, scorer=scorer, individual=not no_individual
@@ -196,6 +205,7 @@ def audit(
                         budget=budget,
                         budget_unit=budget_unit,  # type: ignore[arg-type]
                         target_error=target_error,
+                        simultaneous=simultaneous,
                         max_calls=max_calls,
                         max_cost_usd=max_cost,
                         play_every_coalition=play_every_coalition,
@@ -246,7 +256,7 @@ def _print_report(report, out: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from colab_graphs.audit.report import cost_sentence
+    from colab_graphs.audit.report import cost_sentence, describe_sampling
     from colab_graphs.sandbox.scope import describe
 
     def fmt(v: float | None, signed: bool = False) -> str:
@@ -289,8 +299,9 @@ def _print_report(report, out: Path) -> None:
     console.print(table)
     if report.stopped:
         console.print(
-            f"sampled: {len(report.coalitions)} coalitions, stopped by {report.stopped}; "
-            "'sampling +-' is the 95% sampling interval, the LOO CI the example noise"
+            f"sampled: {len(report.coalitions)} coalitions, stopped by {report.stopped}; 'sampling +-' is "
+            f"{describe_sampling(report.sampling_interval)}, the LOO CI the example noise",
+            highlight=False,
         )
     grand = report.value_of(report.players)
     c = report.calls
