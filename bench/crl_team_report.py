@@ -248,10 +248,85 @@ def stat(per_seed: list[list[float]]) -> dict[str, Any]:
 # --- the summary -------------------------------------------------------------------------------------------------
 
 
-def summarise(rows: list[dict], best: str, manifest: dict) -> dict[str, Any]:
+def plateau(curves: list[dict], setting: str, arm: str) -> dict[str, Any] | None:
+    """The rollout reward of an arm's trainings by thirds of its updates (seed means of each third's mean),
+    and the last third minus the middle one per seed with its t-interval: an interval that includes zero
+    finds no rise in the last third (a plateau, as far as this many rollouts can tell)."""
+    per_seed: dict[Any, dict[int, float]] = defaultdict(dict)
+    for m in curves:
+        if m["setting"] == setting and m["arm"] == arm:
+            per_seed[m["seed"]][m["step"]] = m["system_reward"]
+    if not per_seed:
+        return None
+    steps = min(max(v) for v in per_seed.values())
+    if steps < 3:
+        return None
+    cuts = [(1, steps // 3), (steps // 3 + 1, 2 * steps // 3), (2 * steps // 3 + 1, steps)]
+    thirds = [
+        [sum(v.get(i, 0.0) for i in range(a, b + 1)) / (b - a + 1) for v in per_seed.values()]
+        for a, b in cuts
+    ]
+    mean, low, high = t_interval([last - middle for middle, last in zip(thirds[1], thirds[2], strict=True)])
+    return {
+        "updates": steps,
+        "thirds": [sum(t) / len(t) for t in thirds],
+        "last_minus_middle": {
+            "mean": mean,
+            "t95": [low, high],
+            "per_seed": [c - b for b, c in zip(*thirds[1:], strict=True)],
+        },
+    }
+
+
+def held_out_curve(
+    checkpoints: list[dict],
+    setting: str,
+    before: list[float],
+    final: dict[str, dict[Any, list[float]]],
+    steps: int | None,
+) -> dict[str, Any]:
+    """Per arm with checkpoint rows (`crl_team_curve.py`): the held-out team score at each evaluated update
+    (0: the untrained policy; `steps`: the final policy) over the seeds that have every point, and the last
+    update minus the one before it per seed (its t-interval: no change detected when it holds zero)."""
+    per: dict[str, dict[int, dict[Any, list[float]]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(list))
+    )
+    for r in checkpoints:
+        if r["setting"] == setting:
+            per[r["arm"]][r["step"]][r["seed"]].append(r["score"])
+    out: dict[str, Any] = {}
+    for arm, at in per.items():
+        if steps is None:
+            continue
+        series: dict[int, dict[Any, list[float]]] = {k: dict(v) for k, v in at.items()}
+        series[steps] = final.get(arm, {})
+        seeds = sorted(set.intersection(*(set(v) for v in series.values())), key=str)
+        if not seeds:
+            continue
+        series[0] = {seed: before for seed in seeds}
+        points = sorted(series)
+        out[arm] = {
+            "seeds": seeds,
+            "updates": points,
+            "team": {str(k): stat([series[k][seed] for seed in seeds]) for k in points},
+            "last_minus_previous": stat(
+                [
+                    [a - b for a, b in zip(series[points[-1]][seed], series[points[-2]][seed], strict=True)]
+                    for seed in seeds
+                ]
+            ),
+        }
+    return out
+
+
+def summarise(
+    rows: list[dict], best: str, manifest: dict, curves: list[dict] | None = None
+) -> dict[str, Any]:
     """Per setting (as trained and evaluated): constants, each arm's measures over seeds, paired differences."""
     groups: dict[tuple, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     reports: dict[tuple, dict] = {}
+    checkpoints = [r for r in rows if r["eval"] == "curve"]
+    rows = [r for r in rows if r["eval"] != "curve"]
     for r in rows:
         key = (r["setting"], r["evaluated_in"], r["arm"], r["seed"])
         if r["eval"] == "report":
@@ -301,6 +376,14 @@ def summarise(rows: list[dict], best: str, manifest: dict) -> dict[str, Any]:
             "arms": {},
             "differences": {},
         }
+        if where == setting:
+            entry["curves"] = {
+                arm: p for arm in ARM_ORDER if (p := plateau(curves or [], setting, arm)) is not None
+            }
+            final = {a: {seed: v["team"] for (arm, seed), v in keys.items() if arm == a} for a in ARM_ORDER}
+            entry["held_out_curve"] = held_out_curve(
+                checkpoints, setting, before["team"], final, manifest.get("steps")
+            )
         names = [a for a in ARM_ORDER if any(arm == a for arm, _ in keys)]
         by_arm = {a: {s: v for (arm, s), v in keys.items() if arm == a} for a in names}
         for arm in names:
@@ -428,7 +511,39 @@ def table(summary: dict, manifest: dict) -> str:
             + ".",
             "",
         ]
+        for arm, c in (entry.get("held_out_curve") or {}).items():
+            lines += [
+                f"Held-out team score of {ARM_NAMES.get(arm, arm)} by update ({len(c['seeds'])} seeds; checkpoints "
+                "evaluated by `crl_team_curve.py`): "
+                + ", ".join(f"{k}: {_ci(v)}" for k, v in c["team"].items())
+                + f"; the last update minus the one before: {_ci(c['last_minus_previous'], True)} "
+                f"({_plateau_words(c['last_minus_previous'])}).",
+                "",
+            ]
+        if entry.get("curves"):
+            lines += [
+                "Rollout reward by thirds of the updates (seed means; solo RL: the policy alone), and the last "
+                "third minus the middle one: "
+                + "; ".join(
+                    f"{ARM_NAMES.get(arm, arm)} {' / '.join(f'{x:.2f}' for x in c['thirds'])}, "
+                    f"{_ci(c['last_minus_middle'], True)} ({_plateau_words(c['last_minus_middle'])})"
+                    for arm, c in entry["curves"].items()
+                )
+                + ".",
+                "",
+            ]
     return "\n".join(lines)
+
+
+def _plateau_words(s: dict) -> str:
+    low, high = s["t95"]
+    if math.isnan(low):
+        return "one seed: no interval"
+    if low > 0:
+        return "still rising"
+    if high < 0:
+        return "falling"
+    return "no rise detected"
 
 
 # --- the figure ----------------------------------------------------------------------------------------------------
@@ -456,8 +571,19 @@ def plot(summary: dict, curves: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    settings = list(summary["settings"])
-    fig, axes = plt.subplots(len(settings), 4, figsize=(18, 4 * len(settings)), squeeze=False)
+    settings = [s for s in summary["settings"] if s in ("vote", "gate")]
+    transfers = [s for s in summary["settings"] if s not in settings]
+    rows = len(settings) + (1 if transfers else 0)
+    fig, axes = plt.subplots(rows, 4, figsize=(18, 4 * rows), squeeze=False)
+    for k, setting in enumerate(transfers[:4]):  # the last row: each transfer evaluation's team score
+        entry = summary["settings"][setting]
+        ax = axes[rows - 1][k]
+        _dots(ax, entry["arms"], (("team", 0.0, "C0"),))
+        best = entry["best_constant"]
+        ax.axhline(entry["constants"][best], ls="--", color="grey", lw=0.8, label=f"best constant ({best})")
+        ax.set_xticks(range(len(entry["arms"])), list(entry["arms"]), fontsize=8)
+        ax.set_title(f"transfer: {setting}", fontsize=8)
+        ax.legend(fontsize=6)
     for row, setting in enumerate(settings):
         entry = summary["settings"][setting]
         arms = list(entry["arms"])
@@ -504,9 +630,20 @@ def plot(summary: dict, curves: list[dict], path: Path) -> None:
                 ax.plot([p[0] for p in points], [p[1] for p in points], color=f"C{k}", lw=0.6, alpha=0.35)
             steps = sorted({p[0] for v in runs.values() for p in v})
             mean = [sum(dict(v).get(s, 0) for v in runs.values()) / len(runs) for s in steps]
-            ax.plot(steps, mean, color=f"C{k}", lw=2, label=f"{arm} (seed mean)")
+            window = 6  # a running mean: one update is 8 rollouts, far too few to read alone
+            smooth = [
+                sum(mean[max(0, i - window + 1) : i + 1]) / len(mean[max(0, i - window + 1) : i + 1])
+                for i in range(len(mean))
+            ]
+            ax.plot(steps, smooth, color=f"C{k}", lw=2, label=f"{arm} (seed mean, running mean of {window})")
+        for k, arm in enumerate(a for a in ARM_ORDER if a != "before"):
+            c = (entry.get("held_out_curve") or {}).get(arm)
+            if c:
+                xs = [int(u) for u in c["team"]]
+                ax.plot(xs, [c["team"][str(u)]["mean"] for u in xs], "o--", color=f"C{k}", lw=1.2, ms=4,
+                        label=f"{arm}: held-out team score ({len(c['seeds'])} seeds)")  # fmt: skip
         ax.set_xlabel("policy update")
-        ax.set_title("rollout reward (team; solo RL: the policy alone)", fontsize=9)
+        ax.set_title("rollout reward (team; solo RL: the policy alone); held-out team score", fontsize=9)
         if ax.get_legend_handles_labels()[0]:  # an untrained-only seat has no curves
             ax.legend(fontsize=6)
     fig.tight_layout()
@@ -559,7 +696,7 @@ def build(folder: Path, figure: Path | None = None) -> tuple[dict, str]:
     if not manifest_path.exists():
         raise SystemExit(f"{manifest_path}: missing")
     manifest = json.loads(manifest_path.read_text())
-    summary = _nan_to_none(summarise(read_rows(folder), best_teammate(folder), manifest))
+    summary = _nan_to_none(summarise(read_rows(folder), best_teammate(folder), manifest, read_curves(folder)))
     text = table(_nan_to_floats(summary), manifest)
     (folder / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (folder / "table.md").write_text(text)

@@ -225,3 +225,27 @@ def test_the_report_refuses_rows_whose_audit_means_disagree(tmp_path: Path) -> N
     ]
     with pytest.raises(SystemExit, match="audit's shapley"):
         report.summarise(rows, "adder", {"seeds": [0]})
+
+
+def test_the_held_out_curve_and_the_plateau_read_checkpoints_and_rollouts_by_seed() -> None:
+    def rows(step: int | None, seed: int, scores: list[float]) -> list[dict]:
+        meta = {"setting": "vote", "arm": "uniform", "seed": seed, "step": step, "eval": "curve"}
+        return [{**meta, "id": f"q{i}", "score": x} for i, x in enumerate(scores)]
+
+    checkpoints = (
+        rows(8, 0, [1, 0, 0, 0]) + rows(8, 1, [1, 1, 0, 0]) + rows(8, 2, [1, 1, 1, 1])
+    )  # seed 2: no final
+    final = {"uniform": {0: [1.0, 1.0, 0.0, 0.0], 1: [1.0, 1.0, 0.0, 0.0]}}
+    curve = report.held_out_curve(checkpoints, "vote", [0.0, 0.0, 0.0, 1.0], final, 16)["uniform"]
+    assert curve["seeds"] == [0, 1] and curve["updates"] == [0, 8, 16]
+    assert [curve["team"][k]["mean"] for k in ("0", "8", "16")] == pytest.approx([0.25, 0.375, 0.5])
+    assert curve["last_minus_previous"]["per_seed"] == pytest.approx([0.25, 0.0])
+    # Rollout rewards by thirds of the updates, the last third minus the middle one per seed.
+    metrics = [
+        {"setting": "vote", "arm": "uniform", "seed": s, "step": k, "system_reward": r}
+        for s, rewards in ((0, [0, 0, 1, 1, 1, 1]), (1, [0, 1, 0, 1, 1, 0]))
+        for k, r in enumerate(rewards, 1)
+    ]
+    plateau = report.plateau(metrics, "vote", "uniform")
+    assert plateau["updates"] == 6 and plateau["thirds"] == pytest.approx([0.25, 0.75, 0.75])
+    assert plateau["last_minus_middle"]["per_seed"] == pytest.approx([0.0, 0.0])
