@@ -23,7 +23,7 @@ from conftest import write_pool_file
 
 from colab_graphs.testing import arithmetic_solver
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TESTS = Path(__file__).resolve().parent
 TASKSET = shutil.which("taskset")

@@ -203,6 +203,7 @@ def test_each_setting_has_a_standard_audit_folder(hand_study):
     assert "![heatmap](study-heatmap.png)" in (base / "out" / "study.md").read_text()
 
 
+@pytest.mark.slow
 def test_no_api_key_reaches_the_study_folder(tmp_path, monkeypatch):
     secret = "sk-SECRET-study-0123456789"
     monkeypatch.setenv("CG_STUDY_KEY", secret)
@@ -221,6 +222,7 @@ def test_no_api_key_reaches_the_study_folder(tmp_path, monkeypatch):
 # Resume
 
 
+@pytest.mark.slow
 def test_a_study_killed_mid_way_finishes_with_no_request_repeated(hand_study, tmp_path):
     expected, _, _, _ = hand_study
     victim: dict = {"pid": None, "at": 15, "seen": 0}

@@ -30,7 +30,7 @@ pytest.importorskip("ray")
 
 from test_study import DISTINCT_REQUESTS, REPLIES, cli, member_scripts, write_study  # noqa: E402
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CPUS = 2
 
