@@ -148,8 +148,9 @@ def write_pool_file(path: Path, server: ScriptedServer, names: list[str]) -> Pat
 def cli_in_process(*args: str | Path) -> subprocess.CompletedProcess[str]:
     """`colab-graphs ARGS` run in this process, its exit status and output as a subprocess's would be.
 
-    No interpreter start and no LiteLLM import: ~4 s of CPU less than a subprocess. For tests of what a command
-    writes; a test of how the process exits, of signals, or of what reaches its streams runs a subprocess.
+    No interpreter start and no LiteLLM import: ~4 s of CPU less than a subprocess. For tests of what a
+    command writes; a test of how the process exits, of signals, or of what reaches its streams runs a
+    subprocess.
     """
     from typer.testing import CliRunner
 

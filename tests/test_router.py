@@ -252,8 +252,8 @@ def test_cli_audit_with_a_replica_down_gives_the_hand_values(tmp_path):
         )
         data = tmp_path / "data.jsonl"
         data.write_text("".join(json.dumps(e.model_dump()) + "\n" for e in examples()))
-        done = cli_in_process("audit", "--protocol", "majority_vote", "--pool", pool, "--data", data,
-                              "--cache-dir", tmp_path / "cache", "--out", tmp_path / "out", "--no-plots")  # fmt: skip
+        out = ["--cache-dir", tmp_path / "cache", "--out", tmp_path / "out", "--no-plots"]
+        done = cli_in_process("audit", "--protocol", "majority_vote", "--pool", pool, "--data", data, *out)
         assert done.returncode == 0, done.stderr
         report = json.loads((tmp_path / "out" / "report.json").read_text())
         assert report["loo"] == pytest.approx(HAND_LOO)
