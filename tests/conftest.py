@@ -1,4 +1,5 @@
-"""Shared fixtures: offline settings, one event loop, a scripted OpenAI-compatible server, a throwaway cache.
+"""Shared fixtures: offline settings, one event loop, a scripted OpenAI-compatible server, a throwaway cache;
+the CLI in process; how tests share pytest-xdist's workers.
 
 Keep this file small: fixtures that only one test module needs belong in that module.
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,6 +21,59 @@ from colab_graphs.pool import Pool
 from colab_graphs.testing import ScriptedServer
 
 T = TypeVar("T")
+
+# Under pytest-xdist (`-n 2`, README's test command) a test file is one unit of work, so that its module
+# fixtures are made once; the files of a group below are one unit together, run one after another on one
+# worker. "sandbox": the files whose tests run sandboxed code. test_sandbox.py and test_reward_hacks.py assert
+# that no process of the sandbox's run uids is left, which a sandboxed run on the other worker would break.
+# A new test file that runs sandboxed code (the code scorer, run_code, the harness) joins it.
+XDIST_GROUPS = {
+    "sandbox": {
+        "test_code_harness.py",
+        "test_code_parity.py",
+        "test_conformance.py",
+        "test_reward_hacks.py",
+        "test_reward_hacks_namespace.py",
+        "test_sandbox.py",
+        "test_sandbox_cli.py",
+        "test_sandbox_wiring.py",
+        "test_scorers.py",
+        "test_trainer.py",
+    }
+}
+_GROUP_OF = {name: group for group, names in XDIST_GROUPS.items() for name in names}
+
+
+def _unit(nodeid: str) -> str:
+    """The unit of work of a test under xdist: its file's group, or its file."""
+    path = nodeid.split("::", 1)[0]
+    return _GROUP_OF.get(Path(path).name, path)
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: a plain run without xdist installed has no such hook
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """For `-n N` without another `--dist`: xdist's scope scheduling over `_unit`, handing the units out in
+    collection order (see below)."""
+    if config.getvalue("dist") != "load":  # a --dist the caller chose is xdist's to make
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    config.option.loadscopereorder = False  # xdist would put the units with the most tests first
+    return ByUnit(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker, the groups first, then the files holding a slow test, then the rest (each file's
+    tests in their order): the long units start early and short ones fill the end, so both workers finish
+    together. A plain run keeps pytest's order."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: (item.path.name not in _GROUP_OF, item.path not in slow_files))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -88,6 +143,25 @@ def write_pool_file(path: Path, server: ScriptedServer, names: list[str]) -> Pat
         )
     )
     return path
+
+
+def cli_in_process(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    """`colab-graphs ARGS` run in this process, its exit status and output as a subprocess's would be.
+
+    No interpreter start and no LiteLLM import: ~4 s of CPU less than a subprocess. For tests of what a
+    command writes; a test of how the process exits, of signals, or of what reaches its streams runs a
+    subprocess.
+    """
+    from typer.testing import CliRunner
+
+    from colab_graphs.cli.app import _register_optional_commands, app
+
+    _register_optional_commands()  # every command, as the console entry point registers them
+    argv = [str(a) for a in args]
+    result = CliRunner().invoke(app, argv, env={"COLUMNS": "200"}, catch_exceptions=False)
+    return subprocess.CompletedProcess(
+        ["colab-graphs", *argv], result.exit_code, result.stdout, result.stderr
+    )
 
 
 @pytest.fixture

@@ -36,6 +36,7 @@ def solvers(scripted_server, tmp_path, monkeypatch):
     return server
 
 
+@pytest.mark.slow
 def test_the_readme_python_api_snippets_run_as_written(solvers, capsys):
     snippets = readme_snippets("Python API")
     assert len(snippets) == 2

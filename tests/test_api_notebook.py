@@ -69,6 +69,7 @@ def test_a_progress_bar_is_drawn_when_asked(pool, capsys) -> None:
     )  # (3 LOO coalitions + 2 solo runs) x 4 examples
 
 
+@pytest.mark.slow
 def test_a_sync_call_leaves_no_pending_task_at_exit(tmp_path) -> None:
     """LiteLLM's logging worker, left pending on the background loop, was destroyed at exit with a warning
     (seen after a sync call followed by another loop's asyncio.run, as in a script that mixes both)."""

@@ -23,7 +23,7 @@ from conftest import write_pool_file
 
 from colab_graphs.testing import arithmetic_solver
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TESTS = Path(__file__).resolve().parent
 TASKSET = shutil.which("taskset")
@@ -168,18 +168,20 @@ def test_the_sync_react_agent_with_a_critic_on_one_core(scripted_server, tmp_pat
 
 
 def test_a_stalled_app_fails_within_its_deadline_naming_the_node(scripted_server, tmp_path):
-    # The app drafts with a, then its sync node waits forever. Each play is given 2 s: every example fails,
+    # The app drafts with a, then its sync node waits forever. Each play is given 6 s: every example fails,
     # its error naming the node it waited in; the watchdog (1 s) prints the same on stderr; the process exits
     # (the stalled threads do not hold it). Bound: 2 rounds of plays per example (the whole pool first, then
-    # the rest together), each 2 s, plus the start; the subprocess timeout is far above, far below forever.
+    # the rest together), each 6 s, plus the start; the subprocess timeout is far above, far below forever.
+    # 6 s, not 2: at a load of ~6 on two cores (two test workers and more), the first round's plays (and a
+    # run's) timed out before the watchdog had seen a second without progress and named them.
     server = scripted_server(SOLVERS)
     done, report = audit_app(
-        "stalled", server, tmp_path, 2, arithmetic(2), "--example-timeout", "2", "--stall-after", "1",
+        "stalled", server, tmp_path, 2, arithmetic(2), "--example-timeout", "6", "--stall-after", "1",
         timeout=90, method="loo",
     )  # fmt: skip
     assert done.returncode == 3, done.stdout + done.stderr
     said = " ".join((done.stdout + done.stderr).split())
-    assert "did not finish within 2 s (the example timeout): running node 'wait_for_review'" in said
+    assert "did not finish within 6 s (the example timeout): running node 'wait_for_review'" in said
     assert "calls pending: none" in said
     assert "stalled: no call and no node has finished for" in done.stderr
     assert "example 'q0' with a, b, c: running node 'wait_for_review'" in done.stderr
@@ -189,7 +191,7 @@ def test_a_stalled_app_fails_within_its_deadline_naming_the_node(scripted_server
 
 def test_run_of_a_stalled_app_fails_each_example_at_its_deadline_naming_the_node(scripted_server, tmp_path):
     # `colab-graphs run --app` scores the app once, the whole pool playing: each example has the same deadline
-    # as an audit's play. Bound: 2 examples in flight together, 2 s each, plus the start.
+    # as an audit's play. Bound: 2 examples in flight together, 6 s each (see above), plus the start.
     server = scripted_server(SOLVERS)
     pool = write_pool_file(tmp_path / "pool.yaml", server, ["a", "b", "c"])
     questions = tmp_path / "questions.jsonl"
@@ -197,7 +199,7 @@ def test_run_of_a_stalled_app_fails_each_example_at_its_deadline_naming_the_node
     out = tmp_path / "run"
     command = [TASKSET, "-c", on_cores(2), sys.executable, "-m", "colab_graphs.cli.app", "run", "--app",
                f"{TESTS}/sync_apps.py:stalled", "--pool", str(pool), "--data", str(questions), "--no-cache",
-               "--out", str(out), "--example-timeout", "2", "--stall-after", "1"]  # fmt: skip
+               "--out", str(out), "--example-timeout", "6", "--stall-after", "1"]  # fmt: skip
     done = subprocess.run(
         command, capture_output=True, text=True, timeout=90, env={**os.environ, "COLUMNS": "200"}
     )
@@ -205,7 +207,7 @@ def test_run_of_a_stalled_app_fails_each_example_at_its_deadline_naming_the_node
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(r["failed"] for r in rows)
     assert all(
-        "did not finish within 2 s (the example timeout): running node 'wait_for_review'" in r["error"]
+        "did not finish within 6 s (the example timeout): running node 'wait_for_review'" in r["error"]
         for r in rows
     )
     assert "stalled: no call and no node has finished for" in done.stderr

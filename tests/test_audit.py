@@ -284,6 +284,7 @@ def cli(*args: str | Path) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
 
 
+@pytest.mark.slow
 def test_cli_audit_writes_the_report_and_exits_zero(vote_server, tmp_path):
     pool, data = write_cli_inputs(vote_server, tmp_path)
     out = tmp_path / "audit"
@@ -298,6 +299,7 @@ def test_cli_audit_writes_the_report_and_exits_zero(vote_server, tmp_path):
     assert "Shapley (exact_from_answers)" in done.stdout
 
 
+@pytest.mark.slow
 def test_cli_exact_over_too_many_members_is_a_clear_error(tmp_path):
     pool = tmp_path / "pool.yaml"
     pool.write_text(

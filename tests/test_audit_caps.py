@@ -26,7 +26,7 @@ from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.protocol_registry import build_protocol
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CONTRIBUTIONS = ("coalitions", "individual", "loo", "shapley", "ci", "ranks", "n_examples", "sampling_error")
 

@@ -8,13 +8,11 @@ alone) and within the stated bound where later calls depend on earlier replies (
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import cli_in_process as cli
 from realistic_team import MEMBERS, PRICED, priced_team, records, team
 
 from colab_graphs.audit.plan import plan_audit
@@ -53,13 +51,6 @@ def write_inputs(tmp_path: Path, pool: Pool, examples) -> tuple[Path, Path]:
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(e.model_dump()) + "\n" for e in examples))
     return pool_file, data
-
-
-def cli(*args: str | Path) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "colab_graphs.cli.app", *map(str, args)]
-    return subprocess.run(
-        command, capture_output=True, text=True, timeout=180, env={**os.environ, "COLUMNS": "200"}
-    )
 
 
 def plan_of(spec, pool, examples, cache, **options):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write_pool_file
+from conftest import cli_in_process, write_pool_file
 from realistic_team import records, team
 
 from colab_graphs.audit.stratified import critical_value
@@ -50,8 +50,8 @@ def cli(*args: str | Path) -> subprocess.CompletedProcess:
 
 
 def audit(pool: Path, data: Path, cache: Path, out: Path, *options: str) -> dict:
-    done = cli("audit", "--protocol", "debate", "--pool", pool, "--data", data, "--cache-dir", cache,
-               "--out", out, "--no-plots", "--no-individual", *options)  # fmt: skip
+    done = cli_in_process("audit", "--protocol", "debate", "--pool", pool, "--data", data, "--cache-dir",
+                          cache, "--out", out, "--no-plots", "--no-individual", *options)  # fmt: skip
     assert done.returncode == 0, done.stderr
     return json.loads((out / "report.json").read_text())
 
@@ -102,6 +102,7 @@ def test_simultaneous_intervals_hold_every_member_at_once_in_at_least_90_percent
     assert np.mean(held) >= 0.9
 
 
+@pytest.mark.slow
 def test_the_permutation_sampler_refuses_simultaneous_intervals(inputs, tmp_path):
     done = cli("audit", "--protocol", "debate", "--pool", inputs[0], "--data", inputs[1], "--method", "sampled",
                "--budget-unit", "permutations", "--budget", "16", "--simultaneous", "--out", tmp_path / "out")  # fmt: skip

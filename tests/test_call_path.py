@@ -89,6 +89,7 @@ def _open_cache_at_the_barrier(directory: str, barrier: Any, results: Any) -> No
         results.put(f"{type(exc).__name__}: {exc}")
 
 
+@pytest.mark.slow
 def test_processes_opening_one_new_cache_at_once_all_get_it(tmp_path) -> None:
     """The ranks of `accelerate launch` (and study workers on one machine) open one new cache file together;
     SQLite refused the loser of the race to WAL mode at once ("database is locked") in 18 of 120 opens."""

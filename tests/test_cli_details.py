@@ -86,6 +86,15 @@ def test_a_refused_audit_folder_says_what_differs(workspace) -> None:
     assert "protocol 'majority_vote' -> 'solo'" in said and "protocol parameter member added ('b')" in said
 
 
+def test_an_error_names_a_path_longer_than_the_terminal_whole(workspace) -> None:
+    folder = workspace / ("a-folder-with-a-long-name-" * 9)
+    folder.mkdir()
+    (folder / "pool.yaml").write_text("models:\n  a: {model: openai/a, temprature: 1}\n")
+    result = invoke("run", "--pool", folder / "pool.yaml", "--data", "d.jsonl")
+    assert result.exit_code == 2
+    assert f"{folder / 'pool.yaml'}: member 'a' has unknown" in result.output
+
+
 def test_the_terminal_table_shows_the_shapley_interval(workspace) -> None:
     result = invoke("audit", "--pool", "pool.yaml", "--data", "d.jsonl", "--method", "exact", "--no-plots")
     assert result.exit_code == 0, result.output

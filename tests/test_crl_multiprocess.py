@@ -5,6 +5,11 @@ scripted rollouts (fixed token ids and rewards, a different number of policy tur
 the loss, the gradient and each process's forward/backward passes to OUT. The tests run it as one process
 over the whole global batch and as two processes (`accelerate launch --multi_gpu --num_processes 2`, CPU) over its two
 halves, and compare.
+
+The two processes are launched once for the module (each launch costs both processes' imports, ~15 s of CPU):
+`python tests/test_crl_multiprocess.py train-then-step OUT ROWS TRAIN_ARGS...` first runs the README's
+`colab-graphs train` as `-m colab_graphs.cli.app` runs it, in the processes as the launch started them, then
+the worker's step.
 """
 
 from __future__ import annotations
@@ -67,20 +72,24 @@ def _run(cmd: list[str], timeout: int) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def one_and_two(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The same optimizer step, as 1 process x 4 rows per pass and as 2 processes x 2 rows per pass."""
-    one, two = tmp_path_factory.mktemp("one"), tmp_path_factory.mktemp("two")
+def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """The same optimizer step as 1 process x 4 rows per pass and as 2 processes x 2 rows per pass, the two
+    processes after the README's `accelerate launch --multi_gpu --num_processes 2 -m colab_graphs.cli.app
+    train --config examples/train_tiny.yaml ...`: (one's step, two's step, the training's output folder)."""
+    one, two, work = (tmp_path_factory.mktemp(name) for name in ("one", "two", "train"))
     worker = str(Path(__file__).resolve())
     _run([sys.executable, worker, "worker", str(one), "4"], timeout=300)
-    _run(_launch(2, worker, "worker", str(two), "2"), timeout=300)
-    return one, two
+    train = ["train", "--config", "examples/train_tiny.yaml", "--out", str(work / "run"),
+             "--cache-dir", str(work / "cache")]  # fmt: skip
+    _run(_launch(2, worker, "train-then-step", str(two), "2", *train), timeout=600)
+    return one, two, work / "run"
 
 
 @pytest.mark.slow
-def test_two_processes_take_the_same_step_as_one_over_the_same_global_batch(one_and_two) -> None:
+def test_two_processes_take_the_same_step_as_one_over_the_same_global_batch(launched) -> None:
     import torch
 
-    one, two = one_and_two
+    one, two, _ = launched
     a, b = json.loads((one / "result.json").read_text()), json.loads((two / "result.json").read_text())
     assert a["example_ids"] == b["example_ids"]  # the same global batch
     assert len(set(b["segments"])) > 1  # the processes held different numbers of policy segments
@@ -94,8 +103,8 @@ def test_two_processes_take_the_same_step_as_one_over_the_same_global_batch(one_
 
 
 @pytest.mark.slow
-def test_every_process_runs_the_same_passes_of_at_most_the_batch_size(one_and_two) -> None:
-    _, two = one_and_two
+def test_every_process_runs_the_same_passes_of_at_most_the_batch_size(launched) -> None:
+    _, two, _ = launched
     result = json.loads((two / "result.json").read_text())
     passes = result["pass_rows"]  # per process, the rows of each forward/backward pass
     assert len(passes) == 2 and passes[0] == passes[1]
@@ -105,24 +114,9 @@ def test_every_process_runs_the_same_passes_of_at_most_the_batch_size(one_and_tw
 
 
 @pytest.mark.slow
-def test_accelerate_launch_of_train_tiny_exports_a_policy_that_learned(tmp_path: Path) -> None:
+def test_accelerate_launch_of_train_tiny_exports_a_policy_that_learned(launched) -> None:
     """The README's command: `accelerate launch --multi_gpu --num_processes 2 -m colab_graphs.cli.app train ...`."""
-    out = tmp_path / "run"
-    _run(
-        _launch(
-            2,
-            "-m",
-            "colab_graphs.cli.app",
-            "train",
-            "--config",
-            "examples/train_tiny.yaml",
-            "--out",
-            str(out),
-            "--cache-dir",
-            str(tmp_path / "cache"),
-        ),
-        timeout=600,
-    )
+    _, _, out = launched
     summary = json.loads((out / "summary.json").read_text())
     assert summary["processes"] == 2
     assert summary["eval_after"]["system"] > summary["eval_before"]["system"]
@@ -260,5 +254,21 @@ def worker(out: Path, rows: int) -> None:
         (out / "result.json").write_text(json.dumps({**renamed, "example_ids": result["ids"]}))
 
 
+def train_then_step(out: Path, rows: int, train_args: list[str]) -> None:
+    """`colab-graphs train` run as `python -m colab_graphs.cli.app` runs it (runpy, as `__main__`), then
+    `worker` in the same processes; a failed training exits with its status."""
+    import runpy
+
+    sys.argv = ["colab_graphs.cli.app", *train_args]  # argv[0] becomes the module's path, as under -m
+    try:
+        runpy.run_module("colab_graphs.cli.app", run_name="__main__", alter_sys=True)
+    except SystemExit as done:  # the CLI's own exit, 0 when it trained
+        if done.code not in (0, None):
+            raise
+    worker(out, rows)
+
+
 if __name__ == "__main__" and sys.argv[1:2] == ["worker"]:
     worker(Path(sys.argv[2]), int(sys.argv[3]))
+if __name__ == "__main__" and sys.argv[1:2] == ["train-then-step"]:
+    train_then_step(Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4:])

@@ -136,6 +136,7 @@ def test_the_vote_team_is_right_when_the_policy_is_wrong_and_wrong_when_it_is_ri
     assert right.loo["policy"] > 0.2
 
 
+@pytest.mark.slow
 def test_the_gate_hands_a_rejected_answer_to_slot_2_and_the_swap_reverses_the_slots(
     arun, scripted_server, pool_for, held: list[Example]
 ) -> None:
@@ -168,6 +169,7 @@ def test_the_gate_hands_a_rejected_answer_to_slot_2_and_the_swap_reverses_the_sl
 
 
 @pytest.mark.skipif(not (SHIPPED / "rows.jsonl.gz").exists(), reason="no shipped study rows")
+@pytest.mark.slow
 def test_readme_crl_table_is_rebuilt_from_the_shipped_rows_alone(tmp_path: Path) -> None:
     folder = tmp_path / "crl_team"
     shutil.copytree(SHIPPED, folder)

@@ -270,6 +270,7 @@ def assert_no_request_repeated_beyond_the_kill(server: ScriptedServer, before, s
     assert max(after.values()) <= 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", KILL_SEEDS)
 def test_a_killed_audit_resumes_to_the_uninterrupted_report(reference, scripted_server, tmp_path, seed):
     server = scripted_server(members(), latency_s=LATENCY_S)
@@ -283,6 +284,7 @@ def test_a_killed_audit_resumes_to_the_uninterrupted_report(reference, scripted_
     assert_no_request_repeated_beyond_the_kill(server, before, stored, reference["audit"]["unique"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", KILL_SEEDS[:2])
 def test_a_killed_run_resumes_to_the_uninterrupted_results(reference, scripted_server, tmp_path, seed):
     server = scripted_server(members(), latency_s=LATENCY_S)

@@ -640,6 +640,7 @@ def test_decoding_threads_follow_the_variable_not_the_load_average(tiny, monkeyp
     assert tiny.generate_batch([request])[0].completion_ids == default.completion_ids
 
 
+@pytest.mark.slow
 def test_passive_waits_by_default_and_the_users_value_wins():
     """torch's spinning waits crawl beside busy processes (BENCHMARKS.md: 8x at a load of 7); the engine sets
     PASSIVE before torch loads unless the user chose."""

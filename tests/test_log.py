@@ -30,6 +30,7 @@ from colab_graphs.protocol_registry import build_protocol
 from colab_graphs.runner import run_dataset
 from colab_graphs.testing import ScriptedServer
 from colab_graphs.trace import Call, Trace, Usage
+from tests.conftest import cli_in_process
 from tests.test_audit import DISTINCT_REQUESTS, PLAYERS, pool_of, vote_examples, vote_members
 
 pytestmark = pytest.mark.integration
@@ -208,13 +209,12 @@ def test_a_run_logs_one_play_per_example_and_keeps_its_contract_files(server, tm
 
 
 def test_a_study_logs_its_settings_and_each_audit_its_plays(tmp_path):
-    from tests.test_study import cli, member_scripts, write_study
+    from tests.test_study import member_scripts, write_study
 
     with ScriptedServer(member_scripts()) as study_server:
         config = write_study(tmp_path, study_server, datasets=("d1",))
-        done = cli(
-            "--config", config, "--out", tmp_path / "out", "--cache-dir", tmp_path / "cache", "--no-plots"
-        )
+        out = ["--out", tmp_path / "out", "--cache-dir", tmp_path / "cache", "--no-plots"]
+        done = cli_in_process("study", "--config", config, *out)
         assert done.returncode == 0, done.stderr
     log = read_log(tmp_path / "out")
     assert log.kind == "study" and log.complete

@@ -71,6 +71,7 @@ def test_a_corrupt_cache_is_set_aside_named_and_replaced(right, tmp_path, caplog
     assert (summary["score"], summary["calls"]["made"]) == (1.0, N)
 
 
+@pytest.mark.slow
 def test_a_corrupt_cache_is_reported_on_stderr_without_a_traceback(tmp_path, right) -> None:
     pool = pool_file(tmp_path / "pool.json", {"api_base": right.base_url})
     (tmp_path / "cache").mkdir()
@@ -133,6 +134,7 @@ def audit_args(pool: Path, cache: Path, out: Path) -> list[str]:
             "--cache-dir", str(cache), "--out", str(out), "--no-plots"]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_second_audit_into_the_same_out_is_refused_naming_the_first(tmp_path) -> None:
     members = {name: arc_member(True) for name in ("ada", "bob", "cyd")}
     with ScriptedServer(members, latency_s=0.4) as slow:

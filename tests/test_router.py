@@ -17,15 +17,13 @@ LOO: a = 1 - .5 = .5; b = 1 - .75 = .25; c = 1 - .75 = .25.
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from conftest import cli_in_process
 
 from colab_graphs.audit.run import play_audit
 from colab_graphs.data.example import Example
@@ -254,10 +252,8 @@ def test_cli_audit_with_a_replica_down_gives_the_hand_values(tmp_path):
         )
         data = tmp_path / "data.jsonl"
         data.write_text("".join(json.dumps(e.model_dump()) + "\n" for e in examples()))
-        command = [sys.executable, "-m", "colab_graphs.cli.app", "audit", "--protocol", "majority_vote",
-                   "--pool", str(pool), "--data", str(data), "--cache-dir", str(tmp_path / "cache"),
-                   "--out", str(tmp_path / "out"), "--no-plots"]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=dict(os.environ))
+        out = ["--cache-dir", tmp_path / "cache", "--out", tmp_path / "out", "--no-plots"]
+        done = cli_in_process("audit", "--protocol", "majority_vote", "--pool", pool, "--data", data, *out)
         assert done.returncode == 0, done.stderr
         report = json.loads((tmp_path / "out" / "report.json").read_text())
         assert report["loo"] == pytest.approx(HAND_LOO)

@@ -255,6 +255,7 @@ def test_unknown_routes_and_wrong_methods_get_openai_errors(server):
     assert status == 501 and error["type"] == "invalid_request_error"
 
 
+@pytest.mark.slow
 def test_the_cli_serves_and_logs_one_line_per_request_without_bodies_or_keys(tmp_path: Path, greedy):
     command = [sys.executable, "-m", "colab_graphs.cli.app", "serve", "tiny-random", "--port", "0"]
     command += ["--served-name", "tiny", "--max-connections", "16"]

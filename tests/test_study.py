@@ -48,6 +48,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import cli_in_process
 
 from colab_graphs.audit.report import read_report
 from colab_graphs.data.example import Example
@@ -135,7 +136,9 @@ def hand_study(tmp_path_factory):
     with ScriptedServer(member_scripts()) as server:
         base = tmp_path_factory.mktemp("study")
         config = write_study(base, server)
-        done = cli("--config", config, "--out", base / "out", "--cache-dir", base / "cache")
+        done = cli_in_process(
+            "study", "--config", config, "--out", base / "out", "--cache-dir", base / "cache"
+        )
         assert done.returncode == 0, done.stderr
         yield read_study(base / "out"), server, base, done.stdout
 
@@ -200,6 +203,7 @@ def test_each_setting_has_a_standard_audit_folder(hand_study):
     assert "![heatmap](study-heatmap.png)" in (base / "out" / "study.md").read_text()
 
 
+@pytest.mark.slow
 def test_no_api_key_reaches_the_study_folder(tmp_path, monkeypatch):
     secret = "sk-SECRET-study-0123456789"
     monkeypatch.setenv("CG_STUDY_KEY", secret)
@@ -218,6 +222,7 @@ def test_no_api_key_reaches_the_study_folder(tmp_path, monkeypatch):
 # Resume
 
 
+@pytest.mark.slow
 def test_a_study_killed_mid_way_finishes_with_no_request_repeated(hand_study, tmp_path):
     expected, _, _, _ = hand_study
     victim: dict = {"pid": None, "at": 15, "seen": 0}
@@ -245,7 +250,7 @@ def test_a_study_killed_mid_way_finishes_with_no_request_repeated(hand_study, tm
         assert process.wait(timeout=180) == -signal.SIGKILL
         assert not (tmp_path / "out" / "study.json").exists()
         victim["pid"] = None
-        done = cli(*args)
+        done = cli_in_process("study", *args)
         assert done.returncode == 0, done.stderr
         answered = server.request_counts(successful_only=True)
     assert len(answered) == DISTINCT_REQUESTS and set(answered.values()) == {1}

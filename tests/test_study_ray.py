@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import cli_in_process
 
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient
@@ -29,7 +30,7 @@ pytest.importorskip("ray")
 
 from test_study import DISTINCT_REQUESTS, REPLIES, cli, member_scripts, write_study  # noqa: E402
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CPUS = 2
 
@@ -58,7 +59,9 @@ def baseline(tmp_path_factory):
     base = tmp_path_factory.mktemp("baseline")
     with ScriptedServer(member_scripts()) as server:
         config = write_study(base, server)
-        done = cli("--config", config, "--out", base / "out", "--cache-dir", base / "cache", "--no-plots")
+        done = cli_in_process(
+            "study", "--config", config, "--out", base / "out", "--cache-dir", base / "cache", "--no-plots"
+        )
     assert done.returncode == 0, done.stderr
     return read_study(base / "out").comparable()
 

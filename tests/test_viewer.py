@@ -27,7 +27,7 @@ from colab_graphs.log import LOG_FILE, RolloutRecord
 from colab_graphs.testing import ScriptedServer
 from colab_graphs.trace import Call, Trace
 from colab_graphs.viewer import ViewerServer
-from tests.conftest import write_pool_file
+from tests.conftest import cli_in_process, write_pool_file
 from tests.test_audit import GOLD, PLAYERS, vote_examples, vote_members
 
 pytestmark = pytest.mark.integration
@@ -48,6 +48,12 @@ def cli(*args: str | Path, timeout: int = 300) -> subprocess.CompletedProcess:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done
+
+
+def written(*args: str | Path) -> None:
+    """What `colab-graphs ARGS` writes, the command run in this process (the viewer reads only its files)."""
+    done = cli_in_process(*args)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def shown(value: float | None, signed: bool = False) -> str:
@@ -112,11 +118,13 @@ def outputs(tmp_path_factory) -> Path:
             "--cache-dir",
             work / "cache",
         ]
-        cli("audit", *shared, "--method", "exact", "--play-every-coalition", "--out", root / "audit")
-        cli("run", *shared, "--out", root / "run")
+        written("audit", *shared, "--method", "exact", "--play-every-coalition", "--out", root / "audit")
+        written("run", *shared, "--out", root / "run")
     with ScriptedServer(member_scripts()) as server:
         config = write_study(work / "study", server, datasets=("d1",))
-        cli("study", "--config", config, "--out", root / "study", "--cache-dir", work / "cache", "--no-plots")
+        written(
+            "study", "--config", config, "--out", root / "study", "--cache-dir", work / "cache", "--no-plots"
+        )
     training_folder(root / "train")
     running = root / "running"
     running.mkdir()

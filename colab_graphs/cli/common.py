@@ -25,7 +25,11 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
     from colab_graphs.redaction import redact
 
-    Console(stderr=True).print(f"[bold red]error:[/] {escape(redact(message))}", highlight=False)
+    # soft_wrap: one line, folded by the terminal if at all; folded by Rich, a path the message names would be
+    # cut by a newline wherever the width (80 when not a terminal: CI logs) falls inside it.
+    Console(stderr=True, soft_wrap=True).print(
+        f"[bold red]error:[/] {escape(redact(message))}", highlight=False
+    )
     raise typer.Exit(code)
 
 
