@@ -44,9 +44,7 @@ def _sandbox_refusal() -> str | None:
 
 SANDBOX_REFUSAL = _sandbox_refusal()
 
-MOCO = Path(__file__).resolve().parents[2] / "shared" / "data" / "moco" / "humaneval.json"
-if not MOCO.exists():
-    MOCO = Path("/work/shared/data/moco/humaneval.json")
+MOCO = Path(__file__).resolve().parent / "fixtures" / "moco" / "humaneval.json"  # MoCo's file, unchanged
 
 RIGHT = "def add(x: int, y: int):\n    return x + y\n"
 WRONG = "def add(x: int, y: int):\n    return 0\n"
@@ -434,7 +432,6 @@ def test_a_record_whose_test_cannot_fail_stops_the_run_naming_it(
     )
 
 
-@pytest.mark.skipif(not MOCO.exists(), reason="the MoCo data files are not here")
 @pytest.mark.skipif(SANDBOX_REFUSAL is not None, reason=f"no safe sandbox backend here: {SANDBOX_REFUSAL}")
 def test_every_reward_hack_scores_zero_and_correct_answers_score_one(
     scripted_server, tmp_path, host, monkeypatch
