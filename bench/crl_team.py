@@ -379,6 +379,12 @@ def manifest(args: argparse.Namespace, data: tuple[Path, ...], started: float) -
         "config": config,
         "commit": _git("rev-parse", "HEAD"),
         "tree_dirty": bool(_git("status", "--porcelain", "--", ".")),
+        # Every process that worked on the study (a long one is many, `--stop-after`), with the commit it
+        # started on: the code each seed ran is known even when the tree moved on between processes.
+        "processes": [
+            *[p for p in earlier.get("processes", []) if p.get("pid") != PROCESS["pid"]],
+            PROCESS,
+        ],
         "versions": {
             "torch": torch.__version__,
             "transformers": transformers.__version__,
@@ -390,7 +396,17 @@ def manifest(args: argparse.Namespace, data: tuple[Path, ...], started: float) -
     }
 
 
+PROCESS: dict[str, Any] = {}
+"""This process: its pid, start, the commit it started on and whether the tree differed from it."""
+
+
 def main() -> None:
+    PROCESS.update(
+        pid=os.getpid(),
+        started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        commit=_git("rev-parse", "HEAD"),
+        tree_dirty=bool(_git("status", "--porcelain", "--", ".")),
+    )
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/crl_team"))
     parser.add_argument("--settings", nargs="+", default=["vote"], choices=list(team.GRAPHS))
