@@ -19,12 +19,14 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from colab_graphs.models import direct
 from colab_graphs.models.cache import CallCache, request_key
+from colab_graphs.models.direct import direct_enabled
 from colab_graphs.models.flight import SingleFlight
 from colab_graphs.models.identity import cache_identity
 from colab_graphs.models.loops import DaemonThreads, new_loop_thread, on_call_loop
@@ -89,6 +91,8 @@ RETRYABLE = {"rate_limit", "server", "timeout", "connection", "malformed"}
 
 def classify_error(exc: BaseException) -> str:
     """Map a LiteLLM / HTTP exception to a failure kind; kinds in RETRYABLE are retried."""
+    if isinstance(exc, direct.HTTPStatusError):  # the direct lane's error status
+        return direct.status_kind(exc.status_code, str(exc))
     name = type(exc).__name__
     status = getattr(exc, "status_code", None)
     if _json_error_in_chain(exc):
@@ -98,6 +102,8 @@ def classify_error(exc: BaseException) -> str:
         return "rate_limit"
     if name in {"Timeout", "TimeoutError", "APITimeoutError"} or isinstance(exc, asyncio.TimeoutError):
         return "timeout"
+    if isinstance(exc, ConnectionError):  # the direct lane's failed connection
+        return "connection"
     if name in {"AuthenticationError", "PermissionDeniedError"} or status in (401, 403):
         return "auth"
     if name in {"NotFoundError"} or status == 404:
@@ -230,6 +236,51 @@ def _response_cost(litellm: Any, response: Any, models: list[str]) -> float | No
     return cost
 
 
+@dataclass
+class _Answer:
+    """One attempt's reply as the call path reads it. `response` is LiteLLM's (what prices it, and a local
+    model's token ids), None for a direct reply; `direct_usage` is a direct reply's usage (priced here)."""
+
+    text: str
+    tool_calls: list[dict[str, Any]] | None
+    finish_reason: str | None
+    usage: Usage
+    logprobs: list[float] | None
+    response: Any = None
+    direct_usage: Mapping[str, Any] | None = None
+
+
+def _litellm_answer(response: Any) -> _Answer:
+    text, tool_calls, finish_reason = _response_message(response)
+    usage = getattr(response, "usage", None)
+    return _Answer(
+        text,
+        tool_calls,
+        finish_reason,
+        Usage(
+            prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+            completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+        ),
+        _response_logprobs(response),
+        response,
+    )
+
+
+async def _direct_answer(request: direct.DirectRequest) -> _Answer:
+    """One direct attempt (on the call loop): posted, read, its usage kept for pricing."""
+    data = await direct.post(request)
+    reply = direct.read_reply(data)
+    if reply is None:  # a shape only LiteLLM reads (it is imported for it, in the executor)
+        response = await asyncio.get_running_loop().run_in_executor(None, direct.convert_reply, data)
+        answer = _litellm_answer(response)
+        answer.response, answer.direct_usage = None, data.get("usage") or {}
+        return answer
+    usage = Usage(prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens)
+    return _Answer(
+        reply.text, reply.tool_calls, reply.finish_reason, usage, reply.logprobs, direct_usage=reply.usage
+    )
+
+
 def _response_logprobs(response: Any) -> list[float] | None:
     try:
         content = response.choices[0].logprobs.content  # OpenAI format
@@ -258,6 +309,10 @@ class ModelClient:
             does, every call to it fails at once with kind "unreachable", naming the member and its api_base,
             instead of after a minute of retries. A member over deployments fails only when none answers.
             Endpoints whose calls are all cached are never checked.
+        direct: send plain chat calls to OpenAI-compatible servers without LiteLLM (`colab_graphs.models.direct`:
+            the same requests and replies at a fraction of the CPU); None: on unless the environment sets
+            ``COLAB_GRAPHS_DIRECT=0``. Calls it does not fit, and every call while a LiteLLM callback is set, go
+            through LiteLLM either way.
 
     `cap` (a `SpendCap`, None by default) is asked before every upstream call; a call it refuses raises
     `CapReached` and is not sent (see `colab_graphs.models.spend`).
@@ -274,8 +329,10 @@ class ModelClient:
         timeout_s: float = 120.0,
         preflight: bool = False,
         preflight_timeout_s: float = 5.0,
+        direct: bool | None = None,
     ):
         self.cache = cache
+        self.direct = direct_enabled() if direct is None else direct
         self.preflight = preflight
         self.preflight_timeout_s = preflight_timeout_s
         self.max_concurrency = max_concurrency
@@ -471,12 +528,14 @@ class ModelClient:
 
     async def _attempt(
         self, member: Member, kwargs: dict, on_delta: DeltaHandler | None, sent: list[bool]
-    ) -> tuple[Any, str, list[dict[str, Any]] | None, str | None]:
-        """One attempt: (response, text, tool calls, finish reason). Streamed when `on_delta` is given; `sent`
-        becomes [True] once a piece has been handed out."""
+    ) -> _Answer:
+        """One attempt's reply: direct when the call goes direct, else through LiteLLM; streamed when `on_delta`
+        is given (`sent` becomes [True] once a piece has been handed out)."""
         if on_delta is None:
-            response = await on_call_loop(self._send(member, kwargs))
-            return (response, *_response_message(response))
+            request = direct.direct_request(member, kwargs) if self._direct_now() else None
+            if request is not None:
+                return await on_call_loop(_direct_answer(request))
+            return _litellm_answer(await on_call_loop(self._send(member, kwargs)))
         # The stream is read on the call loop; its pieces come back here, in order, then None.
         here = asyncio.get_running_loop()
         pieces: asyncio.Queue[Delta | None] = asyncio.Queue()
@@ -512,7 +571,19 @@ class ModelClient:
         response = _litellm().stream_chunk_builder(chunks, messages=kwargs["messages"])
         if response is None:
             raise ValueError("the stream ended without a chunk")
-        return (response, *_response_message(response))
+        return _litellm_answer(response)
+
+    def _direct_now(self) -> bool:
+        """Whether calls may go direct now: the client allows it and no LiteLLM callback needs to see them
+        (checked per call: a callback set mid-run sees every call from then on)."""
+        return self.direct and not direct.litellm_in_use()
+
+    async def _direct_cost(self, member: Member, usage: Mapping[str, Any]) -> float | None:
+        """A direct reply's price (its model's price looked up on the call loop the first time)."""
+        settled, price = direct.settled_price(member)
+        if not settled:
+            price = await on_call_loop(direct.price_of(member))
+        return direct.reply_cost(price, usage)
 
     async def _call_upstream(
         self,
@@ -555,9 +626,7 @@ class ModelClient:
             sent = [False]
             try:
                 async with limit:
-                    response, text, tool_calls, finish_reason = await self._attempt(
-                        member, call_kwargs, streamed, sent
-                    )
+                    answer = await self._attempt(member, call_kwargs, streamed, sent)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - every upstream failure is classified below
@@ -575,34 +644,29 @@ class ModelClient:
             latency = time.perf_counter() - started
             break
         if on_delta is not None and streamed is None:
-            await deliver(on_delta, Delta(text, whole_calls(tool_calls)))
-        usage_obj = getattr(response, "usage", None)
-        usage = Usage(
-            prompt_tokens=int(getattr(usage_obj, "prompt_tokens", 0) or 0),
-            completion_tokens=int(getattr(usage_obj, "completion_tokens", 0) or 0),
-        )
-        # In-process `local/` models cost nothing to call (as `models.pricing` plans them), not "unknown".
-        cost = (
-            0.0
-            if all(m.startswith("local/") for m in models)
-            else _response_cost(_litellm(), response, models)
-        )
+            await deliver(on_delta, Delta(answer.text, whole_calls(answer.tool_calls)))
+        if answer.direct_usage is not None:
+            cost = await self._direct_cost(member, answer.direct_usage)
+        elif all(m.startswith("local/") for m in models):
+            cost = 0.0  # in-process `local/` models cost nothing to call (as `models.pricing` plans them)
+        else:
+            cost = _response_cost(_litellm(), answer.response, models)
         if self.cap is not None:
             self.cap.settle(reserved, cost)
         details = None
         if local:
             from colab_graphs.models.local import local_call_details
 
-            details = local_call_details(response)
+            details = local_call_details(answer.response)
         reply = Reply(
-            completion=text,
-            tool_calls=tool_calls,
-            finish_reason=finish_reason,
-            usage=usage,
+            completion=answer.text,
+            tool_calls=answer.tool_calls,
+            finish_reason=answer.finish_reason,
+            usage=answer.usage,
             cost_usd=cost,
             prompt_token_ids=(details or {}).get("prompt_token_ids"),
             completion_token_ids=(details or {}).get("completion_token_ids"),
-            logprobs=(details or {}).get("logprobs") or _response_logprobs(response),
+            logprobs=(details or {}).get("logprobs") or answer.logprobs,
         )
         self.count(reply)
         if self.cache is not None:

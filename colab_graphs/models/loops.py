@@ -173,6 +173,7 @@ def call_loop() -> asyncio.AbstractEventLoop:
 
 
 _closing: set[asyncio.AbstractEventLoop] = set()
+_closing_after_litellm: set[asyncio.AbstractEventLoop] = set()
 
 
 async def on_call_loop(coro: Coroutine[Any, Any, T]) -> T:
@@ -183,18 +184,26 @@ async def on_call_loop(coro: Coroutine[Any, Any, T]) -> T:
             return await coro
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
     finally:
-        if loop not in _closing and "litellm" in sys.modules:
-            # Registered once LiteLLM is imported (by the first call), so that it runs before LiteLLM's own
-            # exit handlers (last registered, first run), which would otherwise close this loop's clients
-            # from a loop of their own.
+        if loop not in _closing:
             _closing.add(loop)
+            atexit.register(_close_call_loop, loop)
+        if loop not in _closing_after_litellm and "litellm" in sys.modules:
+            # Registered again once LiteLLM is imported, so that it runs before LiteLLM's own exit handlers
+            # (last registered, first run), which would otherwise close this loop's clients from a loop of
+            # their own. (Run twice, the second finds the loop closed.)
+            _closing_after_litellm.add(loop)
             atexit.register(_close_call_loop, loop)
 
 
 async def _close_http_clients() -> None:
-    """Close LiteLLM's cached async HTTP clients on the loop they belong to, and drop them while the
-    interpreter is whole: left to the garbage collector at finalization, a client's `__del__` imports a
-    module and may wait forever on an import lock a frozen daemon thread holds (the process then hangs)."""
+    """Close the direct lane's session and LiteLLM's cached async HTTP clients on the loop they belong to, and
+    drop them while the interpreter is whole: left to the garbage collector at finalization, a client's
+    `__del__` imports a module and may wait forever on an import lock a frozen daemon thread holds (the process
+    then hangs), and an unclosed aiohttp session complains on stderr."""
+    from colab_graphs.models.direct import close_session
+
+    with contextlib.suppress(Exception):
+        await close_session()
     if "litellm" not in sys.modules:
         return
     from litellm.llms.custom_httpx.async_client_cleanup import close_litellm_async_clients
