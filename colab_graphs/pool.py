@@ -78,11 +78,16 @@ LITELLM_KWARGS = frozenset(
         "user",
         "metadata",
         "deployment_id",
+        "input_cost_per_token",
+        "output_cost_per_token",
     }
 )
 MEMBER_KEYS = frozenset({"description", "system_prompt", "deployments", "router", "cache_namespace"})
-# Settings that say where and how to connect, not what to generate: never part of a cache key, never traced.
-CONNECTION_KEYS = frozenset(
+# A member's own price per token (`colab_graphs.models.pricing`): what its calls cost, not what they answer.
+PRICE_KEYS = frozenset({"input_cost_per_token", "output_cost_per_token"})
+# Settings that say where and how to connect, or what a call costs, not what to generate: never part of a cache
+# key, never traced.
+CONNECTION_KEYS = PRICE_KEYS | frozenset(
     {
         "api_base",
         "base_url",
@@ -105,7 +110,8 @@ CONNECTION_KEYS = frozenset(
 SECRET_KEYS = SECRET_FIELDS
 # What a deployment may set besides connection settings: the Router's per-deployment limits and weights.
 DEPLOYMENT_ROUTING_KEYS = frozenset({"rpm", "tpm", "weight", "order", "max_parallel_requests"})
-DEPLOYMENT_KEYS = CONNECTION_KEYS | {"model"} | DEPLOYMENT_ROUTING_KEYS
+# (A member's price is its own: a deployment does not set one.)
+DEPLOYMENT_KEYS = (CONNECTION_KEYS - PRICE_KEYS) | {"model"} | DEPLOYMENT_ROUTING_KEYS
 # `litellm.Router(...)` settings a pool file may give (the Router's own `model_list` is built from `deployments`).
 ROUTER_KEYS = frozenset(
     {

@@ -158,3 +158,19 @@ def test_a_misspelt_key_suggests_the_setting_meant(tmp_path) -> None:
     path.write_text("models:\n  a: {model: openai/a, temprature: 0}\n")
     with pytest.raises(PoolError, match=r"temprature \(did you mean temperature\?\)"):
         Pool.from_yaml(path)
+
+
+def test_a_pool_file_prices_a_member_and_the_price_is_not_part_of_its_cache_key(tmp_path) -> None:
+    from colab_graphs.models.cache import request_key
+    from colab_graphs.models.client import ModelClient
+    from colab_graphs.models.pricing import Price, member_price, price_source
+
+    member = "{model: openai/m, api_base: 'http://127.0.0.1:9/v1', input_cost_per_token: %s, output_cost_per_token: 4.0e-7}"
+    pools = [
+        Pool.from_yaml(write_pool(tmp_path, f"models:\n  m: {member % price}\n"))["m"]
+        for price in ("1.0e-7", "2.0e-7")
+    ]
+    assert member_price(pools[0]) == Price(1e-7, 4e-7) and price_source(pools[0]) == "pool"
+    question = [{"role": "user", "content": "2 + 2?"}]
+    keys = {request_key(ModelClient(None).canonical_request(m, question)[0]) for m in pools}
+    assert len(keys) == 1  # a new price does not make earlier answers miss the cache

@@ -47,7 +47,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from colab_graphs.models.pricing import Price, member_price
-from colab_graphs.pool import Member
+from colab_graphs.pool import PRICE_KEYS, Member
 
 PROVIDER = "openai/"
 # OpenAI chat parameters LiteLLM sends to an OpenAI-compatible server exactly as given (for a model name that
@@ -59,7 +59,6 @@ BODY_PARAMS = frozenset(
         "parallel_tool_calls", "response_format", "reasoning_effort",
     }
 )  # fmt: skip
-PRICE_KEYS = frozenset({"input_cost_per_token", "output_cost_per_token"})
 # The call path's own settings (the client's timeout and retries), and where the request goes.
 PATH_KEYS = frozenset({"model", "messages", "api_base", "base_url", "api_key", "timeout", "num_retries"})
 HEADER_KEYS = frozenset({"extra_headers", "headers", "organization"})
