@@ -346,34 +346,48 @@ CALL_IN_A_FRESH_PROCESS = textwrap.dedent(
     """
     import asyncio, json, sys
     from colab_graphs import Member, ModelClient
+    from colab_graphs.models.cache import CallCache
     from colab_graphs.testing import ScriptedServer
+
+    priced, cache_dir = sys.argv[1] == "priced", sys.argv[2]
+    prices = {"input_cost_per_token": 1e-6, "output_cost_per_token": 1e-6} if priced else {}
 
     async def main():
         with ScriptedServer({"alpha": "The answer is 42."}) as server:
-            settings = {**server.litellm_kwargs("alpha"), "input_cost_per_token": 1e-6, "output_cost_per_token": 1e-6}
-            call = await ModelClient(None).complete(Member(name="a", settings=settings), [{"role": "user", "content": "6 x 7?"}])
-            return call.text
+            member = Member(name="a", settings={**server.litellm_kwargs("alpha"), **prices})
+            client = ModelClient(CallCache(cache_dir) if cache_dir else None)
+            return await client.complete(member, [{"role": "user", "content": "6 x 7?"}])
 
-    text = asyncio.run(main())
-    print(json.dumps({"text": text, "litellm": "litellm" in sys.modules}))
+    call = asyncio.run(main())
+    print(json.dumps({"text": call.text, "cost": call.cost_usd, "litellm": "litellm" in sys.modules}))
     """
 )
 
 
-@pytest.mark.parametrize("setting, through_litellm", [(None, False), ("0", True)], ids=["default", "off"])
-def test_a_process_whose_calls_go_direct_never_loads_litellm(setting, through_litellm) -> None:
+def call_in_a_fresh_process(priced: bool, cache_dir: str = "", direct: str | None = None) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k != "COLAB_GRAPHS_DIRECT"}
-    if setting is not None:
-        env["COLAB_GRAPHS_DIRECT"] = setting
-    proc = subprocess.run(
-        [sys.executable, "-c", CALL_IN_A_FRESH_PROCESS], env=env, capture_output=True, text=True, timeout=300
-    )
+    if direct is not None:
+        env["COLAB_GRAPHS_DIRECT"] = direct
+    command = [sys.executable, "-c", CALL_IN_A_FRESH_PROCESS, "priced" if priced else "unpriced", cache_dir]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {
-        "text": "The answer is 42.",
-        "litellm": through_litellm,
-    }
     assert "Unclosed" not in proc.stderr and "Traceback" not in proc.stderr  # the session closed at exit
+    found: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found.pop("text") == "The answer is 42."
+    return found
+
+
+@pytest.mark.parametrize("direct, through_litellm", [(None, False), ("0", True)], ids=["default", "off"])
+def test_a_process_whose_calls_go_direct_never_loads_litellm(direct, through_litellm) -> None:
+    found = call_in_a_fresh_process(priced=True, direct=direct)
+    assert found == {"cost": pytest.approx(7e-6), "litellm": through_litellm}  # 3 prompt + 4 reply words
+
+
+def test_a_price_looked_up_in_litellms_map_is_remembered_in_the_cache_for_the_next_process(tmp_path) -> None:
+    first = call_in_a_fresh_process(priced=False, cache_dir=str(tmp_path / "cache"))
+    again = call_in_a_fresh_process(priced=False, cache_dir=str(tmp_path / "cache"))
+    assert first == {"cost": None, "litellm": True}  # LiteLLM was loaded to look the price up: it has none
+    assert again == {"cost": None, "litellm": False}
 
 
 # --- a server that serves canned bodies -----------------------------------------------------------------------

@@ -46,6 +46,11 @@ _COLUMNS = (
 )
 
 
+_PRICE_COLUMNS = (
+    "model TEXT, source TEXT, prompt REAL, completion REAL, known INTEGER, PRIMARY KEY (model, source)"
+)
+
+
 class CacheError(RuntimeError):
     """A cache file this version cannot use; the message names the file and what to do."""
 
@@ -155,6 +160,8 @@ class CallCache:
                 self._conn.execute("PRAGMA journal_mode=WAL")
                 self._conn.execute("PRAGMA synchronous=NORMAL")
                 self._migrate()
+                # (A table older versions never read: the file stays theirs to open.)
+                self._conn.execute(f"CREATE TABLE IF NOT EXISTS prices ({_PRICE_COLUMNS})")
                 return
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) or time.monotonic() > deadline:
@@ -295,6 +302,26 @@ class CallCache:
                 (key, model, time.time(), stored_request, blob, member, identity),
             )
         self._remember(key, blob)
+
+    def price(self, model: str, source: str) -> tuple[bool, tuple[float, float] | None]:
+        """(True, (prompt, completion) USD per token, or None for no price) when `source` priced `model`
+        before (`put_price`), else (False, None)."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT prompt, completion, known FROM prices WHERE model = ? AND source = ?", (model, source)
+            ).fetchone()
+        if row is None:
+            return False, None
+        return True, (row[0], row[1]) if row[2] else None
+
+    def put_price(self, model: str, source: str, price: tuple[float, float] | None) -> None:
+        """Remember what `source` (a price map, e.g. LiteLLM's of one version) says `model` costs per token."""
+        prompt, completion = price if price is not None else (None, None)
+        with self._lock:
+            self._conn.execute(
+                "INSERT OR REPLACE INTO prices (model, source, prompt, completion, known) VALUES (?, ?, ?, ?, ?)",
+                (model, source, prompt, completion, int(price is not None)),
+            )
 
     def entries(self) -> list[dict[str, Any]]:
         """One row per (member, model, identity): how many entries, and when the last was written."""

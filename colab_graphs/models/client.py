@@ -582,7 +582,7 @@ class ModelClient:
         """A direct reply's price (its model's price looked up on the call loop the first time)."""
         settled, price = direct.settled_price(member)
         if not settled:
-            price = await on_call_loop(direct.price_of(member))
+            price = await on_call_loop(direct.price_of(member, self.cache))
         return direct.reply_cost(price, usage)
 
     async def _call_upstream(

@@ -38,14 +38,17 @@ price costs None ("unknown"), as before.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from colab_graphs.models.cache import CallCache
 from colab_graphs.models.pricing import Price, member_price
 from colab_graphs.pool import PRICE_KEYS, Member
 
@@ -115,8 +118,6 @@ def litellm_in_use() -> bool:
     """Whether the user registered anything with LiteLLM that must see each call (callbacks, its cache, rules).
 
     LiteLLM not imported yet means nothing is registered: this never imports it."""
-    import sys
-
     litellm = sys.modules.get("litellm")
     if litellm is None:
         return False
@@ -405,13 +406,21 @@ def settled_price(member: Member) -> tuple[bool, Price | None]:
     return False, None
 
 
-async def price_of(member: Member) -> Price | None:
-    """The member's price per token (None: unknown): a price from LiteLLM's map is looked up once per model, in
-    the running loop's executor (the first lookup imports LiteLLM: seconds that must not hold the loop)."""
+async def price_of(member: Member, cache: CallCache | None = None) -> Price | None:
+    """The member's price per token (None: unknown), from LiteLLM's price map: looked up once per model, in the
+    running loop's executor (the lookup imports LiteLLM: seconds that must not hold the loop), and remembered
+    in `cache` for later processes. A price remembered there is used only while LiteLLM is not loaded (so no
+    price can have been registered with it since) and its map is the bundled one of the same version."""
     settled, price = settled_price(member)
     if settled:
         return price
     model = member.model
+    source = _map_source()
+    if cache is not None and source is not None and "litellm" not in sys.modules:
+        found, remembered = cache.price(model, source)
+        if found:
+            _prices[model] = Price(*remembered) if remembered is not None else None
+            return _prices[model]
     loop = asyncio.get_running_loop()
     lookup = _lookups.get(model)
     if lookup is None or lookup.get_loop() is not loop:
@@ -419,4 +428,20 @@ async def price_of(member: Member) -> Price | None:
     price = await asyncio.shield(lookup)  # (a waiter cancelled leaves the lookup to the others)
     _prices[model] = price
     _lookups.pop(model, None)
+    if cache is not None and source is not None:
+        cache.put_price(model, source, None if price is None else (price.prompt, price.completion))
     return price
+
+
+@functools.cache
+def _map_source() -> str | None:
+    """Which price map LiteLLM reads: its bundled copy, of its installed version; None when it fetches one
+    (that may change at any time, so no price from it is remembered)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    if os.environ.get("LITELLM_LOCAL_MODEL_COST_MAP", "").lower() != "true":
+        return None
+    try:
+        return f"litellm {version('litellm')} bundled map"
+    except PackageNotFoundError:
+        return None
