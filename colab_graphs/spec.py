@@ -211,8 +211,6 @@ def graph_edges(spec: GraphSpec) -> list[tuple[str, str, str]]:
 
 def find_problems(spec: GraphSpec, pool_names: list[str] | None = None) -> list[str]:
     """Every problem with `spec` (empty when valid)."""
-    import networkx as nx
-
     problems: list[str] = []
     names = spec.node_names
     dupes = sorted({n for n in names if names.count(n) > 1})
@@ -263,21 +261,58 @@ def find_problems(spec: GraphSpec, pool_names: list[str] | None = None) -> list[
             )
     if problems:
         return problems
-    g = nx.MultiDiGraph()
-    g.add_nodes_from(known)
-    for src, tgt, kind in graph_edges(spec):
-        g.add_edge(src, tgt, kind=kind)
-    bounded = {r.source for r in spec.routes if r.max_visits is not None}
-    for cycle in nx.simple_cycles(nx.DiGraph(g)):
-        if not bounded.intersection(cycle):
-            problems.append(
-                f"loop {' -> '.join([*cycle, cycle[0]])} has no bound (set max_visits on a route in it)"
-            )
-    if not nx.has_path(g, START, END):
+    edges = [(src, tgt) for src, tgt, _ in graph_edges(spec)]
+    if _has_cycle(known, edges):  # (only a graph with loops needs networkx: to name each loop)
+        import networkx as nx
+
+        bounded = {r.source for r in spec.routes if r.max_visits is not None}
+        graph = nx.DiGraph()
+        graph.add_nodes_from(known)
+        graph.add_edges_from(edges)
+        for cycle in nx.simple_cycles(graph):
+            if not bounded.intersection(cycle):
+                problems.append(
+                    f"loop {' -> '.join([*cycle, cycle[0]])} has no bound (set max_visits on a route in it)"
+                )
+    from_start = _reachable(START, edges)
+    to_end = _reachable(END, [(tgt, src) for src, tgt in edges])
+    if END not in from_start:
         problems.append("END is unreachable from START")
     for name in names:
-        if not nx.has_path(g, START, name):
+        if name not in from_start:
             problems.append(f"node {name!r} is unreachable from START")
-        elif not nx.has_path(g, name, END):
+        elif name not in to_end:
             problems.append(f"END is unreachable from node {name!r}")
     return problems
+
+
+def _reachable(start: str, edges: list[tuple[str, str]]) -> set[str]:
+    """The nodes a path along `edges` reaches from `start` (itself included)."""
+    after: dict[str, list[str]] = {}
+    for src, tgt in edges:
+        after.setdefault(src, []).append(tgt)
+    seen, todo = {start}, [start]
+    while todo:
+        for nxt in after.get(todo.pop(), []):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def _has_cycle(nodes: set[str], edges: list[tuple[str, str]]) -> bool:
+    """Whether `edges` close a loop (Kahn's algorithm: some node is never freed of incoming edges)."""
+    incoming = dict.fromkeys(nodes, 0)
+    after: dict[str, list[str]] = {}
+    for src, tgt in edges:
+        incoming[tgt] = incoming.get(tgt, 0) + 1
+        after.setdefault(src, []).append(tgt)
+    free = [n for n, count in incoming.items() if count == 0]
+    freed = 0
+    while free:
+        freed += 1
+        for nxt in after.get(free.pop(), []):
+            incoming[nxt] -= 1
+            if incoming[nxt] == 0:
+                free.append(nxt)
+    return freed < len(incoming)

@@ -7,6 +7,8 @@ or global state of a user's session and is safe from worker threads.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +29,16 @@ def plots_available() -> bool:
     from importlib.util import find_spec
 
     return find_spec("matplotlib") is not None
+
+
+def preload_plots() -> None:
+    """Import matplotlib in a daemon thread (drawing later then finds it loaded); nothing when it is missing."""
+
+    def load() -> None:
+        with contextlib.suppress(ImportError):
+            import matplotlib.figure  # noqa: F401
+
+    threading.Thread(target=load, name="colab-graphs-plots", daemon=True).start()
 
 
 def _new_figure(width: float, height: float) -> Any:

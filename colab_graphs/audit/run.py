@@ -34,7 +34,7 @@ from colab_graphs.audit.estimators import (
 )
 from colab_graphs.audit.game import CoalitionGame, Play, coalition_id
 from colab_graphs.audit.plan import CallPlanner
-from colab_graphs.audit.plots import plots_available, write_plots
+from colab_graphs.audit.plots import plots_available, preload_plots, write_plots
 from colab_graphs.audit.report import (
     AuditReport,
     CoalitionUsage,
@@ -355,6 +355,9 @@ async def _play_audit(
         spec, pool, examples, client=client, scorer=scorer, store=out, dataset=dataset
     )
     game.watch_plays(example_timeout, stall_after)
+    draw = out is not None and (plots_available() if plots is None else plots)
+    if draw:
+        on_progress = _preloading_plots(on_progress)
     audit = _Audit(strategy, game, players if individual else [], on_plan, on_progress)
     reached: CapReached | None = None
     outer = client.cap
@@ -403,9 +406,24 @@ async def _play_audit(
         fields["sandbox"] = sandbox
     report = _report(spec, game, scorer, dataset, fields, started)
     if out is not None:
-        images = write_plots(report, out) if kept and (plots_available() if plots is None else plots) else {}
+        images = write_plots(report, out) if kept and draw else {}
         write_report(report, out, images=images)
     return report
+
+
+def _preloading_plots(on_progress: Callable[[Play], None] | None) -> Callable[[Play], None]:
+    """`on_progress` that also starts loading the plotting library when the first play is done: by then the
+    first requests are out, and the import runs while the audit waits on replies instead of after the last."""
+    started: list[bool] = []
+
+    def progress(play: Play) -> None:
+        if not started:
+            started.append(True)
+            preload_plots()
+        if on_progress is not None:
+            on_progress(play)
+
+    return progress
 
 
 def _report(

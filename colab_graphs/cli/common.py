@@ -137,16 +137,27 @@ def make_client(
 
 
 def freeze_startup_heap() -> None:
-    """Hide what the command has loaded so far (modules, LiteLLM's price table) from the cyclic collector.
+    """Hide what the command has loaded so far (modules) from the cyclic collector, and LiteLLM's modules and
+    price table too once a call loads them.
 
     A command holds tens of MB of long-lived objects before its first call, and every full collection walked
     them again: about 2 s of CPU in a 200-example vote audit (BENCHMARKS.md). `gc.freeze()` moves them to a
-    permanent generation; what is allocated afterwards is collected as usual. A CLI process owns its heap;
-    the library functions leave the collector alone.
+    permanent generation; what is allocated afterwards is collected as usual. LiteLLM is loaded later, if at
+    all (by a call that goes through it, or the first look-up of a price in its map), so the first full
+    collection that finds it loaded freezes the heap again. A CLI process owns its heap; the library functions
+    leave the collector alone.
     """
     import gc
+    import sys
 
-    import litellm  # noqa: F401  (every call goes through it; its tables are the bulk worth freezing)
+    frozen_again: list[bool] = []
+
+    def once_litellm_is_loaded(phase: str, info: dict[str, int]) -> None:
+        # (Left registered: removing a callback while the collector runs them skips the next one.)
+        if not frozen_again and phase == "stop" and info["generation"] == 2 and "litellm" in sys.modules:
+            frozen_again.append(True)
+            gc.freeze()
 
     gc.collect()
     gc.freeze()
+    gc.callbacks.append(once_litellm_is_loaded)
