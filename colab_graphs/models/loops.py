@@ -9,17 +9,20 @@ thread their own calls need: a deadlock.
 
 So the two never share a pool:
 
-- `call_loop()`: one event loop in a daemon thread of its own, with its own executor, where every LiteLLM
-  call runs (`on_call_loop`, used by `ModelClient`). Nothing else runs there: its threads are busy only with
-  LiteLLM's own short sync work, never with a node waiting for a reply. One loop for every call also keeps
-  LiteLLM's per-loop state (its logging worker, HTTP clients) on one loop, whatever loops callers use.
+- `call_loop()`: one event loop in a daemon thread of its own, with its own executor, where every model call
+  runs, through LiteLLM or the direct lane (`on_call_loop`, used by `ModelClient`). Nothing else runs there:
+  its threads are busy only with LiteLLM's own short sync work (and the direct lane's DNS look-ups and one
+  price look-up per model), never with a node waiting for a reply. One loop for every call also keeps
+  per-loop state (LiteLLM's logging worker and HTTP clients, the direct lane's session) on one loop, whatever
+  loops callers use.
 - `DaemonThreads`: the executor that loops this package runs (`run_loop`, the CLI's; the background loop of
   the sync API) hand sync nodes to. It grows as work arrives (up to `max_workers`, more work waits), and its
   daemon threads never hold the process at exit: a node stalled past its deadline (see `colab_graphs.watch`)
   is abandoned, not waited for.
 
-The call loop's logging worker (LiteLLM's) is stopped and the loop closed at exit (`_close_call_loop`), so
-nothing is left pending ("Task was destroyed but it is pending!").
+The call loop's logging worker (LiteLLM's) is stopped, its HTTP clients and sessions closed and the loop
+closed at exit (`_close_call_loop`), so nothing is left pending ("Task was destroyed but it is pending!",
+"Unclosed client session").
 """
 
 from __future__ import annotations
