@@ -342,6 +342,8 @@ async def _run_dataset(
         return outcome
 
     todo = [e for e in examples if e.id not in finished]
+    if todo:  # (LiteLLM loaded, if at all, before any example's deadline)
+        await client.prepare(pool[m] for m in members if m in pool)
     try:
         fresh = await asyncio.gather(*(one(e) for e in todo))
     except TemplateError as err:

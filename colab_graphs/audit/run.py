@@ -364,6 +364,7 @@ async def _play_audit(
     spend = SpendCap(max_calls, max_cost_usd) if max_calls is not None or max_cost_usd is not None else None
     if spend is not None:
         client.cap = spend
+    await client.prepare(pool[m] for m in players)  # (LiteLLM loaded, if at all, before any play's deadline)
     try:
         await audit.play()
     except CapReached as err:
@@ -412,12 +413,13 @@ async def _play_audit(
 
 
 def _preloading_plots(on_progress: Callable[[Play], None] | None) -> Callable[[Play], None]:
-    """`on_progress` that also starts loading the plotting library when the first play is done: by then the
-    first requests are out, and the import runs while the audit waits on replies instead of after the last."""
+    """`on_progress` that also starts loading the plotting library once a play with a call made upstream is
+    done: the import then runs while the audit waits on replies, not after the last one, and never before the
+    first request."""
     started: list[bool] = []
 
     def progress(play: Play) -> None:
-        if not started:
+        if not started and any(not call.cached for call in play.calls):
             started.append(True)
             preload_plots()
         if on_progress is not None:

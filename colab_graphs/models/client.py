@@ -17,9 +17,10 @@ import inspect
 import json
 import logging
 import random
+import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -167,6 +168,11 @@ def _litellm():
 
     litellm.suppress_debug_info = True
     return litellm
+
+
+async def _load_litellm() -> None:
+    """Import LiteLLM in the running loop's executor (seconds of import that must not hold the loop)."""
+    await asyncio.get_running_loop().run_in_executor(None, _litellm)
 
 
 def _plain(value: Any) -> Any:
@@ -350,6 +356,23 @@ class ModelClient:
         self._rng = random.Random(0)
 
     # --- public --------------------------------------------------------------------------------------------
+
+    async def prepare(self, members: Iterable[Member]) -> None:
+        """Do now what the first calls of `members` would otherwise wait for: load LiteLLM where a call of
+        theirs goes through it, and look up a direct member's price in LiteLLM's map (which loads it too) unless
+        the cache remembers it. An audit and a run call this before their first play, so no play's deadline
+        counts LiteLLM's seconds of import; members whose calls all go direct at a known price load nothing."""
+        waits, through_litellm = [], False
+        for member in members:
+            settings = {**member.settings, "messages": []}
+            if self._direct_now() and direct.direct_request(member, settings) is not None:
+                if not direct.settled_price(member)[0]:
+                    waits.append(on_call_loop(direct.price_of(member, self.cache)))
+            else:
+                through_litellm = True
+        if through_litellm and "litellm" not in sys.modules:
+            waits.append(on_call_loop(_load_litellm()))
+        await asyncio.gather(*waits)
 
     def canonical_request(
         self, member: Member, messages: list[dict[str, Any]], sample: int = 0, overrides: dict | None = None
