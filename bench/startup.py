@@ -1,6 +1,6 @@
 """Start-up: how long `colab-graphs audit` takes to send its first request, and what follows its last reply.
 
-Run: ``python bench/startup.py [--runs 5] [--examples 20] [--priced] [--json PATH]``
+Run: ``python bench/startup.py [--runs 5] [--examples 20] [--priced] [--fresh-cache] [--trees A,B] [--json PATH]``
 
 A scripted OpenAI-compatible server (threads of this process: its CPU is not the command's) serves five members
 (`arithmetic_solver`, no latency); each run starts a fresh ``colab-graphs audit`` of a majority vote over them
@@ -18,7 +18,8 @@ that fills it. The runs share one call cache, emptied of calls before each (an a
 cache used before: the prices it looked up in LiteLLM's map are remembered); `--fresh-cache` gives each run
 a cache of its own instead (a first run: the first replies wait for LiteLLM to load and price them).
 `--priced` gives the members their own prices in the pool file (no lookup at all).
-Each figure is the median over `--runs`; the script prints them and the machine's load average.
+`--trees` runs the command from each of several source trees by turns (a checkout of main and this one: the
+before and after). Each figure is the median over `--runs`; the script prints them and the load average.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import colab_graphs
 from colab_graphs.models.cache import CallCache
 from colab_graphs.testing import ScriptedServer, arithmetic_solver
 
@@ -107,8 +109,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--fresh-cache", action="store_true", help="each run a call cache of its own (a first-ever run)"
     )
+    parser.add_argument(
+        "--trees",
+        help="comma-separated source trees (checkouts) to run by turns, e.g. a main checkout and this one; "
+        "default: the colab_graphs this script imports",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
+    trees = args.trees.split(",") if args.trees else [str(Path(colab_graphs.__file__).parents[1])]
     members = {m: arithmetic_solver(accuracy=0.5 + 0.1 * i, seed=i) for i, m in enumerate(MEMBERS)}
     price = ", input_cost_per_token: 1.0e-7, output_cost_per_token: 2.0e-7" if args.priced else ""
     with ScriptedServer(members) as server, tempfile.TemporaryDirectory(prefix="startup-bench-") as tmp:
@@ -121,10 +129,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 for m in MEMBERS
             )
         )
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-        env["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
-        one_run(server, pool, work, args.examples, env, args.fresh_cache)  # warm-up: compiles the bytecode
-        runs = [one_run(server, pool, work, args.examples, env, args.fresh_cache) for _ in range(args.runs)]
+        envs = {}
+        for i, tree in enumerate(trees):
+            env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+            env |= {"PYTHONPYCACHEPREFIX": str(work / f"pycache-{i}"), "PYTHONPATH": tree}
+            envs[tree] = env
+            one_run(
+                server, pool, work, args.examples, env, args.fresh_cache
+            )  # warm-up: compiles the bytecode
+        runs: dict[str, list[dict[str, Any]]] = {tree: [] for tree in trees}
+        for _ in range(args.runs):  # the trees take turns, so load drifting hits them alike
+            for tree in trees:
+                runs[tree].append(one_run(server, pool, work, args.examples, envs[tree], args.fresh_cache))
     report = {
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
@@ -133,7 +149,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "priced": args.priced,
         "fresh_cache": args.fresh_cache,
         "runs": runs,
-        "median": {k: statistics.median(r[k] for r in runs) for k in runs[0]},
+        "median": {
+            tree: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for tree, rs in runs.items()
+        },
     }
     print(json.dumps(report["median"], indent=2))
     print(f"{report['machine']}, load {report['load_average']}, {report['date']}")

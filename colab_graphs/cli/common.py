@@ -153,8 +153,16 @@ def freeze_startup_heap() -> None:
     frozen_again: list[bool] = []
 
     def once_litellm_is_loaded(phase: str, info: dict[str, int]) -> None:
-        # (Left registered: removing a callback while the collector runs them skips the next one.)
-        if not frozen_again and phase == "stop" and info["generation"] == 2 and "litellm" in sys.modules:
+        # (Left registered: removing a callback while the collector runs them skips the next one.) Full
+        # collections run during LiteLLM's import too: its module is in sys.modules, its spec initializing.
+        litellm = sys.modules.get("litellm")
+        if (
+            not frozen_again
+            and phase == "stop"
+            and info["generation"] == 2
+            and litellm is not None
+            and not getattr(litellm.__spec__, "_initializing", False)
+        ):
             frozen_again.append(True)
             gc.freeze()
 
