@@ -4,8 +4,8 @@ Run: ``python bench/load.py [--calls 10000] [--concurrency 64] [--latency 0.0] [
 
 A scripted OpenAI-compatible server runs in its own process. `--concurrency` worker tasks share one
 `ModelClient` (with a call cache in a temporary folder, as the CLI has) and each makes distinct requests until
-`--calls` are done, so every call goes the whole way: cache miss, single-flight, concurrency limit, LiteLLM,
-HTTP, cache write. The client process's resident memory (from /proc) and open file descriptors are sampled
+`--calls` are done, so every call goes the whole way: cache miss, single-flight, concurrency limit, the direct
+lane (LiteLLM with `COLAB_GRAPHS_DIRECT=0`), HTTP, cache write. The client process's resident memory (from /proc) and open file descriptors are sampled
 every 1,000 calls; it reports peak RSS (`resource.getrusage`), RSS growth after the warm-up (the first 1,000
 calls), and the fds open before and after.
 """

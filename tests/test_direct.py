@@ -24,7 +24,7 @@ import pytest
 from colab_graphs.audit.run import play_audit
 from colab_graphs.data.builtin import builtin_task
 from colab_graphs.models.client import CallError, ModelClient
-from colab_graphs.models.direct import direct_request, openai_model_name
+from colab_graphs.models.direct import direct_request, finish_reason, openai_model_name
 from colab_graphs.pool import Member, Pool
 from colab_graphs.protocol_registry import build_protocol
 from colab_graphs.testing import Reply, ToolCall, arithmetic_solver, echo
@@ -148,6 +148,13 @@ def test_every_chat_model_of_litellms_openai_catalogue_goes_through_litellm() ->
 
 
 # --- replies -----------------------------------------------------------------------------------------------
+
+
+def test_a_providers_finish_reason_reads_as_litellm_maps_it() -> None:
+    from litellm.litellm_core_utils.core_helpers import _FINISH_REASON_MAP, map_finish_reason
+
+    for reason in [*_FINISH_REASON_MAP, "abort", "eos", "no-such-reason"]:
+        assert finish_reason(reason) == map_finish_reason(reason), reason
 
 
 def completion(message: dict[str, Any], finish: Any = "stop", usage: Any = "default", **choice: Any) -> dict:

@@ -1,4 +1,5 @@
-"""The one call path: cache -> single-flight -> per-endpoint concurrency limit -> LiteLLM with retries -> trace.
+"""The one call path: cache -> single-flight -> per-endpoint concurrency limit -> the direct lane or LiteLLM, with
+retries -> trace.
 
 Every model call in the package (protocol seats, judges, audits, rollouts, the LangChain chat model) goes through
 `ModelClient.complete`, which returns the call's one record, a `colab_graphs.trace.Call` (the request, its
@@ -6,7 +7,10 @@ Every model call in the package (protocol seats, judges, audits, rollouts, the L
 when the request offered tools, OpenAI `tool_calls`; a caller that passes `on_delta` gets the reply as LiteLLM
 streams it. A member with `deployments` is called through a `litellm.Router` of its own (built once per event
 loop), which picks a deployment, retries on another one and cools a failing one down; the cache key is the
-member's request and its deployments together, so which replica answered never changes a value or a count.
+member's request and its deployments together, so which replica answered never changes a value or a count. A
+plain chat call to an OpenAI-compatible server is posted by the direct lane (`colab_graphs.models.direct`: the
+request LiteLLM would send, the reply as LiteLLM reads it, without LiteLLM's own work per call); every other
+call, and every call while a LiteLLM callback is set, goes through LiteLLM.
 """
 
 from __future__ import annotations

@@ -89,14 +89,21 @@ _LITELLM_HOOKS = (
     "pre_call_rules",
     "post_call_rules",
 )
-# Finish reasons a provider may give and the OpenAI reason LiteLLM reports for them (its `map_finish_reason`);
-# any other reads "stop", as there.
+# Finish reasons a provider may give and the OpenAI reason LiteLLM reports for them (its `map_finish_reason`,
+# which a test compares this with); any other reads "stop", as there.
 _FINISH_REASONS = {
-    **{r: r for r in ("stop", "length", "tool_calls", "content_filter", "function_call")},
-    **dict.fromkeys(("stop_sequence", "end_turn", "eos_token", "eos", "STOP", "COMPLETE", "STOP_SEQUENCE"), "stop"),
-    **dict.fromkeys(("max_tokens", "MAX_TOKENS", "compaction", "pause_turn", "CONTINUATION"), "length"),
+    "stop": "stop", "length": "length", "tool_calls": "tool_calls", "function_call": "function_call",
+    **dict.fromkeys(
+        ("max_tokens", "compaction", "pause_turn", "model_context_window_exceeded", "MAX_TOKENS", "CONTINUATION"),
+        "length",
+    ),
     **dict.fromkeys(("tool_use", "TOOL_CALL"), "tool_calls"),
-    **dict.fromkeys(("refusal", "SAFETY", "RECITATION", "ERROR_TOXIC"), "content_filter"),
+    **dict.fromkeys(
+        ("content_filter", "content_filtered", "refusal", "ERROR_TOXIC", "SAFETY", "RECITATION", "LANGUAGE",
+         "OTHER", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY", "IMAGE_PROHIBITED_CONTENT",
+         "NO_IMAGE", "IMAGE_RECITATION", "IMAGE_OTHER", "ESCALATION", "sensitive", "guardrail_intervened"),
+        "content_filter",
+    ),
 }  # fmt: skip
 _THINK = re.compile(
     r"<(?:think|thinking|budget:thinking)>(.*?)</(?:think|thinking|budget:thinking)>(.*)", re.DOTALL
@@ -286,6 +293,11 @@ class DirectReply:
     usage: Mapping[str, Any]
 
 
+def finish_reason(reason: str) -> str:
+    """The OpenAI finish reason LiteLLM reports for a provider's `reason`."""
+    return _FINISH_REASONS.get(reason, "stop")
+
+
 def read_reply(data: Mapping[str, Any]) -> DirectReply | None:
     """The reply in `data` (a chat completion's JSON), read as LiteLLM reads it; None for a shape only LiteLLM's
     converter reads (`convert_reply`). Raises `ValueError` for a reply with neither text nor a tool call (the
@@ -314,7 +326,7 @@ def read_reply(data: Mapping[str, Any]) -> DirectReply | None:
     finish = choice.get("finish_reason") or choice.get("finish_details") or "stop"
     if not isinstance(finish, str):
         return None
-    finish = _FINISH_REASONS.get(finish, "stop")
+    finish = finish_reason(finish)
     if finish == "stop" and tool_calls:
         finish = "tool_calls"
     usage = data.get("usage") or {}
