@@ -121,11 +121,16 @@ def test_a_direct_call_sends_the_headers_litellm_sends(arun, canned_server) -> N
         ("openai/m", {"api_base": "https://api.openai.com/v1"}, QUESTION),
         ("openai/m", {"api_key": None}, QUESTION),
         ("openai/m", {"deployments": [{"api_base": "http://127.0.0.1:9/v1"}]}, QUESTION),
+        ("openai/m", {"api_base": "http://user:pass@127.0.0.1:9/v1"}, QUESTION),
+        ("openai/m", {"api_base": "http://10.9.8.7:9/v1"}, QUESTION),  # HTTP_PROXY below applies to it
     ],
-    ids=["hosted-vllm", "openai-model", "o-series", "top-k", "user", "developer", "parts", "openai-api", "no-key", "router"],
+    ids=["hosted-vllm", "openai-model", "o-series", "top-k", "user", "developer", "parts", "openai-api", "no-key",
+         "router", "url-credentials", "proxy"],
 )  # fmt: skip
 def test_calls_litellm_would_change_go_through_litellm(monkeypatch, model, settings, messages) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:3128")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
     entry = {"model": model, "api_base": "http://127.0.0.1:9/v1", "api_key": "k", **settings}
     deployments = entry.pop("deployments", [])
     member = Member(

@@ -605,12 +605,18 @@ class ModelClient:
         (checked per call: a callback set mid-run sees every call from then on)."""
         return self.direct and not direct.litellm_in_use()
 
-    async def _direct_cost(self, member: Member, usage: Mapping[str, Any]) -> float | None:
-        """A direct reply's price (its model's price looked up on the call loop the first time)."""
-        settled, price = direct.settled_price(member)
-        if not settled:
-            price = await on_call_loop(direct.price_of(member, self.cache))
-        return direct.reply_cost(price, usage)
+    async def _cost(self, member: Member, answer: _Answer, models: list[str]) -> float | None:
+        """What the reply cost (None: unknown). A direct reply is priced from the member's price, looked up on
+        the call loop the first time (`ModelClient.prepare` does it before an audit's plays); in-process
+        `local/` models cost nothing to call (as `models.pricing` plans them); LiteLLM priced the rest."""
+        if answer.direct_usage is not None:
+            settled, price = direct.settled_price(member)
+            if not settled:
+                price = await on_call_loop(direct.price_of(member, self.cache))
+            return direct.reply_cost(price, answer.direct_usage)
+        if all(m.startswith("local/") for m in models):
+            return 0.0
+        return _response_cost(_litellm(), answer.response, models)
 
     async def _call_upstream(
         self,
@@ -654,6 +660,10 @@ class ModelClient:
             try:
                 async with limit:
                     answer = await self._attempt(member, call_kwargs, streamed, sent)
+                    # Priced before the slot goes to another call: from here to the cache write nothing waits,
+                    # so a reply is stored before the next request to its endpoint is sent (a killed run
+                    # repeats no call it was answered, one call at a time).
+                    cost = await self._cost(member, answer, models)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - every upstream failure is classified below
@@ -672,12 +682,6 @@ class ModelClient:
             break
         if on_delta is not None and streamed is None:
             await deliver(on_delta, Delta(answer.text, whole_calls(answer.tool_calls)))
-        if answer.direct_usage is not None:
-            cost = await self._direct_cost(member, answer.direct_usage)
-        elif all(m.startswith("local/") for m in models):
-            cost = 0.0  # in-process `local/` models cost nothing to call (as `models.pricing` plans them)
-        else:
-            cost = _response_cost(_litellm(), answer.response, models)
         if self.cap is not None:
             self.cap.settle(reserved, cost)
         details = None

@@ -12,7 +12,8 @@ A call goes direct when
 - the member has no `deployments` (a Router member stays on `litellm.Router`);
 - its model is ``openai/NAME`` with an `api_base` (or `base_url`), neither of them OpenAI's own API or one of
   OpenAI's model names (`openai_model_name`: LiteLLM rewrites their parameters);
-- it has an API key (`api_key`, else ``OPENAI_API_KEY``, where LiteLLM looks too);
+- it has an API key (`api_key`, else ``OPENAI_API_KEY``, where LiteLLM looks too), no user or password in its
+  `api_base`, and no proxy from the environment (``HTTP_PROXY``, ...) applies to it;
 - each setting is a chat parameter LiteLLM sends as it is (`BODY_PARAMS`), `extra_body` (merged into the body,
   as LiteLLM does), `extra_headers` / `headers` / `organization`, a price (`input_cost_per_token`,
   `output_cost_per_token`), or the call path's own (`timeout`, `num_retries`);
@@ -151,9 +152,12 @@ def direct_request(member: Member, kwargs: Mapping[str, Any]) -> DirectRequest |
     if member.deployments or not base or not isinstance(model, str) or not model.startswith(PROVIDER):
         return None
     name = model[len(PROVIDER) :]
-    host = (urlsplit(str(base)).hostname or "").lower()
+    url = urlsplit(str(base))
+    host = (url.hostname or "").lower()
     if not name or openai_model_name(name) or host == "openai.com" or host.endswith(".openai.com"):
         return None
+    if url.username or url.password or _proxied(url.scheme, host):
+        return None  # (credentials in the URL, a proxy from the environment: LiteLLM's transport takes them)
     key = kwargs.get("api_key") or os.environ.get("OPENAI_API_KEY")
     if not key:
         return None
@@ -188,6 +192,26 @@ def direct_request(member: Member, kwargs: Mapping[str, Any]) -> DirectRequest |
         body=json.dumps(body).encode(),
         timeout_s=None if timeout is None else float(timeout),
     )
+
+
+_PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
+
+
+def _proxied(scheme: str, host: str) -> bool:
+    """Whether the environment (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``, ``NO_PROXY``) sends requests to
+    `host` through a proxy. (Read per call, decided once per setting of those variables.)"""
+    settings = tuple(os.environ.get(v) or os.environ.get(v.upper()) for v in _PROXY_VARIABLES)
+    return any(settings) and _proxied_with(scheme, host, settings)
+
+
+@functools.lru_cache(maxsize=64)
+def _proxied_with(scheme: str, host: str, settings: tuple[str | None, ...]) -> bool:
+    from urllib.request import getproxies, proxy_bypass  # (as aiohttp reads the environment)
+
+    proxies = getproxies()
+    if scheme not in proxies and "all" not in proxies:
+        return False
+    return not proxy_bypass(host)
 
 
 class HTTPStatusError(Exception):
@@ -234,14 +258,15 @@ _session_loop: asyncio.AbstractEventLoop | None = None
 
 def _session_here() -> Any:
     """The call loop's one aiohttp session: pooled keep-alive connections (the client's per-endpoint limit
-    bounds them), proxies from the environment as LiteLLM's own aiohttp transport takes them."""
+    bounds them). It ignores the environment (no proxy, no ~/.netrc: calls through a proxy go through LiteLLM),
+    which also spares each request a read of ~/.netrc in the executor."""
     global _session, _session_loop
     loop = asyncio.get_running_loop()
     if _session is None or _session.closed or _session_loop is not loop:
         import aiohttp
 
         _session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0), trust_env=True, skip_auto_headers=("User-Agent",)
+            connector=aiohttp.TCPConnector(limit=0), trust_env=False, skip_auto_headers=("User-Agent",)
         )
         _session_loop = loop
     return _session

@@ -230,6 +230,8 @@ async def _play_study(
             if on_progress is not None:
                 on_progress(len(plays))
 
+        # (LiteLLM loaded, if at all, before any play's deadline.)
+        await client.prepare(member for pool in plan.pools.values() for member in pool)
         await runner.run(Shard(0, plan.examples), done, on_plays)
     else:
         # Blocking: the driver only waits for shards (Ray wants its driver calls on the main thread).
