@@ -342,6 +342,7 @@ class ModelClient:
         direct: bool | None = None,
     ):
         self.cache = cache
+        # (`direct_enabled` imported by name: this argument hides the module here.)
         self.direct = direct_enabled() if direct is None else direct
         self.preflight = preflight
         self.preflight_timeout_s = preflight_timeout_s
@@ -660,6 +661,7 @@ class ModelClient:
             try:
                 async with limit:
                     answer = await self._attempt(member, call_kwargs, streamed, sent)
+                    latency = time.perf_counter() - started
                     # Priced before the slot goes to another call: from here to the cache write nothing waits,
                     # so a reply is stored before the next request to its endpoint is sent (a killed run
                     # repeats no call it was answered, one call at a time).
@@ -678,7 +680,6 @@ class ModelClient:
                 raise CallError(
                     kind, redact(f"{type(exc).__name__}: {exc}", secrets)[:2000], member.name, attempts
                 ) from None
-            latency = time.perf_counter() - started
             break
         if on_delta is not None and streamed is None:
             await deliver(on_delta, Delta(answer.text, whole_calls(answer.tool_calls)))
