@@ -15,7 +15,7 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -122,10 +122,11 @@ def test_a_direct_call_sends_the_headers_litellm_sends(arun, canned_server) -> N
         ("openai/m", {"api_key": None}, QUESTION),
         ("openai/m", {"deployments": [{"api_base": "http://127.0.0.1:9/v1"}]}, QUESTION),
         ("openai/m", {"api_base": "http://user:pass@127.0.0.1:9/v1"}, QUESTION),
+        ("openai/m", {"api_base": "http://127.0.0.1:9/v1?key=k"}, QUESTION),
         ("openai/m", {"api_base": "http://10.9.8.7:9/v1"}, QUESTION),  # HTTP_PROXY below applies to it
     ],
     ids=["hosted-vllm", "openai-model", "o-series", "top-k", "user", "developer", "parts", "openai-api", "no-key",
-         "router", "url-credentials", "proxy"],
+         "router", "url-credentials", "url-query", "proxy"],
 )  # fmt: skip
 def test_calls_litellm_would_change_go_through_litellm(monkeypatch, model, settings, messages) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
@@ -316,7 +317,7 @@ def test_a_litellm_callback_sees_every_call_while_it_is_set(scripted_server, poo
             arun(client.complete(pool["a"], [{"role": "user", "content": f"q{i}"}]))
         with pytest.raises(CallError):
             arun(client.complete(pool["down"], QUESTION))
-        arun(_settle())
+        arun(_logged(lambda: len(counter.succeeded) == 5 and counter.failed == 1))
     finally:  # (LiteLLM files a callback in its lists of async callbacks too)
         for hooks in (litellm.callbacks, litellm._async_success_callback, litellm._async_failure_callback):
             while counter in hooks:
@@ -324,13 +325,16 @@ def test_a_litellm_callback_sees_every_call_while_it_is_set(scripted_server, poo
     assert sorted(counter.succeeded) == [f"q{i}" for i in range(5)] and counter.failed == 1
 
 
-async def _settle() -> None:
-    """Let LiteLLM's logging worker (on the call loop) hand out what it has queued."""
+async def _logged(done: Callable[[], bool], within_s: float = 60.0) -> None:
+    """Wait until LiteLLM's logging worker (on the call loop) has handed out what `done` waits for."""
     import asyncio
 
     from colab_graphs.models.loops import on_call_loop
 
-    await on_call_loop(asyncio.sleep(0.5))
+    waited = 0.0
+    while not done() and waited < within_s:
+        await on_call_loop(asyncio.sleep(0.05))
+        waited += 0.05
 
 
 def test_an_audit_reports_the_same_numbers_either_way(scripted_server, arun) -> None:

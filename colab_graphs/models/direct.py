@@ -12,8 +12,8 @@ A call goes direct when
 - the member has no `deployments` (a Router member stays on `litellm.Router`);
 - its model is ``openai/NAME`` with an `api_base` (or `base_url`), neither of them OpenAI's own API or one of
   OpenAI's model names (`openai_model_name`: LiteLLM rewrites their parameters);
-- it has an API key (`api_key`, else ``OPENAI_API_KEY``, where LiteLLM looks too), no user or password in its
-  `api_base`, and no proxy from the environment (``HTTP_PROXY``, ...) applies to it;
+- it has an API key (`api_key`, else ``OPENAI_API_KEY``, where LiteLLM looks too), no user, password or query
+  string in its `api_base`, and no proxy from the environment (``HTTP_PROXY``, ...) applies to it;
 - each setting is a chat parameter LiteLLM sends as it is (`BODY_PARAMS`), `extra_body` (merged into the body,
   as LiteLLM does), `extra_headers` / `headers` / `organization`, a price (`input_cost_per_token`,
   `output_cost_per_token`), or the call path's own (`timeout`, `num_retries`);
@@ -156,8 +156,8 @@ def direct_request(member: Member, kwargs: Mapping[str, Any]) -> DirectRequest |
     host = (url.hostname or "").lower()
     if not name or openai_model_name(name) or host == "openai.com" or host.endswith(".openai.com"):
         return None
-    if url.username or url.password or _proxied(url.scheme, host):
-        return None  # (credentials in the URL, a proxy from the environment: LiteLLM's transport takes them)
+    if url.username or url.password or url.query or url.fragment or _proxied(url.scheme, host):
+        return None  # (credentials or a query in the URL, a proxy from the environment: LiteLLM takes them)
     key = kwargs.get("api_key") or os.environ.get("OPENAI_API_KEY")
     if not key:
         return None
