@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -144,28 +144,32 @@ def freeze_startup_heap() -> None:
     them again: about 2 s of CPU in a 200-example vote audit (BENCHMARKS.md). `gc.freeze()` moves them to a
     permanent generation; what is allocated afterwards is collected as usual. LiteLLM is loaded later, if at
     all (by a call that goes through it, or the first look-up of a price in its map), so the first full
-    collection that finds it loaded freezes the heap again. A CLI process owns its heap; the library functions
-    leave the collector alone.
+    collection that finds it loaded freezes the heap again (a collector callback, registered once per process).
+    A CLI process owns its heap; the library functions leave the collector alone.
     """
     import gc
-    import sys
-
-    frozen_again: list[bool] = []
-
-    def once_litellm_is_loaded(phase: str, info: dict[str, int]) -> None:
-        # (Left registered: removing a callback while the collector runs them skips the next one.) Full
-        # collections run during LiteLLM's import too: its module is in sys.modules, its spec initializing.
-        litellm = sys.modules.get("litellm")
-        if (
-            not frozen_again
-            and phase == "stop"
-            and info["generation"] == 2
-            and litellm is not None
-            and not getattr(litellm.__spec__, "_initializing", False)
-        ):
-            frozen_again.append(True)
-            gc.freeze()
 
     gc.collect()
     gc.freeze()
+    if _litellm_watch:
+        return
+    frozen_again: list[bool] = []
+    modules = sys.modules
+
+    def once_litellm_is_loaded(phase: str, info: dict[str, int]) -> None:
+        # (gc and the module table from the closure: collections still run at interpreter exit, when nothing
+        # can be imported and module globals may be gone. Left registered: removing a callback while the
+        # collector runs them skips the next one.) Full collections run during LiteLLM's import too, while its
+        # module is in the table and its spec initializing.
+        if frozen_again or phase != "stop" or info["generation"] != 2:
+            return
+        litellm = modules.get("litellm")
+        if litellm is not None and not getattr(litellm.__spec__, "_initializing", False):
+            frozen_again.append(True)
+            gc.freeze()
+
+    _litellm_watch.append(once_litellm_is_loaded)
     gc.callbacks.append(once_litellm_is_loaded)
+
+
+_litellm_watch: list[Callable[[str, dict[str, int]], None]] = []  # the callback, once registered
