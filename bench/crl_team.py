@@ -358,10 +358,12 @@ def manifest(args: argparse.Namespace, data: tuple[Path, ...], started: float) -
         }
         for s in args.settings
     }
+    # A study may be run a setting at a time (all seeds of one, then the next): the manifest keeps them all.
+    config = {**earlier.get("config", {}), **config}
     return {
         "study": "bench/crl_team.py",
         "command": " ".join(sys.argv),
-        "settings": args.settings,
+        "settings": [*[s for s in earlier.get("settings", []) if s not in args.settings], *args.settings],
         "arms": ["before", *[a for a in ARMS if a in set(earlier.get("arms", [])) | set(args.arms)]],
         "seeds": sorted(set(earlier.get("seeds", [])) | set(args.seeds)),
         "steps": args.steps,
