@@ -42,7 +42,9 @@ seccomp profile; `launcher` has the details):
 - ``own_session`` + ``sweep``: the run has its own session and process group, killed as a whole; its launcher
   is a child subreaper that kills every process left (a `setsid` daemon included) at the end, or when the
   host times the run out; as root also every process of the run's uids. The work directory is measured as
-  the run goes and the run killed past `disk_mb` (``killed_reason == "disk_limit"``).
+  the run goes (every 50 ms) and the run killed past `disk_mb` (``killed_reason == "disk_limit"``): a writer
+  at full speed gets past the cap by what it writes before the host's next measure is scheduled (5-60 MiB on
+  a quiet machine, 109 MiB measured with two busy workers on two cores).
 - ``read_search_cap``: as root, when the interpreter sits behind a directory closed to others (a venv under
   /root), the run's uids keep CAP_DAC_READ_SEARCH alone, so that they can read it; Landlock limits what they
   read, and `open_by_handle_at` is refused.
