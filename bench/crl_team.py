@@ -331,6 +331,75 @@ def run_evaluations(
         unload(f"crl-team-{base}")
 
 
+ROW_FILES = {"audit": "audit", "swap": "swap", "report": "audit-report", "curve": "audit"}
+
+
+def row_file(row: dict) -> str:
+    """The rows/ file a shipped row came from (the names `run_evaluations` and crl_team_curve.py write)."""
+    setting, where = row["setting"], row["evaluated_in"]
+    label = f"{setting}-{row['arm']}-{'all' if row['seed'] is None else row['seed']}"
+    if row["eval"] == "curve":
+        label += f"-at-{row['step']}"
+    elif where == f"{setting}/big":
+        label += "-on-big"
+    elif where != setting:
+        label += f"-in-{where}"
+    return f"{label}-{ROW_FILES[row['eval']]}.jsonl"
+
+
+def resume_from(pack: Path, out: Path, transfer: bool) -> dict[str, int]:
+    """Go on with a study shipped elsewhere: copy `pack`'s (a `crl_team_report.py --pack` folder) rows, and the
+    trainings whose every evaluation it holds, into `out` where `out` lacks them, so a rerun of the study's
+    command skips them (a training whose evaluations are incomplete is trained again: its weights are not
+    shipped, and a seed's training repeats on the same machine). Refuses a pack of other questions."""
+    import crl_team_report as report
+
+    for name in ("train.jsonl", "eval.jsonl", "transfer.jsonl"):
+        shipped, here = pack / "data" / name, out / "data" / name
+        if shipped.exists() and here.exists() and shipped.read_bytes() != here.read_bytes():
+            raise SystemExit(f"{here}: differs from {shipped} (the pack is of another study's questions)")
+    if not (out / "manifest.json").exists() and (pack / "manifest.json").exists():
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "manifest.json").write_bytes((pack / "manifest.json").read_bytes())
+    files: dict[str, list[dict]] = {}
+    for row in report.read_rows(pack):
+        files.setdefault(row_file(row), []).append(row)
+    rows_dir = out / "rows"
+    rows_dir.mkdir(parents=True, exist_ok=True)
+    restored = {"row_files": 0, "trainings": 0}
+    for name, rows in files.items():
+        if not (rows_dir / name).exists():
+            (rows_dir / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+            restored["row_files"] += 1
+    curves: dict[str, list[dict]] = {}
+    for line in report.read_curves(pack):
+        run = f"{line['setting']}-{line['arm']}-{line['seed']}"
+        curves.setdefault(run, []).append(
+            {k: v for k, v in line.items() if k not in ("setting", "arm", "seed")}
+        )
+    for training in report.read_trainings(pack):
+        run = f"{training['setting']}-{training['arm']}-{training['seed']}"
+        base = {"setting": training["setting"], "arm": training["arm"], "seed": training["seed"]}
+        needed = {
+            row_file({**base, "evaluated_in": training["setting"], "eval": e})
+            for e in ROW_FILES
+            if e != "curve"
+        }
+        if transfer:
+            needed |= {
+                row_file({**base, "evaluated_in": w, "eval": "audit"})
+                for w in [*[s for s in team.GRAPHS if s != training["setting"]], f"{training['setting']}/big"]
+            }
+        folder = out / "runs" / run
+        if (folder / "summary.json").exists() or not all((rows_dir / n).exists() for n in needed):
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in curves.get(run, [])))
+        (folder / "summary.json").write_text(json.dumps(training["summary"], indent=2) + "\n")
+        restored["trainings"] += 1
+    return restored
+
+
 # --- provenance ----------------------------------------------------------------------------------------------
 
 
@@ -435,8 +504,22 @@ def main() -> None:
         help="exit (status 3) once N policies were trained by this process (a loop of fresh processes keeps "
         "a long study's memory bounded; each resumes where the last stopped)",
     )
+    parser.add_argument(
+        "--resume-from",
+        type=Path,
+        help="a shipped study (bench/results/crl_team): its finished policies are not redone here",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.resume_from:
+        print(
+            json.dumps(
+                {
+                    "resumed_from": str(args.resume_from),
+                    **resume_from(args.resume_from, args.out, args.transfer),
+                }
+            )
+        )
     started = time.time()
     data = write_data(args.out, args.train_size, args.eval_size)
     from colab_graphs.data.loaders import load_examples

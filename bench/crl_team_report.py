@@ -664,20 +664,36 @@ def _nan_to_none(value: Any) -> Any:
     return value
 
 
+def read_trainings(folder: Path) -> list[dict]:
+    """Each finished training's summary.json, tagged with its setting, arm and seed."""
+    packed = folder / "trainings.jsonl.gz"
+    if packed.exists():
+        return _jsonl(gzip.decompress(packed.read_bytes()).decode(), str(packed))
+    out = []
+    for path in sorted((folder / "runs").glob("*/summary.json")):
+        setting, arm, seed = path.parent.name.rsplit("-", 2)
+        out.append(
+            {"setting": setting, "arm": arm, "seed": int(seed), "summary": json.loads(path.read_text())}
+        )
+    return out
+
+
+def _gzip_lines(path: Path, records: list[dict]) -> None:
+    path.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in records).encode(), mtime=0))
+
+
 def pack(folder: Path, target: Path) -> None:
-    """Ship a run's rows, curves, data, audits and manifest under `target` (compressed)."""
+    """Ship a run's rows, curves, trainings' summaries, data, audits and manifest under `target`
+    (compressed): all a report needs, and all `crl_team.py --resume-from` needs to go on with the study
+    elsewhere without redoing a finished policy."""
     target.mkdir(parents=True, exist_ok=True)
-    rows = read_rows(folder)
-    (target / "rows.jsonl.gz").write_bytes(
-        gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode(), mtime=0)
-    )
-    curves = read_curves(folder)
-    (target / "curves.jsonl.gz").write_bytes(
-        gzip.compress("".join(json.dumps(r) + "\n" for r in curves).encode(), mtime=0)
-    )
+    _gzip_lines(target / "rows.jsonl.gz", read_rows(folder))
+    _gzip_lines(target / "curves.jsonl.gz", read_curves(folder))
+    _gzip_lines(target / "trainings.jsonl.gz", read_trainings(folder))
     (target / "data").mkdir(exist_ok=True)
-    for name in ("train.jsonl", "eval.jsonl"):
-        (target / "data" / name).write_bytes((folder / "data" / name).read_bytes())
+    for name in ("train.jsonl", "eval.jsonl", "transfer.jsonl"):
+        if (folder / "data" / name).exists():
+            (target / "data" / name).write_bytes((folder / "data" / name).read_bytes())
     (target / "manifest.json").write_bytes((folder / "manifest.json").read_bytes())
 
 
