@@ -80,6 +80,8 @@ def read_curves(folder: Path) -> list[dict]:
         return _jsonl(gzip.decompress(packed.read_bytes()).decode(), str(packed))
     out = []
     for path in sorted((folder / "runs").glob("*/metrics.jsonl")):
+        if not (path.parent / "summary.json").exists():
+            continue  # a training still running (or stopped): its curve is not one of the study's yet
         setting, arm, seed = path.parent.name.rsplit("-", 2)
         out += [
             {"setting": setting, "arm": arm, "seed": int(seed), **m}
@@ -346,8 +348,20 @@ def summarise(
                     raise SystemExit(
                         f"{key}: the audit's {name} {theirs} is not the rows' {sum(ours) / len(ours)}"
                     )
-    out: dict[str, Any] = {"best_teammate": best, "seeds": manifest.get("seeds"), "settings": {}}
-    for setting, where in sorted({(k[0], k[1]) for k in per}):
+    finished = sorted({k[3] for k in per if k[3] is not None})
+    out: dict[str, Any] = {
+        "best_teammate": best,
+        "seeds": finished,  # the seeds with results (a study stopped early has fewer than it planned)
+        "planned_seeds": manifest.get("seeds"),
+        "settings": {},
+    }
+
+    def seat_order(pair: tuple[str, str]) -> tuple[int, str, int]:
+        """The proposer seat first; in each, its own seat, then the other seat, then the transfer task."""
+        setting, where = pair
+        return (setting != "vote", setting, 0 if where == setting else 2 if where.endswith("/big") else 1)
+
+    for setting, where in sorted({(k[0], k[1]) for k in per}, key=seat_order):
         keys = {k[2:]: v for k, v in per.items() if k[:2] == (setting, where)}
         if (
             "before",
@@ -448,12 +462,26 @@ def _excludes(s: dict) -> str:
 
 def table(summary: dict, manifest: dict) -> str:
     """Markdown: per setting, the constants, the arms, the paired differences with a sentence each."""
-    seeds = manifest.get("seeds") or []
+    seeds = summary.get("seeds") or []
+    planned = summary.get("planned_seeds") or seeds
+    processes = manifest.get("processes") or [manifest]
+    commits: dict[str, list[int]] = {}
+    for n, p in enumerate(processes, 1):
+        commits.setdefault(
+            str(p.get("commit", ""))[:10] + (" (tree with uncommitted changes)" * bool(p.get("tree_dirty"))),
+            [],
+        ).append(n)
+    code = "; ".join(
+        f"{c} ({'process' if len(ns) == 1 else 'processes'} {', '.join(map(str, ns))})"
+        for c, ns in commits.items()
+    )
     lines = [
-        f"Run: {len(seeds)} seeds ({', '.join(map(str, seeds))}), {manifest.get('steps')} updates of "
+        f"Run: {len(seeds)} seeds with results ({', '.join(map(str, seeds))})"
+        + (f" of the {len(planned)} planned ({', '.join(map(str, planned))})" if planned != seeds else "")
+        + f", {manifest.get('steps')} updates of "
         f"{manifest.get('prompts_per_step')} prompts x {manifest.get('rollouts_per_prompt')} rollouts per arm, "
-        f"policy {manifest.get('policy')} (LoRA r 16), commit {str(manifest.get('commit', ''))[:10]}"
-        f"{' (tree with uncommitted changes)' if manifest.get('tree_dirty') else ''}. "
+        f"policy {manifest.get('policy')} (LoRA r 16{', bf16' if manifest.get('bf16') else ''}); "
+        f"{len(processes)} {'process' if len(processes) == 1 else 'processes'} on commits {code}. "
         "Intervals: 95% t-intervals over seeds (seed means); paired by seed.",
         "",
     ]

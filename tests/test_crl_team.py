@@ -251,3 +251,44 @@ def test_the_held_out_curve_and_the_plateau_read_checkpoints_and_rollouts_by_see
     plateau = report.plateau(metrics, "vote", "uniform")
     assert plateau["updates"] == 6 and plateau["thirds"] == pytest.approx([0.25, 0.75, 0.75])
     assert plateau["last_minus_middle"]["per_seed"] == pytest.approx([0.0, 0.0])
+
+
+def test_a_shipped_study_goes_on_elsewhere_without_redoing_a_finished_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`crl_team.py --resume-from bench/results/crl_team` on a machine without the run folder: the shipped
+    rows and trainings are put back byte for byte, and the study's own command then trains and evaluates
+    nothing for a seed whose every arm the pack holds (no policy is loaded: its weights are not shipped)."""
+    import crl_team
+
+    manifest = json.loads((SHIPPED / "manifest.json").read_text())
+    trained = {(t["setting"], t["seed"], t["arm"]) for t in report.read_trainings(SHIPPED)}
+    setting, seed = next(
+        (s, seed)
+        for s in manifest["settings"]
+        for seed in manifest["seeds"]
+        if all((s, seed, arm) in trained for arm in crl_team.ARMS)
+    )
+    study = tmp_path / "study"
+    argv = [
+        "crl_team.py", "--out", str(study), "--settings", setting, "--seeds", str(seed),
+        "--steps", str(manifest["steps"]), "--eval-size", str(manifest["eval_size"]),
+        "--train-size", str(manifest["train_size"]), "--resume-from", str(SHIPPED),
+    ]  # fmt: skip
+    argv += ["--transfer"] * manifest["transfer"] + ["--bf16"] * manifest.get("bf16", False)
+    monkeypatch.setattr(sys, "argv", argv)
+    crl_team.main()
+    printed = capsys.readouterr().out
+    assert '"resumed_from"' in printed and '"trained"' not in printed and '"evaluated"' not in printed
+    assert report.read_rows(study) == report.read_rows(SHIPPED)
+    assert all(
+        (study / "data" / f).read_bytes() == (SHIPPED / "data" / f).read_bytes()
+        for f in ("train.jsonl", "eval.jsonl")
+    )
+    # The manifest keeps the shipped study's processes and adds this one.
+    processes = json.loads((study / "manifest.json").read_text())["processes"]
+    assert processes[:-1] == manifest["processes"] and processes[-1]["pid"] == crl_team.PROCESS["pid"]
+    # A pack of other questions is refused, naming the file.
+    (study / "data" / "eval.jsonl").write_text("{}\n")
+    with pytest.raises(SystemExit, match="eval.jsonl: differs from"):
+        crl_team.resume_from(SHIPPED, study, manifest["transfer"])
