@@ -49,9 +49,9 @@ from pathlib import Path
 from typing import Any
 
 import colab_graphs._env  # noqa: F401  (process defaults before transformers / litellm load)
-from colab_graphs.data.example import Example
-from colab_graphs.data.scoring import view_for
 from colab_graphs.defaults import DEFAULT_POOL
+from colab_graphs.tasks.example import Example
+from colab_graphs.tasks.scoring import view_for
 from colab_graphs.trainers import system
 from colab_graphs.trainers.config import config_from_dict
 from colab_graphs.trainers.pipeline import train

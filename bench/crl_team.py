@@ -189,9 +189,9 @@ def evaluate(
     """
     from colab_graphs.audit.game import CoalitionGame, coalition_id
     from colab_graphs.audit.run import play_audit
-    from colab_graphs.data.scoring import view_for
     from colab_graphs.models.client import ModelClient
     from colab_graphs.pool import Pool
+    from colab_graphs.tasks.scoring import view_for
     from colab_graphs.testing.server import server_for_configs
     from colab_graphs.trainers.rollout import LoopThread
 
@@ -439,7 +439,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     data = write_data(args.out, args.train_size, args.eval_size)
-    from colab_graphs.data.loaders import load_examples
+    from colab_graphs.tasks.loaders import load_examples
 
     held, transfer = load_examples(str(data[1])), load_examples(str(data[2]))
     train_keys = {team.question_key(e.input) for e in load_examples(str(data[0]))}

@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bf16", action="store_true", help="evaluate bf16 weights (as the study's --bf16)")
     args = parser.parse_args(argv)
     manifest = json.loads((args.study / "manifest.json").read_text())
-    from colab_graphs.data.loaders import load_examples
     from colab_graphs.models.local import unload
+    from colab_graphs.tasks.loaders import load_examples
 
     held = load_examples(str(args.study / "data" / "eval.jsonl"))
     rows_dir = args.study / "rows"

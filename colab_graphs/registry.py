@@ -7,7 +7,7 @@ the CLI can list and rebuild it:
     @protocol("draft_critique", family="text", description="...")      # a GraphSpec builder
     @aggregator("vote")                                                 # (inputs, *, task, **params) -> str
     @router("confidence")                                               # (view, path_map, **params) -> key
-    register_task(NumericTask())                                        # a scorer: a task type (data/tasks.py)
+    register_task(NumericTask())                                        # a scorer: a task type (tasks/task_types.py)
 
 Plugins: every entry point of the group ``colab_graphs.plugins`` is loaded (imported; a callable entry point
 is also called) the first time a name is looked up. The package's own built-ins are such a plugin

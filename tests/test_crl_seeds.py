@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from colab_graphs.data.example import Example
+from colab_graphs.tasks.example import Example
 from colab_graphs.testing.server import server_for_configs
 from colab_graphs.trainers import system
 from colab_graphs.trainers.config import ConfigError, config_from_dict

@@ -1,7 +1,7 @@
 """Layers and cycles, read from the source: every import of every module, function-local imports included.
 
 The core (spec, builder, coalition, fitting, compile, pool, trace, runner, the registry with protocol_registry
-and resolve, models/, data/, log/, testing/, ...) stands on its own: it imports nothing from the upper layers.
+and resolve, models/, tasks/, log/, testing/, ...) stands on its own: it imports nothing from the upper layers.
 Above it, each layer may import only the layers below it (`LAYERS`, lowest first):
 
 - core: what every layer runs on; the protocol machinery (registry, resolution, the fit stage) is here, so no

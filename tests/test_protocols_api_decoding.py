@@ -17,9 +17,6 @@ from pathlib import Path
 import pytest
 
 from colab_graphs.coalition import restrict
-from colab_graphs.data.example import Example
-from colab_graphs.data.loaders import load_examples
-from colab_graphs.data.scoring import register_scorer
 from colab_graphs.fitting import fit_coalition
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
@@ -27,6 +24,9 @@ from colab_graphs.protocol_registry import build_protocol
 from colab_graphs.protocols import dev_fit
 from colab_graphs.protocols.api_decoding import deferral_labels, train_head
 from colab_graphs.runner import run_dataset
+from colab_graphs.tasks.example import Example
+from colab_graphs.tasks.loaders import load_examples
+from colab_graphs.tasks.scoring import register_scorer
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.slow

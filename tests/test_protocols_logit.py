@@ -13,12 +13,12 @@ import pytest
 
 from colab_graphs.coalition import restrict
 from colab_graphs.compile import compile_graph
-from colab_graphs.data.example import Example
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.protocol_registry import build_protocol, get_protocol
 from colab_graphs.protocols.logit import LogitPoolError, check_pool_supports
 from colab_graphs.runner import run_dataset
+from colab_graphs.tasks.example import Example
 
 TINY = "tiny-random"
 WEAK = "tiny-random-weak"  # the same architecture and tokenizer, perturbed weights

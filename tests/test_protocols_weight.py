@@ -18,8 +18,6 @@ from typer.testing import CliRunner
 
 from colab_graphs.cli.app import app
 from colab_graphs.coalition import restrict
-from colab_graphs.data.loaders import load_examples
-from colab_graphs.data.scoring import register_scorer
 from colab_graphs.fitting import fit_coalition, fit_step_of
 from colab_graphs.models import merge
 from colab_graphs.models.client import ModelClient
@@ -28,6 +26,8 @@ from colab_graphs.protocol_registry import build_protocol, get_protocol
 from colab_graphs.protocols import weight
 from colab_graphs.protocols.weight_search import es_search, greedy_soup_search, swarm_search
 from colab_graphs.registry import FAMILIES
+from colab_graphs.tasks.loaders import load_examples
+from colab_graphs.tasks.scoring import register_scorer
 
 torch = pytest.importorskip("torch")
 

@@ -8,10 +8,10 @@ import pytest
 from typer.testing import CliRunner
 
 from colab_graphs.cli.app import app
-from colab_graphs.data.scoring import register_scorer
 from colab_graphs.protocol_registry import build_protocol, get_protocol
 from colab_graphs.registry import NameClash, aggregator, registry_lookup
 from colab_graphs.resolve import load_module
+from colab_graphs.tasks.scoring import register_scorer
 
 
 def graph_file(path: Path, name: str, function: str) -> Path:
@@ -50,7 +50,7 @@ def test_a_scorer_under_a_built_in_tasks_name_is_an_error_naming_the_task_and_th
 
     message = str(raised.value)
     assert "scorer 'numeric'" in message
-    assert "colab_graphs.data.tasks.NumericTask" in message and f"{__name__}." in message
+    assert "colab_graphs.tasks.task_types.NumericTask" in message and f"{__name__}." in message
 
 
 def test_a_refused_registration_leaves_the_earlier_entry_in_place():

@@ -48,10 +48,10 @@ def holding_out(out: Path) -> Iterator[None]:
 
 def check_sandbox(examples: Any, scorer: Any, setting: str | None) -> dict[str, Any] | None:
     """Fail closed before the first call: where any example is scored by code, the sandbox `setting` (else env,
-    else auto) must be met here (`colab_graphs.data.scoring.require_sandbox`); else exit 6 with what is missing and
+    else auto) must be met here (`colab_graphs.tasks.scoring.require_sandbox`); else exit 6 with what is missing and
     the ways out. Returns the sandbox record (None: no code scores)."""
-    from colab_graphs.data.scoring import require_sandbox
     from colab_graphs.sandbox import SandboxUnavailable, scope
+    from colab_graphs.tasks.scoring import require_sandbox
 
     try:
         return require_sandbox(examples, scorer, setting)
@@ -87,7 +87,7 @@ def load_data(
     split: str | None = None,
     scorer: str | None = None,
 ):
-    from colab_graphs.data.loaders import load_examples
+    from colab_graphs.tasks.loaders import load_examples
 
     if source is None:
         from colab_graphs.defaults import DEFAULT_DATA, DEFAULT_LIMIT

@@ -275,8 +275,8 @@ def _learn_head(spec, seat, pool, client, scorer, examples, outcomes, params) ->
     import torch
 
     from colab_graphs.compile import render
-    from colab_graphs.data.scoring import view_for
     from colab_graphs.models.local import get_engine
+    from colab_graphs.tasks.scoring import view_for
 
     base_name, ref_name = seat.members
     base, reference = get_engine(pool[base_name].model), get_engine(pool[ref_name].model)

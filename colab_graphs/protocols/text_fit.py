@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from colab_graphs.data.example import Example
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.protocols.dev_fit import LOCAL_PREFIX, FitError
 from colab_graphs.runner import ExampleOutcome
 from colab_graphs.spec import GraphSpec, Seat, SpecError
+from colab_graphs.tasks.example import Example
 
 LOCAL_TRAINING = "local_weights"  # what `colab-graphs protocols` says a protocol that trains members requires
 # A seat's model until the fit step routes it: a call fails, and the failure names what is missing.

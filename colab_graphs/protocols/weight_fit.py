@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from colab_graphs.data.example import Example
 from colab_graphs.files import atomic_write_text
 from colab_graphs.fitting import Fitted
 from colab_graphs.models import merge
@@ -33,6 +32,7 @@ from colab_graphs.pool import Pool
 from colab_graphs.protocol_registry import get_protocol
 from colab_graphs.protocols.weight_search import es_search, greedy_soup_search, swarm_search
 from colab_graphs.spec import GraphSpec, SpecError
+from colab_graphs.tasks.example import Example
 
 SEAT = "merged"
 LOCAL_PREFIX = "local/"
@@ -162,7 +162,7 @@ class _Coalition:
                     f"{self.name} fits coalition {self.members} on a dev split: give -P dev=SOURCE (a file or a "
                     "source as --data takes; -P dev_split=NAME picks a split of a file that has several)"
                 )
-            from colab_graphs.data.loaders import load_examples
+            from colab_graphs.tasks.loaders import load_examples
 
             limit = int(self.params.get("dev_limit") or 0) or None
             self._dev = load_examples(source, split=self.params.get("dev_split") or None, limit=limit)

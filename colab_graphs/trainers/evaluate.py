@@ -24,9 +24,9 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from colab_graphs.data.example import Example
 from colab_graphs.pool import Pool
 from colab_graphs.spec import GraphSpec
+from colab_graphs.tasks.example import Example
 from colab_graphs.trainers.rollout import LoopThread, PolicyRouter
 
 

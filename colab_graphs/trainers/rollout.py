@@ -49,11 +49,11 @@ from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from colab_graphs.data.example import Example
-from colab_graphs.data.scoring import apply_scorer
 from colab_graphs.models.client import CallError, DeltaHandler, ModelClient
 from colab_graphs.pool import Member, Pool
 from colab_graphs.spec import GraphSpec
+from colab_graphs.tasks.example import Example
+from colab_graphs.tasks.scoring import apply_scorer
 from colab_graphs.trace import Call, Reply, Trace, Usage
 
 T = TypeVar("T")

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from colab_graphs.data.example import Example
 from colab_graphs.pool import MEMBER_KEYS, Pool, make_member
 from colab_graphs.spec import GraphSpec
+from colab_graphs.tasks.example import Example
 from colab_graphs.trainers.config import ConfigError
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def load_split(config: TrainConfig) -> Split:
     tasks repeat questions: the built-in arithmetic has 81 single-digit sums). Inputs are compared after
     `normalised_input`.
     """
-    from colab_graphs.data.loaders import load_examples
+    from colab_graphs.tasks.loaders import load_examples
 
     try:
         examples = load_examples(config.data, limit=config.limit)

@@ -1,6 +1,6 @@
 """Scorers by name (kind "scorer" of the one registry), and which one an example calls for.
 
-A scorer name (`--scorer`, an example's `scorer` field) names a task type (`colab_graphs.data.tasks`), which
+A scorer name (`--scorer`, an example's `scorer` field) names a task type (`colab_graphs.tasks.task_types`), which
 owns extraction, comparison, prompting and scoring for that kind of task. `register_scorer` also takes a plain
 scorer function `(output, example) -> Score | float` (sync or async): it gets short-text extraction.
 """
@@ -11,9 +11,9 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from colab_graphs.data.example import Example
-from colab_graphs.data.tasks import CodeTask, Score, ScorerFn, ScorerTask, TaskType, TaskView
 from colab_graphs.registry import registry_add, registry_lookup, registry_names, source_of
+from colab_graphs.tasks.example import Example
+from colab_graphs.tasks.task_types import CodeTask, Score, ScorerFn, ScorerTask, TaskType, TaskView
 
 __all__ = [
     "Score",
@@ -80,7 +80,7 @@ def default_scorer_name(example: Example) -> str:
         return "code"
     if example.fields.get("choices") is not None:
         return "multiple_choice"
-    from colab_graphs.data.answers import is_plain_text, parse_number
+    from colab_graphs.tasks.answers import is_plain_text, parse_number
 
     numeric = example.answer is not None and parse_number(example.answer) is not None
     task_type = example.fields.get("task_type")
