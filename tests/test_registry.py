@@ -40,7 +40,7 @@ def test_registering_a_built_in_name_again_is_an_error_naming_both_sources():
 
 
 def test_a_scorer_under_a_built_in_tasks_name_is_an_error_naming_the_task_and_the_function():
-    registry_lookup("scorer", "numeric")  # scorers come with the built-in plugin
+    registry_lookup("task", "numeric")  # task types (scorers) come with the built-in plugin
 
     with pytest.raises(NameClash) as raised:
 
@@ -51,6 +51,18 @@ def test_a_scorer_under_a_built_in_tasks_name_is_an_error_naming_the_task_and_th
     message = str(raised.value)
     assert "scorer 'numeric'" in message
     assert "colab_graphs.tasks.task_types.NumericTask" in message and f"{__name__}." in message
+
+
+def test_the_task_kind_stores_task_types_and_the_old_kind_name_still_works_with_a_warning():
+    from colab_graphs.registry import registry_names
+    from colab_graphs.tasks.task_types import TaskType
+
+    assert isinstance(registry_lookup("task", "numeric").obj, TaskType)
+    with pytest.warns(DeprecationWarning, match="registry kind 'scorer' is now 'task'"):
+        old = registry_lookup("scorer", "numeric")
+    assert old is registry_lookup("task", "numeric") and old.kind == "task"
+    with pytest.warns(DeprecationWarning):
+        assert registry_names("scorer") == registry_names("task")
 
 
 def test_a_refused_registration_leaves_the_earlier_entry_in_place():

@@ -1,4 +1,4 @@
-"""Scorers by name (kind "scorer" of the one registry), and which one an example calls for.
+"""Scorers by name (kind "task" of the one registry: a scorer name names a task type), and which one an example calls for.
 
 A scorer name (`--scorer`, an example's `scorer` field) names a task type (`colab_graphs.tasks.task_types`), which
 owns extraction, comparison, prompting and scoring for that kind of task. `register_scorer` also takes a plain
@@ -37,7 +37,7 @@ def register_task(task: TaskType) -> TaskType:
     """Register a task type under its `name`; a name another source registered is a `NameClash` naming both
     (`colab_graphs.registry.registry_add`). The source is the task's class, or a plain scorer's function."""
     source = source_of(task.fn) if isinstance(task, ScorerTask) else None
-    registry_add("scorer", task.name, task, source=source)
+    registry_add("task", task.name, task, source=source)
     return task
 
 
@@ -52,11 +52,11 @@ def register_scorer(name: str) -> Callable[[ScorerFn], ScorerFn]:
 
 
 def scorer_names() -> list[str]:
-    return registry_names("scorer")
+    return registry_names("task")
 
 
 def get_task(name: str) -> TaskType:
-    task: TaskType = registry_lookup("scorer", name).obj  # `register_task` stores only TaskType objects
+    task: TaskType = registry_lookup("task", name).obj  # `register_task` stores only TaskType objects
     return task
 
 
