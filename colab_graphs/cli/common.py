@@ -70,35 +70,28 @@ def parse_params(pairs: list[str] | None) -> dict[str, str]:
 
 
 def load_pool(path: Path | None) -> Pool:
-    try:
-        if path is None:
-            from colab_graphs.defaults import default_pool
+    """The pool file `path` (None: the embedded default), as `colab_graphs.api.as_pool` reads it; a problem is
+    a usage error naming the file and line."""
+    from colab_graphs.api import as_pool
 
-            return default_pool()
-        return Pool.from_yaml(path)
+    try:
+        return as_pool(path)
     except PoolError as err:
         fail(str(err))
 
 
-def load_data(
-    source: str | None,
-    limit: int | None,
-    seed: int | None = None,
-    split: str | None = None,
-    scorer: str | None = None,
-):
-    from colab_graphs.tasks.loaders import load_examples
+def load_data(source: str | None, limit: int | None, seed: int | None = None, scorer: str | None = None):
+    """The examples of `source` (None: the embedded default), as `colab_graphs.api.as_examples` reads them; a
+    problem (file:line where a record is wrong) is a usage error, and so is a source with no examples."""
+    from colab_graphs.api import as_examples
+    from colab_graphs.defaults import DEFAULT_DATA
 
-    if source is None:
-        from colab_graphs.defaults import DEFAULT_DATA, DEFAULT_LIMIT
-
-        source, limit = DEFAULT_DATA, limit or DEFAULT_LIMIT
     try:
-        examples = load_examples(source, limit=limit, shuffle_seed=seed, split=split, scorer=scorer)
+        examples = as_examples(source, limit=limit, seed=seed, scorer=scorer)
     except (ValueError, FileNotFoundError, ImportError, KeyError) as err:
         fail(str(err))
     if not examples:
-        fail(f"{source}: no examples")
+        fail(f"{source or DEFAULT_DATA}: no examples")
     return examples
 
 
