@@ -165,7 +165,7 @@ def _teammates_row(play: Any, question: str, answer: str, view: Any, swap: bool)
 def load(folder: str, label: str, bf16: bool) -> str:
     """Serve the policy in `folder` as the local model `crl-team-LABEL`; its name (one per policy, so no
     cache can mix two policies' calls)."""
-    from colab_graphs.models.local import set_local_model
+    from colab_graphs.local.provider import set_local_model
     from colab_graphs.trainers import system
 
     model, tokenizer = system.load_policy(folder, "cpu")
@@ -326,7 +326,7 @@ def run_evaluations(
                 json.dumps({"evaluated": label, "wall_s": round(time.perf_counter() - started)}), flush=True
             )
     finally:
-        from colab_graphs.models.local import unload
+        from colab_graphs.local.provider import unload
 
         unload(f"crl-team-{base}")
 

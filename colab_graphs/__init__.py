@@ -32,7 +32,7 @@ from colab_graphs.api import (
 from colab_graphs.builder import GraphBuilder
 from colab_graphs.coalition import restrict
 from colab_graphs.compile import RunContext, compile_graph
-from colab_graphs.models.binding import MemberAbsent
+from colab_graphs.langchain.binding import MemberAbsent
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import CallError, ModelClient
 from colab_graphs.pool import Member, Pool, PoolError

@@ -29,6 +29,25 @@ MOVED: dict[str, str] = {
     "colab_graphs.data.loaders": "colab_graphs.tasks.loaders",
     "colab_graphs.data.scoring": "colab_graphs.tasks.scoring",
     "colab_graphs.data.tasks": "colab_graphs.tasks.task_types",
+    # models/ split by concern: the call path stays; in-process inference, the server and the LangChain
+    # adapters have packages of their own.
+    "colab_graphs.models.local": "colab_graphs.local.provider",
+    "colab_graphs.models.local_engine": "colab_graphs.local.local_engine",
+    "colab_graphs.models.engines": "colab_graphs.local.engines",
+    "colab_graphs.models.logits": "colab_graphs.local.logits",
+    "colab_graphs.models.merge": "colab_graphs.local.merge",
+    "colab_graphs.models.zoo": "colab_graphs.local.zoo",
+    "colab_graphs.models.guided": "colab_graphs.local.guided",
+    "colab_graphs.models.json_guide": "colab_graphs.local.json_guide",
+    "colab_graphs.models.server": "colab_graphs.serve.server",
+    "colab_graphs.models.http": "colab_graphs.serve.http",
+    "colab_graphs.models.openai_api": "colab_graphs.serve.openai_api",
+    "colab_graphs.models.serve_replies": "colab_graphs.serve.serve_replies",
+    "colab_graphs.models.tool_calls": "colab_graphs.serve.tool_calls",
+    "colab_graphs.models.chat_model": "colab_graphs.langchain.chat_model",
+    "colab_graphs.models.lc": "colab_graphs.langchain.lc",
+    "colab_graphs.models.member_chat": "colab_graphs.langchain.member_chat",
+    "colab_graphs.models.binding": "colab_graphs.langchain.binding",
 }
 
 

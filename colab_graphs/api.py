@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from colab_graphs.files import holding
-from colab_graphs.models.binding import AbsentRule
+from colab_graphs.langchain.binding import AbsentRule
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient, background_loop
 from colab_graphs.pool import Pool
@@ -43,7 +43,7 @@ from colab_graphs.tasks.loaders import load_examples
 
 if TYPE_CHECKING:
     from colab_graphs.audit.report import AuditReport
-    from colab_graphs.models.member_chat import MemberChatModel
+    from colab_graphs.langchain.member_chat import MemberChatModel
     from colab_graphs.study.report import StudyReport
     from colab_graphs.trainers.config import TrainConfig
 
@@ -497,7 +497,7 @@ def member_chat_model(
         >>> coder.bind_tools([run_python]).invoke("Print 2 + 2")   # doctest: +SKIP
     """
     # LangChain's chat model base loads here, not when the package is imported.
-    from colab_graphs.models.member_chat import MemberChatModel
+    from colab_graphs.langchain.member_chat import MemberChatModel
 
     return MemberChatModel(
         member_name=name, on_absent=on_absent, substitute=substitute, pool=pool, client=client, **options
@@ -514,7 +514,7 @@ def use_pool(pool: PoolLike, client: ModelClient | None = None) -> Iterator[Pool
         >>> with cg.use_pool("pool.yaml"):                                   # doctest: +SKIP
         ...     print(asyncio.run(app.ainvoke({"input": "What is 2 + 3?"}))["answer"])
     """
-    from colab_graphs.models.binding import MemberBinding, bind_members
+    from colab_graphs.langchain.binding import MemberBinding, bind_members
     from colab_graphs.models.client import default_client
 
     the_pool = as_pool(pool)

@@ -289,7 +289,7 @@ def test_generation_hook_gives_each_turn_its_rollouts_group_advantage(trainer, l
 def test_training_changes_the_seated_policy(trainer, live) -> None:
     import torch
 
-    from colab_graphs.models.local import get_engine
+    from colab_graphs.local.provider import get_engine
 
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.args.max_steps = 2

@@ -46,7 +46,7 @@ from typing import Any
 
 from colab_graphs.audit.app_contract import AppContractError, AppError, AppIO, PlayRun, schema_keys
 from colab_graphs.audit.game import CoalitionGame, coalition_id
-from colab_graphs.models.binding import MemberAbsent, MemberBinding, bind_members
+from colab_graphs.langchain.binding import MemberAbsent, MemberBinding, bind_members
 from colab_graphs.models.client import CallError, ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.tasks.example import Example

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from colab_graphs.files import atomic_write_text
+from colab_graphs.local.merge import Work, merges_home
 from colab_graphs.models.client import ModelClient
-from colab_graphs.models.merge import Work, merges_home
 from colab_graphs.pool import Pool
 from colab_graphs.tasks.example import Example
 
@@ -92,7 +92,7 @@ def member_identity(pool: Pool, name: str) -> dict[str, Any]:
     member = pool[name]
     out: dict[str, Any] = {"settings": member.generation_settings(), "persona": member.system_prompt}
     if member.model.startswith(LOCAL_PREFIX):
-        from colab_graphs.models import merge
+        from colab_graphs.local import merge
 
         # A name served from memory (set_local_model) has no folder: its settings are all there is to key on.
         with contextlib.suppress(FileNotFoundError, merge.MergeError):

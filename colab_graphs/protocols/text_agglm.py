@@ -309,6 +309,6 @@ def _train(config_fields: dict[str, Any], pool: Pool, members: list[str]) -> dic
 
 
 def _served(pool: Pool, member: str) -> Path:
-    from colab_graphs.models import merge
+    from colab_graphs.local import merge
 
     return merge.served_folder(pool[member].model.removeprefix("local/"))

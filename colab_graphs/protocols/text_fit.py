@@ -212,8 +212,8 @@ def finetune(
     import torch
     from datasets import Dataset
 
-    from colab_graphs.models import merge
-    from colab_graphs.models.local import get_engine
+    from colab_graphs.local import merge
+    from colab_graphs.local.provider import get_engine
     from colab_graphs.trainers.config import TrainConfig
     from colab_graphs.trainers.export import export_policy
     from colab_graphs.trainers.grpo import CRLTrainer
@@ -283,7 +283,7 @@ async def finetune_members(
 
 def check_models(name: str, models: dict[str, str]) -> None:
     """Raise `FitError` when a cached fit names a trained model folder that is gone (say what to delete)."""
-    from colab_graphs.models.merge import merges_home
+    from colab_graphs.local.merge import merges_home
 
     missing = [folder for folder in models.values() if not (Path(folder) / "config.json").is_file()]
     if missing:

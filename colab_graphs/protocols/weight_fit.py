@@ -5,7 +5,7 @@ that its members' weights can be merged (in-process `local/` folders of one arch
 for `lorahub`), fits the method on the dev split when it searches (`greedy_soup`, `model_swarms`, `lorahub`,
 `expo` choosing among members), merges, and returns the spec whose seat calls the merged model.
 
-A `Recipe` names a model made from weights (an operation of `colab_graphs.models.merge` over input folders, or
+A `Recipe` names a model made from weights (an operation of `colab_graphs.local.merge` over input folders, or
 a member's own model); `_Coalition.score` runs the coalition's seat over the dev examples with a recipe's model
 served in memory (its calls through the run's client and cache). A fit is stored under `merges_home()/fits/`,
 keyed by method, the members and the sha256 of their weights, the dev examples, the scorer, the seat's settings
@@ -26,7 +26,7 @@ from typing import Any
 
 from colab_graphs.files import atomic_write_text
 from colab_graphs.fitting import Fitted
-from colab_graphs.models import merge
+from colab_graphs.local import merge
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.protocol_registry import get_protocol
@@ -181,7 +181,7 @@ class _Coalition:
         if key in self._scores:
             return self._scores[key]
         from colab_graphs.compile import compile_graph
-        from colab_graphs.models.local import set_local_model, unload
+        from colab_graphs.local.provider import set_local_model, unload
         from colab_graphs.runner import run_example
 
         examples = self.dev()
