@@ -68,8 +68,7 @@ class _Alias(importlib.abc.Loader):
             frame.f_lineno,
             module=frame.f_globals.get("__name__"),
             registry=frame.f_globals.setdefault("__warningregistry__", {}),
-            module_globals=frame.f_globals,
-        )
+        )  # (no module_globals: its loader would be asked for source lines, and `python -c`'s has none)
         return importlib.import_module(self.new)
 
     def exec_module(self, module: ModuleType) -> None:

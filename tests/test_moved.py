@@ -39,6 +39,16 @@ def test_an_old_path_warns_where_it_is_imported():
     assert {Path(w.filename).name for w in caught} <= {Path(__file__).name, "__init__.py"}
 
 
+def test_an_old_path_warns_in_a_script_run_with_python_c():
+    code = "import colab_graphs.models.local as old, colab_graphs.local.provider as new; print(old is new)"
+    done = subprocess.run(
+        [sys.executable, "-W", "default", "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"
+    assert "MovedModuleWarning: colab_graphs.models.local moved to colab_graphs.local.provider" in done.stderr
+
+
 def test_no_tracked_text_says_an_old_path():
     tracked = subprocess.run(
         ["git", "ls-files", "*.py", "*.md", "*.toml"], cwd=ROOT, capture_output=True, text=True, check=True
