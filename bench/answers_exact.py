@@ -36,12 +36,12 @@ from colab_graphs.audit import answers  # noqa: E402
 from colab_graphs.audit.game import CoalitionGame, coalition_id  # noqa: E402
 from colab_graphs.audit.run import play_audit  # noqa: E402
 from colab_graphs.audit.stratified import exact_shapley_table  # noqa: E402
-from colab_graphs.data.builtin import builtin_task  # noqa: E402
-from colab_graphs.data.scoring import view_for  # noqa: E402
 from colab_graphs.models.cache import CallCache  # noqa: E402
 from colab_graphs.models.client import ModelClient  # noqa: E402
 from colab_graphs.pool import Pool  # noqa: E402
 from colab_graphs.protocol_registry import build_protocol  # noqa: E402
+from colab_graphs.tasks.builtin import builtin_task  # noqa: E402
+from colab_graphs.tasks.scoring import view_for  # noqa: E402
 from colab_graphs.testing import ScriptedServer, arithmetic_solver  # noqa: E402
 
 

@@ -51,12 +51,12 @@ import colab_graphs._env  # noqa: F401  (offline settings before litellm loads)
 from colab_graphs.audit.estimators import plan_coalitions
 from colab_graphs.audit.run import play_audit
 from colab_graphs.coalition import restrict
-from colab_graphs.data.builtin import builtin_task
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.protocol_registry import build_protocol
 from colab_graphs.runner import run_dataset
+from colab_graphs.tasks.builtin import builtin_task
 
 ACCURACIES = [0.85, 0.75, 0.65, 0.55, 0.45, 0.35, 0.6, 0.5]
 SCENARIOS = {  # name -> (protocol, members, method, budget)

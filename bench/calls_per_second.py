@@ -47,11 +47,11 @@ from audit_efficiency import distinct_requests, server_cpu_s, start_server
 
 import colab_graphs._env  # noqa: F401  (offline settings before litellm loads)
 from colab_graphs.audit.run import play_audit
-from colab_graphs.data.builtin import builtin_task
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.protocol_registry import build_protocol
+from colab_graphs.tasks.builtin import builtin_task
 
 MEMBERS = [f"m{i + 1}" for i in range(5)]
 MODES = ["httpx", "aiohttp", "openai", "litellm", "client", "client-litellm", "audit"]

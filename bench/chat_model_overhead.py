@@ -28,8 +28,8 @@ from langchain_core.callbacks import BaseCallbackHandler
 import colab_graphs._env  # noqa: F401  (offline settings before litellm loads)
 from colab_graphs.builder import GraphBuilder
 from colab_graphs.compile import compile_graph
+from colab_graphs.langchain.chat_model import LiteLLMChatModel
 from colab_graphs.models.cache import CallCache
-from colab_graphs.models.chat_model import LiteLLMChatModel
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.testing import ScriptedServer, echo

@@ -31,9 +31,9 @@ import statistics
 import time
 from datetime import date
 
-from colab_graphs.data.loaders import load_examples
-from colab_graphs.data.scoring import apply_scorer, get_scorer
 from colab_graphs.sandbox import runner as sandbox
+from colab_graphs.tasks.loaders import load_examples
+from colab_graphs.tasks.scoring import apply_scorer, get_scorer
 
 _SINGLE_PROCESS = """\
 _ns = {{"__name__": "solution"}}

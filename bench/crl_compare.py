@@ -49,9 +49,9 @@ from pathlib import Path
 from typing import Any
 
 import colab_graphs._env  # noqa: F401  (process defaults before transformers / litellm load)
-from colab_graphs.data.example import Example
-from colab_graphs.data.scoring import view_for
 from colab_graphs.defaults import DEFAULT_POOL
+from colab_graphs.tasks.example import Example
+from colab_graphs.tasks.scoring import view_for
 from colab_graphs.trainers import system
 from colab_graphs.trainers.config import config_from_dict
 from colab_graphs.trainers.pipeline import train
@@ -191,9 +191,9 @@ def transfer(
     folder: str, args: argparse.Namespace, held: list[Example], seed: int, cache: Path
 ) -> list[dict]:
     """The policy in `folder` (a HF folder or zoo name) as proposer and aggregator of `mixture_of_agents`."""
+    from colab_graphs.local.provider import set_local_model
     from colab_graphs.models.cache import CallCache
     from colab_graphs.models.client import ModelClient
-    from colab_graphs.models.local import set_local_model
     from colab_graphs.pool import Pool
     from colab_graphs.protocol_registry import build_protocol
     from colab_graphs.trainers.evaluate import evaluate

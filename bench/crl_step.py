@@ -105,8 +105,8 @@ def time_generation(trainer: Any, recorder: Any) -> None:
 def crl(steps: int, out: Path, tokens: int, policy: str = "tiny-random") -> Any:
     from datasets import Dataset
 
-    from colab_graphs.data.builtin import builtin_task
     from colab_graphs.models.client import ModelClient
+    from colab_graphs.tasks.builtin import builtin_task
     from colab_graphs.testing.server import server_for_configs
     from colab_graphs.trainers import system
     from colab_graphs.trainers.config import config_from_dict
@@ -143,7 +143,7 @@ def plain(steps: int, out: Path, tokens: int, policy: str = "tiny-random") -> An
     from datasets import Dataset
     from trl import GRPOTrainer
 
-    from colab_graphs.data.builtin import builtin_task
+    from colab_graphs.tasks.builtin import builtin_task
     from colab_graphs.trainers import system
     from colab_graphs.trainers.config import config_from_dict
     from colab_graphs.trainers.pipeline import grpo_args

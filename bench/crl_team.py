@@ -165,7 +165,7 @@ def _teammates_row(play: Any, question: str, answer: str, view: Any, swap: bool)
 def load(folder: str, label: str, bf16: bool) -> str:
     """Serve the policy in `folder` as the local model `crl-team-LABEL`; its name (one per policy, so no
     cache can mix two policies' calls)."""
-    from colab_graphs.models.local import set_local_model
+    from colab_graphs.local.provider import set_local_model
     from colab_graphs.trainers import system
 
     model, tokenizer = system.load_policy(folder, "cpu")
@@ -189,9 +189,9 @@ def evaluate(
     """
     from colab_graphs.audit.game import CoalitionGame, coalition_id
     from colab_graphs.audit.run import play_audit
-    from colab_graphs.data.scoring import view_for
     from colab_graphs.models.client import ModelClient
     from colab_graphs.pool import Pool
+    from colab_graphs.tasks.scoring import view_for
     from colab_graphs.testing.server import server_for_configs
     from colab_graphs.trainers.rollout import LoopThread
 
@@ -326,7 +326,7 @@ def run_evaluations(
                 json.dumps({"evaluated": label, "wall_s": round(time.perf_counter() - started)}), flush=True
             )
     finally:
-        from colab_graphs.models.local import unload
+        from colab_graphs.local.provider import unload
 
         unload(f"crl-team-{base}")
 
@@ -522,7 +522,7 @@ def main() -> None:
         )
     started = time.time()
     data = write_data(args.out, args.train_size, args.eval_size)
-    from colab_graphs.data.loaders import load_examples
+    from colab_graphs.tasks.loaders import load_examples
 
     held, transfer = load_examples(str(data[1])), load_examples(str(data[2]))
     train_keys = {team.question_key(e.input) for e in load_examples(str(data[0]))}

@@ -30,7 +30,7 @@ def load_checkpoint(base: str, checkpoint: Path, label: str, bf16: bool) -> str:
     """Serve `base` with the LoRA adapter in `checkpoint` merged as the local model `crl-team-LABEL`."""
     from peft import PeftModel
 
-    from colab_graphs.models.local import set_local_model
+    from colab_graphs.local.provider import set_local_model
     from colab_graphs.trainers import system
 
     model, tokenizer = system.load_policy(base, "cpu")
@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bf16", action="store_true", help="evaluate bf16 weights (as the study's --bf16)")
     args = parser.parse_args(argv)
     manifest = json.loads((args.study / "manifest.json").read_text())
-    from colab_graphs.data.loaders import load_examples
-    from colab_graphs.models.local import unload
+    from colab_graphs.local.provider import unload
+    from colab_graphs.tasks.loaders import load_examples
 
     held = load_examples(str(args.study / "data" / "eval.jsonl"))
     rows_dir = args.study / "rows"

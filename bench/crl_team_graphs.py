@@ -52,10 +52,10 @@ from typing import Any
 
 import colab_graphs._env  # noqa: F401  (process defaults before transformers / litellm load)
 from colab_graphs.builder import GraphBuilder
-from colab_graphs.data.tasks import TaskView
 from colab_graphs.protocols.prompts import ANSWER
 from colab_graphs.registry import aggregator
 from colab_graphs.spec import END, START, GraphSpec
+from colab_graphs.tasks.task_types import TaskView
 from colab_graphs.testing.scripts import SCRIPTS, Messages, last_user_text, unit_draw
 
 TEAMMATES = ("adder", "multiplier")

@@ -18,7 +18,7 @@ import os
 import platform
 import time
 
-from colab_graphs.data.answers import extract_choice, extract_math, extract_number, extract_text
+from colab_graphs.tasks.answers import extract_choice, extract_math, extract_number, extract_text
 
 CHOICES = ["Mercury", "Blue whale", "whale"]
 CASES = {

@@ -4,7 +4,7 @@ What it measures, per model shape (random weights built in process from a config
 carry; `tiny` is the zoo's tiny-random shape, `smollm2-135m` and `qwen2.5-0.5b` are those models' shapes
 with their vocabularies), on `--device` (cuda by default):
 
-1. rollout generation with the package's own engine (`colab_graphs.models.local_engine`, what serves the
+1. rollout generation with the package's own engine (`colab_graphs.local.local_engine`, what serves the
    policy in training): `--rollouts` seeded requests of `--prompt-tokens` tokens, up to `--new-tokens` new
    tokens each, sampled at temperature 0.7, decoded as one batch; tokens/s and peak GPU memory; and whether
    the seeded rows repeat token for token when decoded again in batches of half the size (the seed contract
@@ -74,7 +74,7 @@ class _Refuse(importlib.abc.MetaPathFinder):
 
 
 def bare_package() -> None:
-    """Make `colab_graphs.models.local_engine` and `colab_graphs.trainers.segments` importable without the
+    """Make `colab_graphs.local.local_engine` and `colab_graphs.trainers.segments` importable without the
     package's `__init__` (which imports LangGraph and LiteLLM): bare package modules over their folders."""
     for name in ("colab_graphs", "colab_graphs.models", "colab_graphs.trainers"):
         module = types.ModuleType(name)
@@ -193,7 +193,7 @@ def generate(engine: Any, args: argparse.Namespace, device: str) -> tuple[list[A
     """The rollouts (one batch), their tokens/s and memory, and whether seeded rows repeat in half batches."""
     import random
 
-    from colab_graphs.models.local_engine import GenerationRequest
+    from colab_graphs.local.local_engine import GenerationRequest
 
     rng = random.Random(0)
     vocab = engine.model.config.vocab_size
@@ -316,7 +316,7 @@ def update(
 
 
 def check_shape(shape: str, args: argparse.Namespace, device: str) -> dict[str, Any]:
-    from colab_graphs.models.local_engine import LocalEngine
+    from colab_graphs.local.local_engine import LocalEngine
 
     started = time.perf_counter()
     model, tokenizer = build_model(shape, device)

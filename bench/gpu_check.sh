@@ -70,7 +70,7 @@ with zipfile.ZipFile(src) as zin, zipfile.ZipFile(src + ".tmp", "w", zipfile.ZIP
         zout.writestr(info, data)
 os.replace(src + ".tmp", src)
 EOF
-    folder=$($PY -c 'from colab_graphs.models.zoo import resolve; print(resolve("smollm2-135m"))') || exit 1
+    folder=$($PY -c 'from colab_graphs.local.zoo import resolve; print(resolve("smollm2-135m"))') || exit 1
     mkdir -p "$WHL/smollm2-shape"
     for f in config.json generation_config.json tokenizer.json tokenizer_config.json chat_template.jinja; do
         cp "$folder/$f" "$WHL/smollm2-shape/" || exit 1
@@ -162,7 +162,7 @@ import litellm, langgraph, langchain_core, pydantic, datasets, trl, transformers
 from trl import GRPOConfig, GRPOTrainer  # noqa: F401
 from colab_graphs.trainers.grpo import CRLTrainer  # noqa: F401
 from colab_graphs.trainers.pipeline import train  # noqa: F401
-from colab_graphs.models.local import get_engine  # noqa: F401
+from colab_graphs.local.provider import get_engine  # noqa: F401
 import colab_graphs.cli.app  # noqa: F401
 print(f"imports ok in {time.perf_counter() - t0:.1f} s")
 EOF

@@ -136,7 +136,7 @@ def main() -> None:
     if args.batch % args.pass_rows or args.batch % args.generations:
         parser.error("--batch must be a multiple of --pass-rows and of --generations")
 
-    from colab_graphs.models.zoo import resolve
+    from colab_graphs.local.zoo import resolve
 
     policy_config = json.loads((resolve(args.policy) / "config.json").read_text())
     estimate = memory_estimate(

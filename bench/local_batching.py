@@ -20,7 +20,7 @@ import time
 from local_engine import prompts  # bench/local_engine.py: the same prompts
 
 import colab_graphs._env  # noqa: F401
-from colab_graphs.models.local import build_request, get_engine
+from colab_graphs.local.provider import build_request, get_engine
 
 
 async def main() -> None:

@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any
 
 import colab_graphs._env  # noqa: F401
-from colab_graphs.models.local import build_request, get_engine
-from colab_graphs.models.local_engine import GenerationRequest, LocalEngine, decoding_threads
+from colab_graphs.local.local_engine import GenerationRequest, LocalEngine, decoding_threads
+from colab_graphs.local.provider import build_request, get_engine
 
 TOPICS = [
     "the water cycle",

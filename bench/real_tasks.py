@@ -38,13 +38,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from colab_graphs.data.loaders import load_examples
 from colab_graphs.defaults import DEFAULT_POOL
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.protocol_registry import build_protocol
 from colab_graphs.runner import run_dataset
+from colab_graphs.tasks.loaders import load_examples
 
 TASKS = {"humaneval": 320, "arc_challenge": 64, "gsm8k": 160}  # source -> max_tokens
 GEMMA = {"model": "local/gemma3-270m", "temperature": 0.0, "max_tokens": 48, "description": "Gemma-3-270m"}

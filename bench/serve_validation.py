@@ -25,10 +25,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import colab_graphs._env  # noqa: F401
-from colab_graphs.models import server as serve_module
-from colab_graphs.models.local import get_engine
-from colab_graphs.models.openai_api import ChatCompletionRequest, FunctionSpec, Message, Tool, parse_body
-from colab_graphs.models.serve_replies import ChatReply
+from colab_graphs.local.provider import get_engine
+from colab_graphs.serve import server as serve_module
+from colab_graphs.serve.openai_api import ChatCompletionRequest, FunctionSpec, Message, Tool, parse_body
+from colab_graphs.serve.serve_replies import ChatReply
 
 BODY: dict[str, Any] = {
     "model": "tiny",

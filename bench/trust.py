@@ -60,10 +60,10 @@ def dead_endpoint_seconds(preflight: bool) -> tuple[float, str]:
     import litellm  # noqa: F401  (its import is not what is measured)
 
     from colab_graphs.audit.run import AuditError, play_audit
-    from colab_graphs.data.example import Example
     from colab_graphs.models.client import ModelClient
     from colab_graphs.pool import Pool
     from colab_graphs.protocol_registry import build_protocol
+    from colab_graphs.tasks.example import Example
     from colab_graphs.testing import ScriptedServer
 
     with socket.socket() as s:

@@ -32,7 +32,7 @@ VARIANTS = {
 def child(batches: list[int], max_tokens: int) -> None:
     from local_engine import prompts  # bench/local_engine.py: the same prompts as the engine's own bench
 
-    from colab_graphs.models.local import build_request, get_engine
+    from colab_graphs.local.provider import build_request, get_engine
 
     engine = get_engine("smollm2-135m")
     messages = prompts(max(batches))

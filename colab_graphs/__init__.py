@@ -11,6 +11,7 @@ functions that use them, so importing this package stays quick.
 # Process defaults before anything imports litellm or transformers (see _env): a library user's first call
 # must not block on litellm's price-table download where there is no network.
 import colab_graphs._env  # noqa: F401
+import colab_graphs._moved  # noqa: F401  (old import paths of moved modules, for one release)
 from colab_graphs.aggregators import get_aggregator, get_router
 from colab_graphs.api import (
     Progress,
@@ -31,11 +32,7 @@ from colab_graphs.api import (
 from colab_graphs.builder import GraphBuilder
 from colab_graphs.coalition import restrict
 from colab_graphs.compile import RunContext, compile_graph
-from colab_graphs.data.example import DatasetError, Example
-from colab_graphs.data.loaders import load_examples
-from colab_graphs.data.scoring import get_scorer, get_task, register_scorer, register_task, task_for
-from colab_graphs.data.tasks import Score, TaskType, TaskView
-from colab_graphs.models.binding import MemberAbsent
+from colab_graphs.langchain.binding import MemberAbsent
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import CallError, ModelClient
 from colab_graphs.pool import Member, Pool, PoolError
@@ -43,6 +40,10 @@ from colab_graphs.protocol_registry import build_protocol, get_protocol, list_pr
 from colab_graphs.registry import aggregator, protocol, router
 from colab_graphs.runner import run_dataset
 from colab_graphs.spec import END, START, Aggregate, GraphSpec, LogitSeat, Seat, SpecError
+from colab_graphs.tasks.example import DatasetError, Example
+from colab_graphs.tasks.loaders import load_examples
+from colab_graphs.tasks.scoring import get_scorer, get_task, register_scorer, register_task, task_for
+from colab_graphs.tasks.task_types import Score, TaskType, TaskView
 from colab_graphs.trace import Call, Trace
 
 __version__ = "0.1.0"

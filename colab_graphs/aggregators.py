@@ -6,7 +6,7 @@ its route's `path_map`. Register your own with `@aggregator("name")` / `@router(
 
 Whatever depends on what an answer is (extracting it from a reply, telling whether two answers are the same)
 is asked of the run's task: aggregators receive it as the keyword `task` (a `TaskView`: the task type bound to
-the example; see `colab_graphs.data.tasks`), routers as `view["task"]`. Code stays code, a letter a letter.
+the example; see `colab_graphs.tasks.task_types`), routers as `view["task"]`. Code stays code, a letter a letter.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from colab_graphs.data.tasks import TaskView
 from colab_graphs.registry import aggregator, registry_lookup, router
+from colab_graphs.tasks.task_types import TaskView
 
 AggregatorFn = Callable[..., str]
 RouterFn = Callable[..., str]

@@ -29,21 +29,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from colab_graphs.data.checks import check_examples
-from colab_graphs.data.example import Example
-from colab_graphs.data.loaders import load_examples
 from colab_graphs.files import holding
-from colab_graphs.models.binding import AbsentRule
+from colab_graphs.langchain.binding import AbsentRule
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient, background_loop
 from colab_graphs.pool import Pool
 from colab_graphs.runner import ExampleOutcome
 from colab_graphs.spec import GraphSpec
 from colab_graphs.tables import html_table, to_dataset, to_pandas
+from colab_graphs.tasks.checks import check_examples
+from colab_graphs.tasks.example import Example
+from colab_graphs.tasks.loaders import load_examples
 
 if TYPE_CHECKING:
     from colab_graphs.audit.report import AuditReport
-    from colab_graphs.models.member_chat import MemberChatModel
+    from colab_graphs.langchain.member_chat import MemberChatModel
     from colab_graphs.study.report import StudyReport
     from colab_graphs.trainers.config import TrainConfig
 
@@ -215,7 +215,7 @@ def as_examples(
     if isinstance(data, str | os.PathLike):
         return load_examples(data, limit=limit, shuffle_seed=seed, scorer=named)
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        from colab_graphs.data.example import DatasetError
+        from colab_graphs.tasks.example import DatasetError
 
         raise DatasetError(f"limit must be an integer >= 1 (None: every example), got {limit!r}")
     examples = [e if isinstance(e, Example) else Example.model_validate(e) for e in data]
@@ -304,9 +304,9 @@ async def arun(
     example's deadline and the stall watchdog's time, as `arun_audit`'s (an app's default deadline: 600 s).
     """
     from colab_graphs.audit.app import run_app
-    from colab_graphs.data.scoring import require_sandbox
     from colab_graphs.fitting import run_fitted
     from colab_graphs.sandbox import scope
+    from colab_graphs.tasks.scoring import require_sandbox
 
     the_pool = as_pool(pool)
     the_app = _app_of(protocol, app, the_pool, input_key, answer_key, mode)
@@ -497,7 +497,7 @@ def member_chat_model(
         >>> coder.bind_tools([run_python]).invoke("Print 2 + 2")   # doctest: +SKIP
     """
     # LangChain's chat model base loads here, not when the package is imported.
-    from colab_graphs.models.member_chat import MemberChatModel
+    from colab_graphs.langchain.member_chat import MemberChatModel
 
     return MemberChatModel(
         member_name=name, on_absent=on_absent, substitute=substitute, pool=pool, client=client, **options
@@ -514,7 +514,7 @@ def use_pool(pool: PoolLike, client: ModelClient | None = None) -> Iterator[Pool
         >>> with cg.use_pool("pool.yaml"):                                   # doctest: +SKIP
         ...     print(asyncio.run(app.ainvoke({"input": "What is 2 + 3?"}))["answer"])
     """
-    from colab_graphs.models.binding import MemberBinding, bind_members
+    from colab_graphs.langchain.binding import MemberBinding, bind_members
     from colab_graphs.models.client import default_client
 
     the_pool = as_pool(pool)

@@ -7,8 +7,6 @@ protocol library.
 from __future__ import annotations
 
 from colab_graphs import aggregators  # noqa: F401  (vote, first, last, concat, extract; match_name, confidence)
-from colab_graphs.data.scoring import register_task
-from colab_graphs.data.tasks import BUILTIN_TASKS
 from colab_graphs.protocols import (  # noqa: F401
     api,
     api_decoding,
@@ -25,6 +23,8 @@ from colab_graphs.protocols import (  # noqa: F401
     text_swarms,
     weight,
 )
+from colab_graphs.tasks.scoring import register_task
+from colab_graphs.tasks.task_types import BUILTIN_TASKS
 
 for _task in BUILTIN_TASKS:
     register_task(_task)

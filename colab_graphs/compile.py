@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 from typing_extensions import TypedDict  # pydantic builds JSON schemas from it on 3.11 (get_input_jsonschema)
 
-from colab_graphs.data.example import Example
-from colab_graphs.data.tasks import DEFAULT_INSTRUCTION, TaskType, TaskView
+from colab_graphs.langchain.lc import ChatRun
 from colab_graphs.logit_pool import check_pool_supports, check_seat_supports
 from colab_graphs.models.client import ModelClient, background_loop, default_client
 from colab_graphs.models.flight import Memo
-from colab_graphs.models.lc import ChatRun
 from colab_graphs.models.spend import CapReached
 from colab_graphs.pool import Pool
 from colab_graphs.registry import registry_lookup
 from colab_graphs.spec import END, START, Aggregate, Edge, GraphSpec, LogitSeat, Route, Seat, is_pattern
+from colab_graphs.tasks.example import Example
+from colab_graphs.tasks.task_types import DEFAULT_INSTRUCTION, TaskType, TaskView
 from colab_graphs.trace import Call, Trace
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ def task_view(state: GraphState, runtime: Any, fallback: RunContext | None) -> T
         example = Example.model_validate(fields)
     except ValueError:
         example = Example(id="", input=str(state.get("input", "")))
-    from colab_graphs.data.scoring import task_for
+    from colab_graphs.tasks.scoring import task_for
 
     try:
         return TaskView(task_for(example), example)
@@ -316,7 +316,7 @@ def _logit_fn(
         check_seat_supports(node, rt.pool, graph=node.name)
         overrides = dict(node.settings)
         if len(members) > 1:
-            # The local provider decodes with every member's next-token distribution (see models/logits.py).
+            # The local provider decodes with every member's next-token distribution (see local/logits.py).
             overrides["metadata"] = {
                 "colab_graphs": {
                     "logit_mode": node.mode,

@@ -25,8 +25,8 @@ from colab_graphs.protocol_registry import get_protocol
 from colab_graphs.spec import GraphSpec
 
 if TYPE_CHECKING:
-    from colab_graphs.data.example import Example
     from colab_graphs.runner import ExampleOutcome
+    from colab_graphs.tasks.example import Example
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The one registry: protocols, aggregators, routers and scorers by kind and name.
+"""The one registry: protocols, aggregators, routers and task types (what `--scorer` names) by kind and name.
 
 Each is registered by a decorator that records its arguments (a protocol's family, description, member bounds,
 and the defaults and docs of its parameters), as inspect_ai's registry does, so a report can name what ran and
@@ -7,7 +7,7 @@ the CLI can list and rebuild it:
     @protocol("draft_critique", family="text", description="...")      # a GraphSpec builder
     @aggregator("vote")                                                 # (inputs, *, task, **params) -> str
     @router("confidence")                                               # (view, path_map, **params) -> key
-    register_task(NumericTask())                                        # a scorer: a task type (data/tasks.py)
+    register_task(NumericTask())                                        # kind "task": a TaskType (tasks/task_types.py)
 
 Plugins: every entry point of the group ``colab_graphs.plugins`` is loaded (imported; a callable entry point
 is also called) the first time a name is looked up. The package's own built-ins are such a plugin
@@ -24,13 +24,21 @@ import difflib
 import inspect
 import re
 import threading
+import warnings
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Literal, TypeVar
 
-Kind = Literal["protocol", "aggregator", "router", "scorer"]
-KINDS: tuple[Kind, ...] = ("protocol", "aggregator", "router", "scorer")
+Kind = Literal["protocol", "aggregator", "router", "task"]
+KINDS: tuple[Kind, ...] = ("protocol", "aggregator", "router", "task")
+# What a user calls an entry of a kind in messages: a task type is named by `--scorer` and an example's
+# `scorer` field, so an unknown one is an "unknown scorer".
+NOUNS: dict[str, str] = {"task": "scorer"}
+# Kind names of the previous release, accepted with a DeprecationWarning for one release: "scorer" (the kind
+# always stored TaskType objects).
+OLD_KINDS: dict[str, Kind] = {"scorer": "task"}
+AnyKind = Kind | Literal["scorer"]
 FAMILIES = ("api", "text", "logit", "weight", "basic")
 PLUGIN_GROUP = "colab_graphs.plugins"
 
@@ -60,8 +68,21 @@ _plugins_loaded = False
 _plugins_lock = threading.RLock()
 
 
+def _kind(kind: AnyKind) -> Kind:
+    """`kind`, an old kind name replaced by its new one (with a DeprecationWarning at the caller's caller)."""
+    new = OLD_KINDS.get(kind)
+    if new is None:
+        return kind  # type: ignore[return-value]  # (not an old name: a Kind, or refused by registry_add)
+    warnings.warn(
+        f"registry kind {kind!r} is now {new!r} (it stores TaskType objects); {kind!r} goes in the next release",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return new
+
+
 def registry_add(
-    kind: Kind, name: str, obj: Any, *, source: str | None = None, **metadata: Any
+    kind: AnyKind, name: str, obj: Any, *, source: str | None = None, **metadata: Any
 ) -> RegistryInfo:
     """Register `obj` under (`kind`, `name`).
 
@@ -70,13 +91,14 @@ def registry_add(
     again (a module imported twice, a user graph file loaded again) replaces its own entry. `source` is where
     `obj` is defined (default: its module and qualified name; an instance's class).
     """
+    kind = _kind(kind)
     if kind not in KINDS:
         raise ValueError(f"unknown registry kind {kind!r}; kinds: {', '.join(KINDS)}")
     source = source or source_of(obj)
     earlier = _entries.get((kind, name))
     if earlier is not None and earlier.metadata["source"] != source:
         raise NameClash(
-            f"{kind} {name!r} is registered twice: by {earlier.metadata['source']} and by {source}; "
+            f"{NOUNS.get(kind, kind)} {name!r} is registered twice: by {earlier.metadata['source']} and by {source}; "
             "rename one (names are shared by every plugin)"
         )
     info = RegistryInfo(kind, name, obj, {**metadata, "source": source})
@@ -106,8 +128,9 @@ def load_plugins() -> None:
                 loaded()
 
 
-def registry_lookup(kind: Kind, name: str) -> RegistryInfo:
+def registry_lookup(kind: AnyKind, name: str) -> RegistryInfo:
     """The entry (`kind`, `name`); plugins load on the first lookup. KeyError lists the known names."""
+    kind = _kind(kind)
     if (kind, name) not in _entries:
         load_plugins()
     try:
@@ -117,17 +140,18 @@ def registry_lookup(kind: Kind, name: str) -> RegistryInfo:
         known = ", ".join(names) or "(none: is colab-graphs installed? pip install -e .)"
         close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
         hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
-        raise KeyError(f"unknown {kind} {name!r}{hint}; known: {known}") from None
+        raise KeyError(f"unknown {NOUNS.get(kind, kind)} {name!r}{hint}; known: {known}") from None
 
 
-def registry_find(kind: Kind) -> list[RegistryInfo]:
+def registry_find(kind: AnyKind) -> list[RegistryInfo]:
     """Every entry of `kind`, in name order (plugins loaded)."""
+    kind = _kind(kind)
     load_plugins()
     return sorted((i for (k, _), i in _entries.items() if k == kind), key=lambda i: i.name)
 
 
-def registry_names(kind: Kind) -> list[str]:
-    return [info.name for info in registry_find(kind)]
+def registry_names(kind: AnyKind) -> list[str]:
+    return [info.name for info in registry_find(_kind(kind))]
 
 
 # --- decorators ------------------------------------------------------------------------------------------------

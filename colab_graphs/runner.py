@@ -7,7 +7,7 @@ finishes, so a killed run loses nothing; running the same command again skips fi
 are cached anyway) and rewrites the files in dataset order at the end.
 
 A run whose examples are scored by code checks its sandbox setting before the first call
-(`colab_graphs.data.scoring.require_sandbox`: `SandboxUnavailable` where it cannot be met); each code example's line
+(`colab_graphs.tasks.scoring.require_sandbox`: `SandboxUnavailable` where it cannot be met); each code example's line
 of `results.jsonl` then names the backend and isolation that ran its code (`sandbox`), and `summary.json` the
 setting, backend and isolation of the run (`sandbox`). A run without code scores has neither key.
 """
@@ -27,9 +27,6 @@ from typing import Any
 
 from colab_graphs.accounting import account
 from colab_graphs.compile import RunContext, TemplateError, compile_graph
-from colab_graphs.data.example import Example
-from colab_graphs.data.scoring import ScorerFn, require_sandbox, task_for, view_for
-from colab_graphs.data.tasks import TaskType, TaskView
 from colab_graphs.files import atomic_file, atomic_write_text
 from colab_graphs.log import ExampleRecord, Header, LogWriter, PlayRecord, read_records
 from colab_graphs.log.diff import refusal
@@ -39,6 +36,9 @@ from colab_graphs.pool import Pool
 from colab_graphs.redaction import hide_secrets
 from colab_graphs.sandbox import scope
 from colab_graphs.spec import GraphSpec
+from colab_graphs.tasks.example import Example
+from colab_graphs.tasks.scoring import ScorerFn, require_sandbox, task_for, view_for
+from colab_graphs.tasks.task_types import TaskType, TaskView
 from colab_graphs.trace import Trace, read_traces, trace_line, write_traces
 from colab_graphs.watch import STALL_S, DeadlinePassed, PlayWatch, Watchdog, watching, within
 
@@ -168,7 +168,7 @@ def summarize(
     sandbox: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The run's `summary.json`: its score, the accounting of its calls (`colab_graphs.accounting`), and for
-    code scores the sandbox record (`colab_graphs.data.scoring.require_sandbox`)."""
+    code scores the sandbox record (`colab_graphs.tasks.scoring.require_sandbox`)."""
     acct = account(o.trace for o in outcomes)
     scored = [o.score for o in outcomes if not o.failed and o.score is not None]
     summary = {

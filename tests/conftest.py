@@ -195,7 +195,7 @@ def tiny_members(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Sequence
             import torch
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
-            from colab_graphs.models.zoo import resolve
+            from colab_graphs.local.zoo import resolve
 
             base = resolve("tiny-random")
             root = tmp_path_factory.mktemp(f"tiny-{seed}")

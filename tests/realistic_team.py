@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from colab_graphs.data.example import Example
-from colab_graphs.data.loaders import load_examples
+from colab_graphs.tasks.example import Example
+from colab_graphs.tasks.loaders import load_examples
 from colab_graphs.testing.scripts import last_user_text, unit_draw
 
 MOCO = Path(__file__).parent / "fixtures" / "moco"

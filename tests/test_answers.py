@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from colab_graphs.data.answers import (
+from colab_graphs.tasks.answers import (
     LETTERS,
     extract_choice,
     extract_code,
@@ -28,9 +28,9 @@ from colab_graphs.data.answers import (
     normalize_text,
     numbers_equal,
 )
-from colab_graphs.data.example import Example
-from colab_graphs.data.scoring import get_task
-from colab_graphs.data.tasks import TaskView
+from colab_graphs.tasks.example import Example
+from colab_graphs.tasks.scoring import get_task
+from colab_graphs.tasks.task_types import TaskView
 
 CHOICES = [
     "Planetary density will decrease.",

@@ -256,7 +256,7 @@ def test_an_absent_member_may_be_substituted(scripted_server, pool_for):
 
 
 def test_an_app_catches_member_absent_to_route_around_a_member(scripted_server, pool_for, arun):
-    from colab_graphs.models.binding import MemberBinding, bind_members
+    from colab_graphs.langchain.binding import MemberBinding, bind_members
 
     server = scripted_server({"a": "The answer is 5."})
     pool = pool_for(server, ["a", "b"])

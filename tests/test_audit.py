@@ -30,12 +30,12 @@ from pathlib import Path
 import pytest
 
 from colab_graphs.audit.run import play_audit
-from colab_graphs.data.builtin import builtin_task
-from colab_graphs.data.example import Example
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.protocol_registry import build_protocol
+from colab_graphs.tasks.builtin import builtin_task
+from colab_graphs.tasks.example import Example
 from colab_graphs.testing import ScriptedServer, answer_key, arithmetic_solver
 
 pytestmark = pytest.mark.integration

@@ -17,12 +17,12 @@ from realistic_team import records, team
 
 from colab_graphs.audit.answers import answer_classes, answers_kind, game_from_answers, vote_values
 from colab_graphs.audit.run import play_audit
-from colab_graphs.data.example import Example
-from colab_graphs.data.scoring import view_for
-from colab_graphs.data.tasks import NumericTask, TaskView
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient
 from colab_graphs.protocol_registry import build_protocol
+from colab_graphs.tasks.example import Example
+from colab_graphs.tasks.scoring import view_for
+from colab_graphs.tasks.task_types import NumericTask, TaskView
 
 MEMBERS = ["m1", "m2", "m3", "m4"]
 NUMERIC = Example(id="q", input="How many?", answer="3")

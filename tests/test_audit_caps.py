@@ -20,11 +20,11 @@ from realistic_team import MEMBERS, PRICED, priced_team, records, team
 
 from colab_graphs.audit.report import read_report
 from colab_graphs.audit.run import play_audit
-from colab_graphs.data.loaders import load_examples
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.protocol_registry import build_protocol
+from colab_graphs.tasks.loaders import load_examples
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

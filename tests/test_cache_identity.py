@@ -172,7 +172,7 @@ def test_identity_holds_the_endpoint_without_its_secrets() -> None:
 
 
 def test_a_zoo_model_is_known_by_its_pinned_source_without_materialising_it() -> None:
-    from colab_graphs.models.identity import weights_identity
+    from colab_graphs.local.weights import weights_identity
 
     ident = weights_identity("local/smollm2-135m")
     assert ident.startswith("zoo:smollm2-135m:") and ident.split(":")[2] != "built"
@@ -186,7 +186,7 @@ def shared_tiny_members(tiny_members) -> dict[str, Path]:
 def test_a_model_folder_saved_again_is_another_model(tiny_members, tmp_path) -> None:
     """A retrained policy saved to the same folder must not be served the old policy's replies; a copy of the
     same weights elsewhere is the same model."""
-    from colab_graphs.models.identity import weights_identity
+    from colab_graphs.local.weights import weights_identity
 
     source = shared_tiny_members(tiny_members)
     folder = tmp_path / "policy"
@@ -201,8 +201,8 @@ def test_a_model_folder_saved_again_is_another_model(tiny_members, tmp_path) -> 
 
 
 def test_a_model_served_from_memory_changes_identity_when_its_weights_are_swapped() -> None:
-    from colab_graphs.models import engines
-    from colab_graphs.models.identity import weights_identity
+    from colab_graphs.local import engines
+    from colab_graphs.local.weights import weights_identity
 
     class _Stub:
         pass
@@ -221,7 +221,7 @@ def test_a_model_served_from_memory_changes_identity_when_its_weights_are_swappe
 def test_a_local_policy_saved_again_to_its_folder_is_called_again_not_served(tiny_members, tmp_path) -> None:
     """Through the public API: the same local folder and request hit the cache until the folder's weights change."""
     import colab_graphs
-    from colab_graphs.models import engines
+    from colab_graphs.local import engines
 
     source = shared_tiny_members(tiny_members)
     folder = tmp_path / "policy"

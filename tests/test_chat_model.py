@@ -11,8 +11,8 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.load import dumpd, dumps, load
 from pydantic import BaseModel
 
+from colab_graphs.langchain.chat_model import LiteLLMChatModel
 from colab_graphs.models.cache import CallCache
-from colab_graphs.models.chat_model import LiteLLMChatModel
 from colab_graphs.models.client import ModelClient
 
 pytestmark = pytest.mark.integration

@@ -21,7 +21,7 @@ import pytest
 from langchain_tests.integration_tests import ChatModelIntegrationTests
 from langchain_tests.unit_tests import ChatModelUnitTests
 
-from colab_graphs.models.chat_model import LiteLLMChatModel
+from colab_graphs.langchain.chat_model import LiteLLMChatModel
 from colab_graphs.models.client import ModelClient
 from colab_graphs.testing import Reply, ScriptedServer, ToolCall
 from colab_graphs.testing.scripts import last_user_text

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import pytest
 
-from colab_graphs.data.example import Example
-from colab_graphs.data.loaders import load_examples
-from colab_graphs.data.scoring import apply_scorer, get_scorer
+from colab_graphs.tasks.example import Example
+from colab_graphs.tasks.loaders import load_examples
+from colab_graphs.tasks.scoring import apply_scorer, get_scorer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 needs_packages = pytest.mark.skipif(

@@ -23,13 +23,13 @@ import pytest
 from conftest import write_pool_file
 
 from colab_graphs.cli.app import app
-from colab_graphs.data.answers import LETTERS
-from colab_graphs.data.example import DatasetError, Example
-from colab_graphs.data.loaders import load_examples
-from colab_graphs.data.scoring import view_for
 from colab_graphs.models.client import ModelClient
 from colab_graphs.protocol_registry import build_protocol, list_protocols
 from colab_graphs.runner import run_dataset
+from colab_graphs.tasks.answers import LETTERS
+from colab_graphs.tasks.example import DatasetError, Example
+from colab_graphs.tasks.loaders import load_examples
+from colab_graphs.tasks.scoring import view_for
 from colab_graphs.testing.scripts import last_user_text
 
 MOCO = Path(__file__).parent / "fixtures" / "moco"  # MoCo's files, unchanged (see its README for licences)

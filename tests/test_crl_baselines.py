@@ -40,7 +40,7 @@ def test_sft_and_grpo_differ_in_no_training_setting_but_the_loss_temperature(tmp
 def test_sft_and_grpo_trainers_build_the_same_optimizer_over_the_same_lora_weights(tmp_path: Path) -> None:
     from datasets import Dataset
 
-    from colab_graphs.data.example import Example
+    from colab_graphs.tasks.example import Example
     from colab_graphs.trainers import system
     from colab_graphs.trainers.grpo import CRLTrainer
     from colab_graphs.trainers.pipeline import _peft_config

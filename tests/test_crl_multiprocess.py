@@ -178,7 +178,7 @@ def train_one_step(rows: int, one_pass: bool = False, **settings: object) -> dic
     from datasets import Dataset
     from transformers import TrainerCallback
 
-    from colab_graphs.data.example import Example
+    from colab_graphs.tasks.example import Example
     from colab_graphs.trainers import system
     from colab_graphs.trainers.config import config_from_dict
     from colab_graphs.trainers.grpo import CRLTrainer

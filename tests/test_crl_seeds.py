@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from colab_graphs.data.example import Example
+from colab_graphs.tasks.example import Example
 from colab_graphs.testing.server import server_for_configs
 from colab_graphs.trainers import system
 from colab_graphs.trainers.config import ConfigError, config_from_dict
@@ -49,7 +49,7 @@ def _settings(out: Path, **overrides: object) -> dict:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Three 2-step trainings: two with seed 0, one with seed 1; and whether the policy ever generated in
     train mode."""
-    from colab_graphs.models.local_engine import LocalEngine
+    from colab_graphs.local.local_engine import LocalEngine
     from colab_graphs.trainers.pipeline import train
 
     modes: list[bool] = []
@@ -206,8 +206,8 @@ def test_policy_turn_logprobs_are_those_of_the_tempered_distribution(live) -> No
 
 @pytest.mark.slow
 def test_top_k_of_one_makes_every_rollout_write_the_greedy_turn(live) -> None:
-    from colab_graphs.models.local import get_engine
-    from colab_graphs.models.local_engine import GenerationRequest
+    from colab_graphs.local.local_engine import GenerationRequest
+    from colab_graphs.local.provider import get_engine
 
     sampled = live["loop"].run(live["runner"](temperature=1.0, top_k=1).arun([EXAMPLE] * G, KEYS))
     engine = get_engine(f"local/{system.POLICY_PREFIX}policy")
@@ -242,7 +242,7 @@ def test_out_of_range_sampling_fields_name_the_field() -> None:
 
 @pytest.mark.slow
 def test_a_turn_cut_at_the_token_limit_is_marked_truncated(live) -> None:
-    from colab_graphs.models.local import get_engine
+    from colab_graphs.local.provider import get_engine
 
     rollouts = live["loop"].run(live["runner"](max_tokens=1).arun([EXAMPLE] * G, KEYS))
     eos = get_engine(f"local/{system.POLICY_PREFIX}policy").eos_ids

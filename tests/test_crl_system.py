@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from colab_graphs.builder import GraphBuilder
-from colab_graphs.data.example import Example
 from colab_graphs.models.client import ModelClient
 from colab_graphs.spec import END, START
+from colab_graphs.tasks.example import Example
 from colab_graphs.testing import arithmetic_solver
 from colab_graphs.trainers import system
 from colab_graphs.trainers.config import ConfigError, config_from_dict
@@ -77,8 +77,8 @@ def _evaluate(spec, pool, examples, scorer="numeric") -> dict:  # noqa: ANN001
 @pytest.mark.integration
 def test_the_policy_seats_loo_and_solo_score_are_the_audits(scripted_server) -> None:
     from colab_graphs.audit.run import play_audit
-    from colab_graphs.data.builtin import builtin_task
     from colab_graphs.protocol_registry import build_protocol
+    from colab_graphs.tasks.builtin import builtin_task
 
     server = scripted_server(
         {

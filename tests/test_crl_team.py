@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from colab_graphs import api
-from colab_graphs.data.example import Example
+from colab_graphs.tasks.example import Example
 from colab_graphs.testing.scripts import last_user_text, member_from_config
 
 ROOT = Path(__file__).resolve().parent.parent

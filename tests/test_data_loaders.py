@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from colab_graphs.data.answers import last_boxed
-from colab_graphs.data.benchmarks import BENCHMARKS
-from colab_graphs.data.builtin import builtin_task
-from colab_graphs.data.loaders import DatasetError, load_examples
-from colab_graphs.data.scoring import view_for
+from colab_graphs.tasks.answers import last_boxed
+from colab_graphs.tasks.benchmarks import BENCHMARKS
+from colab_graphs.tasks.builtin import builtin_task
+from colab_graphs.tasks.loaders import DatasetError, load_examples
+from colab_graphs.tasks.scoring import view_for
 
 FIXTURES = Path(__file__).parent / "fixtures" / "data"
 SLICES = Path(__file__).parent / "fixtures" / "moco_slices"  # records of MoCo's files, unchanged

@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 
 from colab_graphs.audit.run import play_audit
-from colab_graphs.data.builtin import builtin_task
 from colab_graphs.models.client import CallError, ModelClient
 from colab_graphs.models.direct import direct_request, finish_reason, openai_model_name
 from colab_graphs.pool import Member, Pool
 from colab_graphs.protocol_registry import build_protocol
+from colab_graphs.tasks.builtin import builtin_task
 from colab_graphs.testing import Reply, ToolCall, arithmetic_solver, echo
 
 pytestmark = pytest.mark.integration

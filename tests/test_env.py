@@ -39,8 +39,8 @@ OFFLINE_PATHS = WATCH_HOSTS + textwrap.dedent(
     import colab_graphs.cli.app  # noqa: F401  (the CLI entry)
     import colab_graphs.trainers.pipeline  # noqa: F401  (the training pipeline)
     import huggingface_hub.constants
-    from colab_graphs.models.local import get_engine
-    from colab_graphs.models.local_engine import GenerationRequest
+    from colab_graphs.local.provider import get_engine
+    from colab_graphs.local.local_engine import GenerationRequest
     from colab_graphs.trainers.system import load_policy
 
     model, tokenizer = load_policy("tiny-random", "cpu")

@@ -32,12 +32,12 @@ from conftest import write_pool_file
 
 from colab_graphs.audit.report import read_report
 from colab_graphs.audit.run import AuditError, play_audit
-from colab_graphs.data.builtin import builtin_task
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.protocol_registry import build_protocol
 from colab_graphs.runner import run_dataset
+from colab_graphs.tasks.builtin import builtin_task
 from colab_graphs.testing import ScriptedServer, arithmetic_solver
 
 pytestmark = pytest.mark.integration

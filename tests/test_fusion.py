@@ -15,11 +15,11 @@ import colab_graphs._env  # noqa: F401  (offline settings, before litellm is imp
 from colab_graphs.builder import GraphBuilder
 from colab_graphs.coalition import restrict
 from colab_graphs.compile import FUSED_NODE, DirectGraph, compile_direct, compile_graph, fusion_levels
-from colab_graphs.data.example import Example
 from colab_graphs.models.client import CallError, ModelClient
 from colab_graphs.models.flight import Memo
 from colab_graphs.protocol_registry import build_protocol, list_protocols
 from colab_graphs.runner import run_example
+from colab_graphs.tasks.example import Example
 from colab_graphs.testing.scripts import Member, echo
 from tests.conftest import server_pool
 

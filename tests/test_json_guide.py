@@ -7,9 +7,9 @@ import json
 import pytest
 
 import colab_graphs._env  # noqa: F401
-from colab_graphs.models.json_guide import JsonGuide, JsonMatcher, schema_problems, vocabulary
-from colab_graphs.models.local import get_engine
-from colab_graphs.models.local_engine import GenerationRequest
+from colab_graphs.local.json_guide import JsonGuide, JsonMatcher, schema_problems, vocabulary
+from colab_graphs.local.local_engine import GenerationRequest
+from colab_graphs.local.provider import get_engine
 
 CALL = {
     "type": "object",

@@ -1,11 +1,18 @@
 """Layers and cycles, read from the source: every import of every module, function-local imports included.
 
 The core (spec, builder, coalition, fitting, compile, pool, trace, runner, the registry with protocol_registry
-and resolve, models/, data/, log/, testing/, ...) stands on its own: it imports nothing from the upper layers.
-Above it, each layer may import only the layers below it (`LAYERS`, lowest first):
+and resolve, models/, local/, serve/, langchain/, tasks/, log/, testing/, ...) stands on its own: it imports
+nothing from the upper layers. Above it, each layer may import only the layers below it (`LAYERS`, lowest
+first):
 
-- core: what every layer runs on; the protocol machinery (registry, resolution, the fit stage) is here, so no
-  layer needs the protocol library to look up, build or fit a protocol.
+- base: the plain modules the model packages stand on (`BASE`: pool, trace, redaction, watch, files, _env).
+- local: in-process inference (`local/`): the LiteLLM provider, the engine, the zoo, merges, logit decoding.
+- models: the call path (`models/`); it knows local inference only as a LiteLLM provider: its one door into
+  `local/` is `colab_graphs.local.provider` (`test_the_call_path_knows_local_inference_only_as_a_provider`).
+- serve, langchain: the OpenAI-compatible server (`serve/`, over local inference) and the LangChain adapters
+  (`langchain/`, over the call path); neither imports the other.
+- core: what every layer above runs on; the protocol machinery (registry, resolution, the fit stage) is here,
+  so no layer needs the protocol library to look up, build or fit a protocol.
 - audit: the coalition game and its estimators, over any spec the core builds.
 - study, trainers: each runs audits (a study audits many systems; the trainer's held-out evaluation is the
   policy seat's leave-one-out, a coalition game); neither imports the other.
@@ -28,8 +35,17 @@ import networkx as nx
 ROOT = Path(__file__).resolve().parents[1] / "colab_graphs"
 UPPER = ("protocols", "audit", "study", "trainers", "cli", "viewer")
 MEETING_POINTS = {"colab_graphs", "colab_graphs.builtins", "colab_graphs.api"}
+# The core's own packages below the rest of it, and the plain modules they stand on.
+MODEL_PACKAGES = ("local", "models", "serve", "langchain")
+BASE = frozenset(
+    f"colab_graphs.{m}" for m in ("_env", "files", "pool", "pool_settings", "redaction", "trace", "watch")
+)
 # The package layers, lowest first (the module docstring says why): a package imports its own layer or below.
 LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"base"}),
+    frozenset({"local"}),
+    frozenset({"models"}),
+    frozenset({"serve", "langchain"}),
     frozenset({"core"}),
     frozenset({"audit"}),
     frozenset({"study", "trainers"}),
@@ -81,13 +97,13 @@ def layer(module: str) -> str:
 
 
 def package(module: str) -> str:
-    """The package a module belongs to, as `LAYERS` names it: the core is one package."""
+    """The package a module belongs to, as `LAYERS` names it: the rest of the core is one package."""
     parts = module.split(".")
     if len(parts) == 1:
         return "colab_graphs"
-    if parts[1] in UPPER or parts[1] in ("api", "builtins"):
+    if parts[1] in UPPER or parts[1] in ("api", "builtins") or parts[1] in MODEL_PACKAGES:
         return parts[1]
-    return "core"
+    return "base" if module in BASE else "core"
 
 
 def rank(name: str) -> int:
@@ -151,4 +167,16 @@ def test_no_module_imports_a_module_that_imports_it_back():
 
 def test_the_walker_sees_function_local_imports():
     graph = import_graph()
-    assert graph.has_edge("colab_graphs.models.client", "colab_graphs.models.local")  # imported in a function
+    assert graph.has_edge("colab_graphs.models.client", "colab_graphs.local.provider")  # in a function
+
+
+def test_the_call_path_knows_local_inference_only_as_a_provider():
+    doors = {dst for src, dst in import_graph().edges if package(src) == "models" and package(dst) == "local"}
+    assert doors == {"colab_graphs.local.provider"}
+
+
+def test_serving_and_the_adapters_stand_apart():
+    edges = import_graph().edges
+    assert not [(a, b) for a, b in edges if {package(a), package(b)} == {"serve", "langchain"}]
+    assert not [(a, b) for a, b in edges if package(a) == "serve" and package(b) == "models"]
+    assert not [(a, b) for a, b in edges if package(a) == "langchain" and package(b) in ("local", "serve")]

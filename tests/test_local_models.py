@@ -8,15 +8,15 @@ import copy
 import pytest
 
 import colab_graphs._env  # noqa: F401
-from colab_graphs.models.local import (
+from colab_graphs.local.local_engine import GenerationRequest
+from colab_graphs.local.logits import VocabularyMismatchError, contrastive_decoding, logit_fusion
+from colab_graphs.local.provider import (
     build_request,
     get_engine,
     local_call_details,
     register_local_provider,
     set_local_model,
 )
-from colab_graphs.models.local_engine import GenerationRequest
-from colab_graphs.models.logits import VocabularyMismatchError, contrastive_decoding, logit_fusion
 
 TINY = "tiny-random"
 QUESTION = [{"role": "user", "content": "What is 2+2?"}]
@@ -190,7 +190,7 @@ def test_tiny_top_p_keeps_only_the_most_likely_token(tiny):
 
 
 def _rows(tiny, n: int = 2, **settings):
-    from colab_graphs.models.local_engine import _Row
+    from colab_graphs.local.local_engine import _Row
 
     return [_Row(GenerationRequest([1], **settings), tiny) for _ in range(n)]
 
@@ -202,7 +202,7 @@ def _frequencies(tiny, draws: int = 4000, **settings):
     """How often each token is drawn, per row, over `draws` batched draws of two rows with LOGITS."""
     import torch
 
-    from colab_graphs.models.local_engine import draw_tokens
+    from colab_graphs.local.local_engine import draw_tokens
 
     logits = torch.log(torch.tensor(LOGITS))
     rows = _rows(tiny, **settings)
@@ -229,7 +229,7 @@ def test_top_p_top_k_and_min_p_cut_each_row_before_it_samples(tiny):
 def test_greedy_rows_take_the_argmax(tiny):
     import torch
 
-    from colab_graphs.models.local_engine import draw_tokens
+    from colab_graphs.local.local_engine import draw_tokens
 
     logits = torch.log(torch.tensor(LOGITS))
     assert draw_tokens(_rows(tiny, temperature=0), logits)[0] == [0, 2]
@@ -238,7 +238,7 @@ def test_greedy_rows_take_the_argmax(tiny):
 def test_repetition_penalty_lowers_tokens_already_seen(tiny):
     import torch
 
-    from colab_graphs.models.local_engine import _Row, draw_tokens
+    from colab_graphs.local.local_engine import _Row, draw_tokens
 
     logits = torch.log(torch.tensor([[0.5, 0.45, 0.05]]))
     seen = _Row(
@@ -254,7 +254,7 @@ def test_processed_logprobs_are_those_of_the_distribution_sampled_from(tiny):
 
     import torch
 
-    from colab_graphs.models.local_engine import _Row, draw_tokens
+    from colab_graphs.local.local_engine import _Row, draw_tokens
 
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
     tempered = torch.softmax(logits[0] / 0.5, dim=-1)  # [0.658, 0.237, 0.105]
@@ -505,7 +505,7 @@ def test_smollm2_batched_greedy_equals_batch_of_one():
 
 
 def test_unload_stops_the_worker_and_a_later_call_loads_again(tiny):
-    from colab_graphs.models.local import unload
+    from colab_graphs.local.provider import unload
 
     engine = set_local_model("tiny-temporary", tiny.model, tiny.tokenizer)
     engine.generate(GenerationRequest(_prompts(tiny, 1)[0], max_tokens=2, temperature=0))
@@ -544,7 +544,7 @@ def test_preallocated_cache_holds_what_a_growing_cache_holds(tiny):
     import torch
     from transformers.cache_utils import DynamicCache
 
-    from colab_graphs.models.local_engine import preallocated_cache
+    from colab_graphs.local.local_engine import preallocated_cache
 
     model = tiny.model
     ids = torch.tensor([_prompts(tiny, 2)[1], _prompts(tiny, 2)[1][::-1]])
@@ -624,7 +624,7 @@ def test_decoding_threads_follow_the_variable_not_the_load_average(tiny, monkeyp
 
     import torch
 
-    from colab_graphs.models import local_engine
+    from colab_graphs.local import local_engine
 
     ceiling = torch.get_num_threads()
     monkeypatch.delenv(local_engine.THREADS_ENV, raising=False)
@@ -648,7 +648,7 @@ def test_passive_waits_by_default_and_the_users_value_wins():
     import subprocess
     import sys
 
-    code = "import colab_graphs.models.local, os, torch; print(os.environ['OMP_WAIT_POLICY'])"
+    code = "import colab_graphs.local.provider, os, torch; print(os.environ['OMP_WAIT_POLICY'])"
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     unset = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     chosen = subprocess.run(

@@ -18,10 +18,10 @@ from typer.testing import CliRunner
 from colab_graphs.aggregators import get_router
 from colab_graphs.cli.app import app
 from colab_graphs.coalition import restrict
-from colab_graphs.data.example import Example
 from colab_graphs.models.client import ModelClient
 from colab_graphs.protocol_registry import build_protocol
 from colab_graphs.runner import run_dataset
+from colab_graphs.tasks.example import Example
 from colab_graphs.testing import Member
 from colab_graphs.testing.scripts import last_user_text
 

@@ -17,9 +17,6 @@ from pathlib import Path
 import pytest
 
 from colab_graphs.coalition import restrict
-from colab_graphs.data.example import Example
-from colab_graphs.data.loaders import load_examples
-from colab_graphs.data.scoring import register_scorer
 from colab_graphs.fitting import fit_coalition
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
@@ -27,6 +24,9 @@ from colab_graphs.protocol_registry import build_protocol
 from colab_graphs.protocols import dev_fit
 from colab_graphs.protocols.api_decoding import deferral_labels, train_head
 from colab_graphs.runner import run_dataset
+from colab_graphs.tasks.example import Example
+from colab_graphs.tasks.loaders import load_examples
+from colab_graphs.tasks.scoring import register_scorer
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.slow
@@ -90,7 +90,7 @@ def reference_nudging(base_dir: Path, nudger_dir: Path, question: str, gamma: fl
     """Nudging as its definition reads (MoCo's generate without KV cache), greedy, one shared vocabulary."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from colab_graphs.models.local import get_engine
+    from colab_graphs.local.provider import get_engine
 
     tok = AutoTokenizer.from_pretrained(base_dir)
     models = [AutoModelForCausalLM.from_pretrained(d).eval() for d in (base_dir, nudger_dir)]
@@ -166,8 +166,8 @@ def other_vocabulary(tmp_path_factory) -> Path:
 
 
 def test_nudging_members_with_different_tokenizers_decode_together(tiny, other_vocabulary):
-    from colab_graphs.models.guided import nudging
-    from colab_graphs.models.local import get_engine
+    from colab_graphs.local.guided import nudging
+    from colab_graphs.local.provider import get_engine
 
     base = get_engine(str(tiny["m0"]))
     assert base.tokenizer.get_vocab() != get_engine(str(other_vocabulary)).tokenizer.get_vocab()
@@ -218,7 +218,7 @@ def test_nudging_audit_scores_every_coalition(pool, data, tmp_path):
 
 
 def test_deferral_labels_mark_tokens_the_reference_gets_and_the_base_misses(tiny):
-    from colab_graphs.models.local import get_engine
+    from colab_graphs.local.provider import get_engine
 
     base, ref = get_engine(str(tiny["m0"])), get_engine(str(tiny["m1"]))
     prompt = base.render([{"role": "user", "content": "Say hi."}])

@@ -21,7 +21,6 @@ from typer.testing import CliRunner
 from colab_graphs.cli.app import app
 from colab_graphs.coalition import restrict
 from colab_graphs.compile import compile_graph
-from colab_graphs.data.loaders import load_examples
 from colab_graphs.fitting import fit_coalition
 from colab_graphs.logit_pool import LogitPoolError
 from colab_graphs.models.client import ModelClient
@@ -29,6 +28,7 @@ from colab_graphs.protocol_registry import build_protocol, list_protocols
 from colab_graphs.protocols import dev_fit
 from colab_graphs.protocols.api_mentor import chosen_option
 from colab_graphs.runner import run_dataset
+from colab_graphs.tasks.loaders import load_examples
 from colab_graphs.testing.scripts import last_user_text
 
 pytestmark = pytest.mark.integration
@@ -289,7 +289,7 @@ def mentoring(scripted_server, pool_for):
 
 
 def run_question(arun, spec, pool, question: str = "What is 6 * 7?", answer: str = "42"):
-    from colab_graphs.data.example import Example
+    from colab_graphs.tasks.example import Example
 
     outcomes, _ = arun(
         run_dataset(spec, pool, [Example(id="q", input=question, answer=answer)], client=ModelClient(None))

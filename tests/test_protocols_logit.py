@@ -13,12 +13,12 @@ import pytest
 
 from colab_graphs.coalition import restrict
 from colab_graphs.compile import compile_graph
-from colab_graphs.data.example import Example
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.protocol_registry import build_protocol, get_protocol
 from colab_graphs.protocols.logit import LogitPoolError, check_pool_supports
 from colab_graphs.runner import run_dataset
+from colab_graphs.tasks.example import Example
 
 TINY = "tiny-random"
 WEAK = "tiny-random-weak"  # the same architecture and tokenizer, perturbed weights
@@ -41,7 +41,7 @@ def weak_model():
     """Serve a perturbed copy of the tiny model as local/tiny-random-weak (same vocabulary, other logits)."""
     import torch
 
-    from colab_graphs.models.local import get_engine, set_local_model, unload
+    from colab_graphs.local.provider import get_engine, set_local_model, unload
 
     engine = get_engine(TINY)
     model = copy.deepcopy(engine.model)
@@ -75,7 +75,7 @@ def test_fusion_of_a_model_with_itself_equals_its_greedy_output(arun):
 
 @pytest.mark.slow
 def test_fusion_decodes_from_both_members_distributions(arun, weak_model):
-    from colab_graphs.models.logits import logit_fusion
+    from colab_graphs.local.logits import logit_fusion
 
     pool = local_pool(a=TINY, b=weak_model)
     outcome = run_one(arun, build_protocol("logit_fusion", ["a", "b"]), pool)
@@ -100,7 +100,7 @@ def test_fusion_coalition_of_one_is_plain_generation(arun, weak_model, kept):
 @pytest.mark.slow
 @pytest.mark.parametrize(("alpha", "beta"), [(0.1, 1.0), (0.5, 0.3)])
 def test_contrastive_decoding_passes_strong_weak_and_parameters(arun, weak_model, alpha, beta):
-    from colab_graphs.models.logits import contrastive_decoding
+    from colab_graphs.local.logits import contrastive_decoding
 
     pool = local_pool(weak=weak_model, strong=TINY)
     spec = build_protocol("contrastive_decoding", ["weak", "strong"], alpha=alpha, beta=beta)

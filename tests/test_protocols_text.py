@@ -20,13 +20,13 @@ from typer.testing import CliRunner
 import colab_graphs._env  # noqa: F401  (offline settings, before litellm is imported)
 from colab_graphs.cli.app import app
 from colab_graphs.coalition import restrict
-from colab_graphs.data.example import Example
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.protocol_registry import build_protocol, list_protocols
 from colab_graphs.protocols.text_structured import pairwise_rank, rank_from_verdicts, topology_edges
 from colab_graphs.runner import ExampleOutcome, run_dataset
 from colab_graphs.spec import GraphSpec
+from colab_graphs.tasks.example import Example
 from colab_graphs.testing import ScriptedServer
 from colab_graphs.testing.scripts import Messages, Script, last_user_text
 

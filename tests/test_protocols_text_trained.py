@@ -21,9 +21,6 @@ from typer.testing import CliRunner
 
 from colab_graphs.cli.app import app
 from colab_graphs.coalition import restrict
-from colab_graphs.data.loaders import load_examples
-from colab_graphs.data.scoring import register_task
-from colab_graphs.data.tasks import Score, TaskType
 from colab_graphs.fitting import fit_coalition, fit_step_of
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
@@ -31,6 +28,9 @@ from colab_graphs.protocol_registry import build_protocol, list_protocols
 from colab_graphs.protocols import dev_fit
 from colab_graphs.protocols.text_swarms import decode
 from colab_graphs.runner import run_dataset
+from colab_graphs.tasks.loaders import load_examples
+from colab_graphs.tasks.scoring import register_task
+from colab_graphs.tasks.task_types import Score, TaskType
 from colab_graphs.testing.scripts import last_user_text
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("fit_home")]

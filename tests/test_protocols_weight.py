@@ -18,16 +18,16 @@ from typer.testing import CliRunner
 
 from colab_graphs.cli.app import app
 from colab_graphs.coalition import restrict
-from colab_graphs.data.loaders import load_examples
-from colab_graphs.data.scoring import register_scorer
 from colab_graphs.fitting import fit_coalition, fit_step_of
-from colab_graphs.models import merge
+from colab_graphs.local import merge
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.protocol_registry import build_protocol, get_protocol
 from colab_graphs.protocols import weight
 from colab_graphs.protocols.weight_search import es_search, greedy_soup_search, swarm_search
 from colab_graphs.registry import FAMILIES
+from colab_graphs.tasks.loaders import load_examples
+from colab_graphs.tasks.scoring import register_scorer
 
 torch = pytest.importorskip("torch")
 
@@ -280,7 +280,7 @@ def test_api_members_are_refused_by_name_before_any_call():
 @pytest.fixture(scope="module")
 def tiny(tiny_members) -> dict[str, Path]:
     """Three members of one architecture: `tiny-random` with seeded perturbations; and `base`, the original."""
-    from colab_graphs.models.zoo import resolve
+    from colab_graphs.local.zoo import resolve
 
     return {"base": resolve("tiny-random"), **tiny_members(MEMBERS, 100)}
 
@@ -459,7 +459,7 @@ def test_an_adapter_alone_runs_as_its_base_with_the_adapter_merged(adapters):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from colab_graphs.models.local import get_engine
+    from colab_graphs.local.provider import get_engine
 
     adapter = adapters["m1"]
     base = AutoModelForCausalLM.from_pretrained(merge.adapter_base(adapter))

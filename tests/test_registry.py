@@ -8,10 +8,10 @@ import pytest
 from typer.testing import CliRunner
 
 from colab_graphs.cli.app import app
-from colab_graphs.data.scoring import register_scorer
 from colab_graphs.protocol_registry import build_protocol, get_protocol
 from colab_graphs.registry import NameClash, aggregator, registry_lookup
 from colab_graphs.resolve import load_module
+from colab_graphs.tasks.scoring import register_scorer
 
 
 def graph_file(path: Path, name: str, function: str) -> Path:
@@ -40,7 +40,7 @@ def test_registering_a_built_in_name_again_is_an_error_naming_both_sources():
 
 
 def test_a_scorer_under_a_built_in_tasks_name_is_an_error_naming_the_task_and_the_function():
-    registry_lookup("scorer", "numeric")  # scorers come with the built-in plugin
+    registry_lookup("task", "numeric")  # task types (scorers) come with the built-in plugin
 
     with pytest.raises(NameClash) as raised:
 
@@ -50,7 +50,19 @@ def test_a_scorer_under_a_built_in_tasks_name_is_an_error_naming_the_task_and_th
 
     message = str(raised.value)
     assert "scorer 'numeric'" in message
-    assert "colab_graphs.data.tasks.NumericTask" in message and f"{__name__}." in message
+    assert "colab_graphs.tasks.task_types.NumericTask" in message and f"{__name__}." in message
+
+
+def test_the_task_kind_stores_task_types_and_the_old_kind_name_still_works_with_a_warning():
+    from colab_graphs.registry import registry_names
+    from colab_graphs.tasks.task_types import TaskType
+
+    assert isinstance(registry_lookup("task", "numeric").obj, TaskType)
+    with pytest.warns(DeprecationWarning, match="registry kind 'scorer' is now 'task'"):
+        old = registry_lookup("scorer", "numeric")
+    assert old is registry_lookup("task", "numeric") and old.kind == "task"
+    with pytest.warns(DeprecationWarning):
+        assert registry_names("scorer") == registry_names("task")
 
 
 def test_a_refused_registration_leaves_the_earlier_entry_in_place():

@@ -26,11 +26,11 @@ import pytest
 from conftest import cli_in_process
 
 from colab_graphs.audit.run import play_audit
-from colab_graphs.data.example import Example
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool, PoolError
 from colab_graphs.protocol_registry import build_protocol
+from colab_graphs.tasks.example import Example
 from colab_graphs.testing import ScriptedServer, answer_key
 
 pytestmark = pytest.mark.integration

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from colab_graphs.data.example import Example
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient
 from colab_graphs.protocols.basic import majority_vote, solo
 from colab_graphs.runner import RunError, run_dataset
+from colab_graphs.tasks.example import Example
 from colab_graphs.testing import arithmetic_solver
 from colab_graphs.trace import read_traces
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from colab_graphs.data.example import Example
-from colab_graphs.data.loaders import DatasetError, load_examples
-from colab_graphs.data.scoring import apply_scorer, get_scorer
 from colab_graphs.sandbox.runner import arun_code, run_code
+from colab_graphs.tasks.example import Example
+from colab_graphs.tasks.loaders import DatasetError, load_examples
+from colab_graphs.tasks.scoring import apply_scorer, get_scorer
 
 FULL_ISOLATION = {
     "netns",

@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from colab_graphs.data.answers import extract_code, extract_text
-from colab_graphs.data.example import Example
-from colab_graphs.data.judge import judge_messages, make_judge_scorer, parse_verdict
-from colab_graphs.data.loaders import load_examples
-from colab_graphs.data.scoring import Score, apply_scorer, get_scorer, get_task, scorer_names
+from colab_graphs.tasks.answers import extract_code, extract_text
+from colab_graphs.tasks.example import Example
+from colab_graphs.tasks.judge import judge_messages, make_judge_scorer, parse_verdict
+from colab_graphs.tasks.loaders import load_examples
+from colab_graphs.tasks.scoring import Score, apply_scorer, get_scorer, get_task, scorer_names
 
 
 def score(name: str, output: str, example: Example) -> Score:

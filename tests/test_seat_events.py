@@ -103,7 +103,7 @@ def test_a_run_without_callbacks_raises_no_events(scripted_server, pool_for, aru
     """Audits and runs pay nothing for the events: no callback manager is made when no one listens."""
     from langchain_core.callbacks import AsyncCallbackManager
 
-    from colab_graphs.models.lc import ChatRun
+    from colab_graphs.langchain.lc import ChatRun
     from colab_graphs.pool import Member
 
     member = Member(name="a", settings={"model": "openai/a"})

@@ -12,9 +12,9 @@ import pytest
 from langchain_core.messages import AnyMessage
 
 import colab_graphs._env  # noqa: F401
-from colab_graphs.models.chat_model import LiteLLMChatModel
-from colab_graphs.models.local import build_request, get_engine
-from colab_graphs.models.server import start_server, vllm_command
+from colab_graphs.langchain.chat_model import LiteLLMChatModel
+from colab_graphs.local.provider import build_request, get_engine
+from colab_graphs.serve.server import start_server, vllm_command
 
 QUESTION = [{"role": "user", "content": "What is 2+2?"}]
 
@@ -104,7 +104,7 @@ def test_missing_messages_is_a_400(server):
 
 
 def test_vllm_command_points_at_the_model_folder():
-    from colab_graphs.models.zoo import resolve
+    from colab_graphs.local.zoo import resolve
 
     command = vllm_command("tiny-random", "0.0.0.0", 8001)
     assert command[1:3] == ["serve", str(resolve("tiny-random"))]
@@ -163,7 +163,7 @@ def test_concurrent_http_clients_share_batches(server, greedy):
 def test_token_ids_come_back_over_http_when_the_request_asks(server):
     import litellm
 
-    from colab_graphs.models.local import local_call_details
+    from colab_graphs.local.provider import local_call_details
 
     engine = get_engine("tiny-random")
     in_process = engine.generate(build_request(engine, QUESTION, {"temperature": 0, "max_tokens": 6}))

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 import colab_graphs._env  # noqa: F401
-from colab_graphs.models.local import get_engine, local_call_details
-from colab_graphs.models.local_engine import GenerationRequest, LocalEngine
-from colab_graphs.models.server import LocalServer, start_server
+from colab_graphs.local.local_engine import GenerationRequest, LocalEngine
+from colab_graphs.local.provider import get_engine, local_call_details
+from colab_graphs.serve.server import LocalServer, start_server
 
 openai = pytest.importorskip("openai")
 
@@ -198,7 +198,7 @@ def test_a_schema_guided_decoding_cannot_enforce_is_refused(tiny):
 def test_a_template_that_renders_tools_is_used_for_them():
     from transformers import AutoTokenizer
 
-    from colab_graphs.models.zoo import resolve
+    from colab_graphs.local.zoo import resolve
 
     tokenizer = AutoTokenizer.from_pretrained(resolve("tiny-random"))
     tokenizer.chat_template = TOOLS_TEMPLATE

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 import colab_graphs._env  # noqa: F401
-from colab_graphs.models.http import ServerLimits
-from colab_graphs.models.local import build_request, get_engine
-from colab_graphs.models.server import LocalServer, start_server
+from colab_graphs.local.provider import build_request, get_engine
+from colab_graphs.serve.http import ServerLimits
+from colab_graphs.serve.server import LocalServer, start_server
 
 QUESTION = [{"role": "user", "content": "What is 2+2?"}]
 GOOD = {"model": "tiny", "messages": QUESTION, "temperature": 0, "max_tokens": 8}

@@ -51,13 +51,13 @@ import yaml
 from conftest import cli_in_process
 
 from colab_graphs.audit.report import read_report
-from colab_graphs.data.example import Example
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient
 from colab_graphs.study import StudyConfigError, StudyError, load_study_config, play_study, read_study
 from colab_graphs.study.plan import make_shards
 from colab_graphs.study.report import SettingResult, correlation_rows
 from colab_graphs.study.stats import regularized_incomplete_beta, spearman_p_value
+from colab_graphs.tasks.example import Example
 from colab_graphs.testing import ScriptedServer, answer_key
 
 pytestmark = pytest.mark.integration

@@ -8,10 +8,10 @@ import json
 import pytest
 
 import colab_graphs._env  # noqa: F401
-from colab_graphs.models.local import get_engine
-from colab_graphs.models.local_engine import LocalEngine
-from colab_graphs.models.openai_api import Message, Tool
-from colab_graphs.models.tool_calls import call_schema, parse_tool_calls, render_chat, supports_tools
+from colab_graphs.local.local_engine import LocalEngine
+from colab_graphs.local.provider import get_engine
+from colab_graphs.serve.openai_api import Message, Tool
+from colab_graphs.serve.tool_calls import call_schema, parse_tool_calls, render_chat, supports_tools
 
 CALC = Tool.model_validate(
     {
@@ -141,7 +141,7 @@ def test_a_forced_call_opens_the_call_block_in_the_hermes_format():
 def test_a_template_that_renders_tools_renders_them_itself():
     from transformers import AutoTokenizer
 
-    from colab_graphs.models.zoo import resolve
+    from colab_graphs.local.zoo import resolve
 
     tokenizer = AutoTokenizer.from_pretrained(resolve("tiny-random"))
     tokenizer.chat_template = TOOLS_TEMPLATE

@@ -83,7 +83,7 @@ def test_failed_rollouts_are_left_out_of_their_group() -> None:
 
 
 def test_a_step_whose_rollouts_all_failed_is_an_error() -> None:
-    from colab_graphs.data.example import Example
+    from colab_graphs.tasks.example import Example
     from colab_graphs.trace import Trace
     from colab_graphs.trainers.rollout import Rollout, RolloutError, check_rollouts
 
@@ -101,7 +101,7 @@ def test_a_step_whose_rollouts_all_failed_is_an_error() -> None:
 def test_failed_rollouts_and_truncated_turns_are_not_training_segments() -> None:
     """A failed rollout's tokens would dilute the loss's token normaliser; a cut-off turn is masked only when
     `mask_truncated_completions` asks (as TRL masks it)."""
-    from colab_graphs.data.example import Example
+    from colab_graphs.tasks.example import Example
     from colab_graphs.trace import Trace
     from colab_graphs.trainers.grpo import training_segments
     from colab_graphs.trainers.rollout import PolicyTurn, Rollout
@@ -127,9 +127,9 @@ def test_failed_rollouts_and_truncated_turns_are_not_training_segments() -> None
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory):
     """Scripted collaborators over HTTP, the tiny policy served in process, a runner for the relay graph."""
-    from colab_graphs.data.builtin import builtin_task
     from colab_graphs.models.cache import CallCache
     from colab_graphs.models.client import ModelClient
+    from colab_graphs.tasks.builtin import builtin_task
 
     config = config_from_dict(
         {
@@ -289,7 +289,7 @@ def test_generation_hook_gives_each_turn_its_rollouts_group_advantage(trainer, l
 def test_training_changes_the_seated_policy(trainer, live) -> None:
     import torch
 
-    from colab_graphs.models.local import get_engine
+    from colab_graphs.local.provider import get_engine
 
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.args.max_steps = 2
@@ -674,8 +674,8 @@ def test_a_rollout_whose_answer_hacks_the_code_scorer_is_rewarded_zero(
     write a hack itself); the hacks that fooled the old same-process harness earn 0, the correct answer 1."""
     import json
 
-    from colab_graphs.data.loaders import load_examples
     from colab_graphs.pool import Pool
+    from colab_graphs.tasks.loaders import load_examples
     from tests.test_reward_hacks import MOCO, RIGHT, VERDICT_HACKS, variant
 
     if not MOCO.exists():

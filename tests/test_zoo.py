@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from colab_graphs.models import zoo
+from colab_graphs.local import zoo
 
 
 def _tree_digest(folder: Path) -> str:
@@ -69,7 +69,7 @@ def test_packaged_gemma3_template_is_the_published_one_and_ships_with_the_packag
     assert template.startswith("{{ bos_token }}")
     assert "'<start_of_turn>' + role" in template and "'<start_of_turn>model\n'" in template
     pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
-    assert '"models/chat_templates/*.jinja"' in pyproject
+    assert '"local/chat_templates/*.jinja"' in pyproject
 
 
 def test_a_fetched_folder_records_its_template_source_and_the_current_conversion(monkeypatch, tmp_path):
@@ -142,7 +142,7 @@ def test_a_turn_end_the_tokenizer_lacks_is_refused(entry_like_gemma, monkeypatch
 def test_prompt_token_ids_on_the_call_path_open_with_the_models_template(name):
     import litellm
 
-    from colab_graphs.models.local import get_engine, local_call_details, register_local_provider
+    from colab_graphs.local.provider import get_engine, local_call_details, register_local_provider
 
     register_local_provider()
     question = [{"role": "user", "content": "What is 5 + 2?"}]
@@ -213,7 +213,7 @@ def test_smollm2_is_converted_once_with_its_hash_recorded():
 
 @pytest.mark.slow
 def test_gemma3_answers_in_its_chat_template_and_stops_at_the_end_of_its_turn():
-    from colab_graphs.models.local import build_request, get_engine
+    from colab_graphs.local.provider import build_request, get_engine
 
     engine = get_engine("gemma3-270m")
     assert engine.tokenizer.chat_template
@@ -229,7 +229,7 @@ def test_gemma3_answers_in_its_chat_template_and_stops_at_the_end_of_its_turn():
 def test_concurrent_fetches_of_one_model_build_it_once(tmp_path, monkeypatch):
     from concurrent.futures import ThreadPoolExecutor
 
-    from colab_graphs.models import zoo
+    from colab_graphs.local import zoo
 
     monkeypatch.setenv("COLAB_GRAPHS_HOME", str(tmp_path))
     entry = zoo.get_entry("tiny-random")

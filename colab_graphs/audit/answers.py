@@ -28,12 +28,12 @@ from typing import Any
 import numpy as np
 
 from colab_graphs.compile import resolve_reads, seat_messages, takes_task
-from colab_graphs.data.tasks import TaskView
 from colab_graphs.models.cache import request_key
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.registry import registry_lookup
 from colab_graphs.spec import Aggregate, GraphSpec, Seat, is_pattern
+from colab_graphs.tasks.task_types import TaskView
 
 # How much of the game from answers an audit computes before it plays coalitions instead: (2^n coalitions) x
 # examples evaluations, a few seconds of CPU on the 2-core VM (BENCHMARKS.md): a vectorised vote does about

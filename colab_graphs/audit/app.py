@@ -46,10 +46,10 @@ from typing import Any
 
 from colab_graphs.audit.app_contract import AppContractError, AppError, AppIO, PlayRun, schema_keys
 from colab_graphs.audit.game import CoalitionGame, coalition_id
-from colab_graphs.data.example import Example
-from colab_graphs.models.binding import MemberAbsent, MemberBinding, bind_members
+from colab_graphs.langchain.binding import MemberAbsent, MemberBinding, bind_members
 from colab_graphs.models.client import CallError, ModelClient
 from colab_graphs.pool import Pool
+from colab_graphs.tasks.example import Example
 from colab_graphs.watch import APP_EXAMPLE_TIMEOUT_S, current_watch, node_tracker
 
 

@@ -27,9 +27,6 @@ import numpy as np
 from colab_graphs.accounting import Accounting, account, made_since
 from colab_graphs.coalition import restrict
 from colab_graphs.compile import compile_direct
-from colab_graphs.data.example import Example
-from colab_graphs.data.scoring import view_for
-from colab_graphs.data.tasks import TaskView
 from colab_graphs.fitting import Fitted, fit_coalition
 from colab_graphs.log import (
     CallRecord,
@@ -48,6 +45,9 @@ from colab_graphs.models.spend import CapReached
 from colab_graphs.pool import Pool
 from colab_graphs.runner import run_example, run_fingerprint
 from colab_graphs.spec import GraphSpec
+from colab_graphs.tasks.example import Example
+from colab_graphs.tasks.scoring import view_for
+from colab_graphs.tasks.task_types import TaskView
 from colab_graphs.watch import STALL_S, Watchdog
 
 Coalition = frozenset[str]

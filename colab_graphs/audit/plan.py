@@ -29,13 +29,13 @@ from colab_graphs.audit.report import TokenCount
 from colab_graphs.audit.strategy import MAX_SAMPLED_COALITIONS, AuditStrategy
 from colab_graphs.coalition import restrict
 from colab_graphs.compile import render
-from colab_graphs.data.example import Example
-from colab_graphs.data.scoring import view_for
 from colab_graphs.fitting import fit_step_of
 from colab_graphs.models.client import ModelClient
 from colab_graphs.models.pricing import completion_allowance, count_prompt_tokens, member_price, price_source
 from colab_graphs.pool import Pool
 from colab_graphs.spec import Aggregate, GraphSpec, LogitSeat, Seat, is_pattern
+from colab_graphs.tasks.example import Example
+from colab_graphs.tasks.scoring import view_for
 
 PLAN_JSON = "plan.json"
 

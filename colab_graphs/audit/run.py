@@ -53,8 +53,6 @@ from colab_graphs.audit.stratified import (
     members_of,
     stratified_shapley,
 )
-from colab_graphs.data.example import Example
-from colab_graphs.data.scoring import require_sandbox, view_for
 from colab_graphs.fitting import fitting_summary
 from colab_graphs.models.client import ModelClient
 from colab_graphs.models.pricing import member_price
@@ -62,6 +60,8 @@ from colab_graphs.models.spend import CapReached, SpendCap
 from colab_graphs.pool import Pool
 from colab_graphs.sandbox import scope
 from colab_graphs.spec import GraphSpec, Seat
+from colab_graphs.tasks.example import Example
+from colab_graphs.tasks.scoring import require_sandbox, view_for
 
 LISTED_COALITIONS = 4096  # a report lists every coalition valued up to this many (2^12)
 

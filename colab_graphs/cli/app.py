@@ -16,7 +16,6 @@ from colab_graphs.cli.common import (
     check_sandbox,
     fail,
     holding_out,
-    load_data,
     load_pool,
     make_client,
     parse_params,
@@ -37,6 +36,7 @@ from colab_graphs.cli.options import (
     NoPreflightOpt,
     OutOpt,
     ParamOpt,
+    PlayOptions,
     PoolOpt,
     ProtocolOpt,
     RetriesOpt,
@@ -45,6 +45,7 @@ from colab_graphs.cli.options import (
     SeedOpt,
     StallAfterOpt,
     progress_bar,
+    resolve_play,
 )
 
 app = typer.Typer(
@@ -108,20 +109,15 @@ def run(
     from rich.console import Console
     from rich.markup import escape
 
-    from colab_graphs.cli.app_audit import cli_app, no_app_options
     from colab_graphs.redaction import redact
     from colab_graphs.runner import RunError
     from colab_graphs.sandbox import SandboxUnavailable, scope
     from colab_graphs.spec import SpecError
 
-    the_pool = load_pool(pool)
-    the_app = cli_app(app, protocol or graph, the_pool, input_key, answer_key, mode) if app else None
-    examples = load_data(data, limit, seed, scorer=scorer)
-    if the_app is not None:
-        spec = the_app[1]
-    else:
-        no_app_options(input_key, answer_key, mode)
-        spec = resolve_protocol(protocol, graph, the_pool.names, parse_params(param), the_pool)
+    play = resolve_play(
+        PlayOptions(protocol, graph, app, input_key, answer_key, mode, pool, data, scorer, limit, seed, param)
+    )
+    the_pool, examples, spec = play.pool, play.examples, play.spec
     check_sandbox(examples, scorer, sandbox)  # code scores: before the first call
     client = make_client(cache_dir, no_cache, max_concurrency, retries=retries, preflight=not no_preflight)
     out = out or Path("runs") / spec.name
@@ -154,8 +150,8 @@ def run(
     try:
         with holding_out(out), progress, scope.using(sandbox):
             outcomes, summary = run_loop(
-                run_app(the_app[0], spec, the_pool, examples, **options)
-                if the_app is not None
+                run_app(play.app, spec, the_pool, examples, **options)
+                if play.app is not None
                 else run_fitted(spec, the_pool, examples, **options)  # type: ignore[arg-type]
             )
     except SandboxUnavailable as err:

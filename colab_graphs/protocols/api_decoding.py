@@ -3,7 +3,7 @@
 `nudging` and `co_llm` (MoCo's names) decide at every token which of two models writes it, from the models'
 next-token distributions (nudging: the base model's top-1 probability) or hidden states (Co-LLM: a learned
 deferral head). Only in-process `local/` members give those, so each protocol is one logit seat decoded by the
-local provider (`colab_graphs.models.guided`); `compile_graph` refuses API members by name before any call (a
+local provider (`colab_graphs.local.guided`); `compile_graph` refuses API members by name before any call (a
 chat API returns text, and MoCo runs both methods on local Hugging Face models only, with no text-level
 variant to follow; `mentor_collab` is the text-level method in which a mentor steps into a student's answer).
 
@@ -275,8 +275,8 @@ def _learn_head(spec, seat, pool, client, scorer, examples, outcomes, params) ->
     import torch
 
     from colab_graphs.compile import render
-    from colab_graphs.data.scoring import view_for
-    from colab_graphs.models.local import get_engine
+    from colab_graphs.local.provider import get_engine
+    from colab_graphs.tasks.scoring import view_for
 
     base_name, ref_name = seat.members
     base, reference = get_engine(pool[base_name].model), get_engine(pool[ref_name].model)

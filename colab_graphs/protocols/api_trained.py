@@ -74,7 +74,7 @@ async def fit_router(
     Raises:
         FitError: no dev data (a coalition of two or more members needs it), or a dev call failed.
     """
-    from colab_graphs.data.scoring import view_for
+    from colab_graphs.tasks.scoring import view_for
 
     name, members = spec.name, list(spec.members)
     if len(members) == 1:

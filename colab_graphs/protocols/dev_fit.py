@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from colab_graphs.data.example import Example
 from colab_graphs.files import atomic_write_text
+from colab_graphs.local.merge import Work, merges_home
 from colab_graphs.models.client import ModelClient
-from colab_graphs.models.merge import Work, merges_home
 from colab_graphs.pool import Pool
+from colab_graphs.tasks.example import Example
 
 LOCAL_PREFIX = "local/"
 BY_CONTENT = ("dev", "dev_split", "dev_limit")  # the fit key holds the dev examples themselves instead
@@ -78,7 +78,7 @@ def dev_examples(name: str, params: dict[str, Any], members: list[str]) -> list[
             f"{name} fits coalition {members} on a dev split: give -P dev=SOURCE (a file or a source as --data "
             "takes; -P dev_split=NAME picks a split of a file that has several)"
         )
-    from colab_graphs.data.loaders import load_examples
+    from colab_graphs.tasks.loaders import load_examples
 
     limit = int(params.get("dev_limit") or 0) or None
     examples = load_examples(source, split=params.get("dev_split") or None, limit=limit)
@@ -92,7 +92,7 @@ def member_identity(pool: Pool, name: str) -> dict[str, Any]:
     member = pool[name]
     out: dict[str, Any] = {"settings": member.generation_settings(), "persona": member.system_prompt}
     if member.model.startswith(LOCAL_PREFIX):
-        from colab_graphs.models import merge
+        from colab_graphs.local import merge
 
         # A name served from memory (set_local_model) has no folder: its settings are all there is to key on.
         with contextlib.suppress(FileNotFoundError, merge.MergeError):

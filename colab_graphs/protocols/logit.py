@@ -2,7 +2,7 @@
 
 Logit fusion averages the members' next-token distributions; contrastive decoding prefers what a strong
 member likes more than a weak one does. Both need every member's logits at every step, so they run on the
-in-process `local/` provider (`colab_graphs.models.logits`), with members that share a vocabulary. An API
+in-process `local/` provider (`colab_graphs.local.logits`), with members that share a vocabulary. An API
 endpoint returns text, not distributions: `check_pool_supports` (`colab_graphs.logit_pool`, run by
 `compile_graph`) says which members cannot take part.
 

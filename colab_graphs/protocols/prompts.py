@@ -2,4 +2,4 @@
 
 ANSWER = "{input}\n\n{answer_format}"
 """The question, then how to answer it: `{answer_format}` is the task's own instruction (a number, a
-boxed expression, an option letter, one fenced Python function; see `colab_graphs.data.tasks`)."""
+boxed expression, an option letter, one fenced Python function; see `colab_graphs.tasks.task_types`)."""

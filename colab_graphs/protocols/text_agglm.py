@@ -16,8 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from colab_graphs.builder import GraphBuilder
-from colab_graphs.data.scoring import view_for
-from colab_graphs.data.tasks import TaskView
 from colab_graphs.fitting import Fitted
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
@@ -33,6 +31,8 @@ from colab_graphs.protocols.text_fit import (
 )
 from colab_graphs.registry import aggregator, protocol
 from colab_graphs.spec import END, START, GraphSpec, Seat
+from colab_graphs.tasks.scoring import view_for
+from colab_graphs.tasks.task_types import TaskView
 
 NAME = "agglm"
 SEAT = "aggregate"
@@ -309,6 +309,6 @@ def _train(config_fields: dict[str, Any], pool: Pool, members: list[str]) -> dic
 
 
 def _served(pool: Pool, member: str) -> Path:
-    from colab_graphs.models import merge
+    from colab_graphs.local import merge
 
     return merge.served_folder(pool[member].model.removeprefix("local/"))

@@ -14,8 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from colab_graphs.data.example import Example
-from colab_graphs.data.scoring import view_for
 from colab_graphs.fitting import Fitted
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
@@ -37,6 +35,8 @@ from colab_graphs.protocols.text_fit import (
 from colab_graphs.registry import protocol
 from colab_graphs.runner import ExampleOutcome
 from colab_graphs.spec import GraphSpec
+from colab_graphs.tasks.example import Example
+from colab_graphs.tasks.scoring import view_for
 
 NAME = "multiagent_finetuning"
 KEEP = ("consensus", "correct")

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from colab_graphs.data.example import Example
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.protocols.dev_fit import LOCAL_PREFIX, FitError
 from colab_graphs.runner import ExampleOutcome
 from colab_graphs.spec import GraphSpec, Seat, SpecError
+from colab_graphs.tasks.example import Example
 
 LOCAL_TRAINING = "local_weights"  # what `colab-graphs protocols` says a protocol that trains members requires
 # A seat's model until the fit step routes it: a call fails, and the failure names what is missing.
@@ -212,8 +212,8 @@ def finetune(
     import torch
     from datasets import Dataset
 
-    from colab_graphs.models import merge
-    from colab_graphs.models.local import get_engine
+    from colab_graphs.local import merge
+    from colab_graphs.local.provider import get_engine
     from colab_graphs.trainers.config import TrainConfig
     from colab_graphs.trainers.export import export_policy
     from colab_graphs.trainers.grpo import CRLTrainer
@@ -283,7 +283,7 @@ async def finetune_members(
 
 def check_models(name: str, models: dict[str, str]) -> None:
     """Raise `FitError` when a cached fit names a trained model folder that is gone (say what to delete)."""
-    from colab_graphs.models.merge import merges_home
+    from colab_graphs.local.merge import merges_home
 
     missing = [folder for folder in models.values() if not (Path(folder) / "config.json").is_file()]
     if missing:

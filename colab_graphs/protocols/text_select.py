@@ -12,7 +12,6 @@ from typing import Any
 
 from colab_graphs.aggregators import aggregator
 from colab_graphs.builder import GraphBuilder
-from colab_graphs.data.tasks import TaskView
 from colab_graphs.fitting import Fitted
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
@@ -21,6 +20,7 @@ from colab_graphs.protocols.prompts import ANSWER
 from colab_graphs.protocols.text import check_count, check_members
 from colab_graphs.registry import protocol
 from colab_graphs.spec import END, START, Aggregate, GraphSpec
+from colab_graphs.tasks.task_types import TaskView
 
 TIES = ("model-order", "dev-based", "random")
 

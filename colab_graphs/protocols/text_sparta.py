@@ -21,8 +21,6 @@ from typing import Any
 import numpy as np
 
 from colab_graphs.builder import GraphBuilder
-from colab_graphs.data.example import Example
-from colab_graphs.data.scoring import view_for
 from colab_graphs.fitting import Fitted
 from colab_graphs.models.client import CallError, ModelClient
 from colab_graphs.pool import Pool
@@ -42,6 +40,8 @@ from colab_graphs.protocols.text_fit import (
 )
 from colab_graphs.registry import protocol
 from colab_graphs.spec import GraphSpec
+from colab_graphs.tasks.example import Example
+from colab_graphs.tasks.scoring import view_for
 
 NAME = "sparta"
 SEAT = "best"

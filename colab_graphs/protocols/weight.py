@@ -14,7 +14,7 @@ without it. Candidates live in memory; their dev calls go through the run's clie
 
 Caching. A fit is stored under `merges_home()/fits/`, keyed by method, the members and the sha256 of their
 weights, the dev examples, the scorer, the seat's settings and the parameters; a merged model is a folder under
-`merges_home()` keyed by operation, inputs' weights and parameters (`colab_graphs.models.merge`). No audit merges
+`merges_home()` keyed by operation, inputs' weights and parameters (`colab_graphs.local.merge`). No audit merges
 or fits the same coalition twice; `stats` and `merge.stats` count the work this process did.
 
 Coalition rules: the empty coalition scores 0 (there are no weights to merge); the others are in each

@@ -5,7 +5,7 @@ that its members' weights can be merged (in-process `local/` folders of one arch
 for `lorahub`), fits the method on the dev split when it searches (`greedy_soup`, `model_swarms`, `lorahub`,
 `expo` choosing among members), merges, and returns the spec whose seat calls the merged model.
 
-A `Recipe` names a model made from weights (an operation of `colab_graphs.models.merge` over input folders, or
+A `Recipe` names a model made from weights (an operation of `colab_graphs.local.merge` over input folders, or
 a member's own model); `_Coalition.score` runs the coalition's seat over the dev examples with a recipe's model
 served in memory (its calls through the run's client and cache). A fit is stored under `merges_home()/fits/`,
 keyed by method, the members and the sha256 of their weights, the dev examples, the scorer, the seat's settings
@@ -24,15 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from colab_graphs.data.example import Example
 from colab_graphs.files import atomic_write_text
 from colab_graphs.fitting import Fitted
-from colab_graphs.models import merge
+from colab_graphs.local import merge
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.protocol_registry import get_protocol
 from colab_graphs.protocols.weight_search import es_search, greedy_soup_search, swarm_search
 from colab_graphs.spec import GraphSpec, SpecError
+from colab_graphs.tasks.example import Example
 
 SEAT = "merged"
 LOCAL_PREFIX = "local/"
@@ -162,7 +162,7 @@ class _Coalition:
                     f"{self.name} fits coalition {self.members} on a dev split: give -P dev=SOURCE (a file or a "
                     "source as --data takes; -P dev_split=NAME picks a split of a file that has several)"
                 )
-            from colab_graphs.data.loaders import load_examples
+            from colab_graphs.tasks.loaders import load_examples
 
             limit = int(self.params.get("dev_limit") or 0) or None
             self._dev = load_examples(source, split=self.params.get("dev_split") or None, limit=limit)
@@ -181,7 +181,7 @@ class _Coalition:
         if key in self._scores:
             return self._scores[key]
         from colab_graphs.compile import compile_graph
-        from colab_graphs.models.local import set_local_model, unload
+        from colab_graphs.local.provider import set_local_model, unload
         from colab_graphs.runner import run_example
 
         examples = self.dev()

@@ -19,7 +19,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from colab_graphs.data.answers import DEFINITIONS, top_level_names
+from colab_graphs.tasks.answers import DEFINITIONS, top_level_names
 
 
 @dataclass(frozen=True)

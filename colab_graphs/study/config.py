@@ -281,7 +281,7 @@ def _datasets(raw: Any, path: Path, default_limit: int | None, fail) -> list[Dat
             if item.get(text_key) is not None and not isinstance(item[text_key], str):
                 raise fail(f"{key}.{text_key}", f"must be a string, got {item[text_key]!r}")
         if item.get("scorer"):
-            from colab_graphs.data.scoring import get_scorer
+            from colab_graphs.tasks.scoring import get_scorer
 
             try:
                 get_scorer(item["scorer"])

@@ -21,11 +21,11 @@ from colab_graphs.audit.estimators import Coalition
 from colab_graphs.audit.plan import AuditPlan, CallPlanner
 from colab_graphs.audit.report import TokenCount
 from colab_graphs.audit.strategy import choose_strategy
-from colab_graphs.data.example import Example
 from colab_graphs.models.client import ModelClient
 from colab_graphs.pool import Pool
 from colab_graphs.spec import GraphSpec
 from colab_graphs.study.config import DatasetEntry, ProtocolEntry, StudyConfig, StudyConfigError
+from colab_graphs.tasks.example import Example
 
 SOLO = "solo"
 
@@ -180,7 +180,7 @@ def _with_descriptions(entry: ProtocolEntry, defaults: dict, pool: Pool) -> dict
 
 
 def _load(entry: DatasetEntry, seed: int | None, where: str) -> list[Example]:
-    from colab_graphs.data.loaders import load_examples
+    from colab_graphs.tasks.loaders import load_examples
 
     try:
         examples = load_examples(

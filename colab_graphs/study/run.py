@@ -24,7 +24,6 @@ from typing import Any
 from colab_graphs.accounting import account, made_since
 from colab_graphs.audit.game import CoalitionGame, Play, read_plays
 from colab_graphs.audit.run import AuditError, play_audit, plots_available
-from colab_graphs.data.scoring import require_sandbox
 from colab_graphs.log import LOG_FILE, Header, LogVersionError, LogWriter
 from colab_graphs.models.client import ModelClient
 from colab_graphs.sandbox import scope
@@ -40,6 +39,7 @@ from colab_graphs.study.report import (
     write_study,
 )
 from colab_graphs.study.worker import PlayKey, ShardResult, ShardRunner, play_key
+from colab_graphs.tasks.scoring import require_sandbox
 
 STATE_FILE = "study-state.json"
 
@@ -293,7 +293,7 @@ async def _play_study(
 
 
 def code_sandbox(plan: StudyPlan) -> dict[str, Any] | None:
-    """The sandbox record of the study's code scores (`colab_graphs.data.scoring.require_sandbox`), None without any."""
+    """The sandbox record of the study's code scores (`colab_graphs.tasks.scoring.require_sandbox`), None without any."""
     records = [require_sandbox(plan.examples[label], d.scorer) for label, d in plan.datasets.items()]
     return next((r for r in records if r is not None), None)
 

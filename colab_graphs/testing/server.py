@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from colab_graphs.models.http import (
+from colab_graphs.serve.http import (
     TRANSPORT_KEYS,
     OpenAIHandler,
     OpenAIServer,

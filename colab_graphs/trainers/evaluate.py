@@ -24,9 +24,9 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from colab_graphs.data.example import Example
 from colab_graphs.pool import Pool
 from colab_graphs.spec import GraphSpec
+from colab_graphs.tasks.example import Example
 from colab_graphs.trainers.rollout import LoopThread, PolicyRouter
 
 
@@ -62,7 +62,7 @@ def evaluate(
         processes: an `accelerate.PartialState` to share the examples among (None: this process does all).
     """
     from colab_graphs.audit.game import CoalitionGame, coalition_id
-    from colab_graphs.models.local import get_engine
+    from colab_graphs.local.provider import get_engine
 
     grand = frozenset(spec.members)
     without = grand - {policy_member}

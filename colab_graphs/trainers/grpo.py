@@ -40,9 +40,9 @@ from typing import Any
 import torch
 from trl import GRPOTrainer
 
-from colab_graphs.data.example import Example
 from colab_graphs.log import RolloutRecord
 from colab_graphs.redaction import hide_secrets
+from colab_graphs.tasks.example import Example
 from colab_graphs.trainers.baselines import sft_turns
 from colab_graphs.trainers.credit import Outcomes, assign_credit, batch_outcomes, replay_outcomes
 from colab_graphs.trainers.evaluate import eval_mode

@@ -42,10 +42,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import colab_graphs._env  # noqa: F401  (offline settings before transformers / litellm load)
-from colab_graphs.data.scoring import require_sandbox
 from colab_graphs.files import atomic_write_text, holding
 from colab_graphs.redaction import hide_secrets
 from colab_graphs.sandbox import scope
+from colab_graphs.tasks.scoring import require_sandbox
 from colab_graphs.trainers.config import ConfigError, grpo_values
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """Rollouts: run the live graph with the policy seated, and collect the policy's turns from the traces.
 
-The policy is an in-process model served as ``local/<name>`` by :mod:`colab_graphs.models.local` (the engine
+The policy is an in-process model served as ``local/<name>`` by :mod:`colab_graphs.local.provider` (the engine
 holds the trainer's own model object, so every rollout generates with the current weights). Its calls go
 through a `PolicyRouter`:
 
@@ -49,11 +49,11 @@ from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from colab_graphs.data.example import Example
-from colab_graphs.data.scoring import apply_scorer
 from colab_graphs.models.client import CallError, DeltaHandler, ModelClient
 from colab_graphs.pool import Member, Pool
 from colab_graphs.spec import GraphSpec
+from colab_graphs.tasks.example import Example
+from colab_graphs.tasks.scoring import apply_scorer
 from colab_graphs.trace import Call, Reply, Trace, Usage
 
 T = TypeVar("T")
@@ -170,7 +170,7 @@ class InProcessPolicyClient(ModelClient):
         kwargs: dict[str, Any],
         on_delta: DeltaHandler | None = None,
     ) -> Call:
-        from colab_graphs.models.local import DETAILS_KEY, build_request, get_engine
+        from colab_graphs.local.provider import DETAILS_KEY, build_request, get_engine
 
         model = str(kwargs["model"])
         if not model.startswith("local/") or DETAILS_KEY in kwargs or kwargs.get("metadata") or on_delta:
@@ -471,7 +471,7 @@ class RolloutRunner:
 
     def _policy_engines(self) -> list[Any]:
         """The in-process engines serving the policy members (the batching hint goes to them)."""
-        from colab_graphs.models.local import get_engine
+        from colab_graphs.local.provider import get_engine
 
         models = {str(self.pool[m].settings.get("model", "")) for m in self.router.policy_members}
         return [get_engine(m) for m in sorted(models) if m.startswith("local/")]

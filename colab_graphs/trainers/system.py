@@ -1,7 +1,7 @@
 """Assembling the system a config describes: examples, pool (scripted test members included), policy, spec.
 
 The policy member's calls are served in process by ``local/<POLICY_PREFIX><member>``, an engine registered
-with `colab_graphs.models.local.set_local_model` that holds the very model object the trainer updates, so
+with `colab_graphs.local.provider.set_local_model` that holds the very model object the trainer updates, so
 rollouts always generate with the current weights. Collaborators keep their own settings.
 
 Pool order: the members of `pool` in their order, then `scripted_members` not already listed, then the
@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from colab_graphs.data.example import Example
 from colab_graphs.pool import MEMBER_KEYS, Pool, make_member
 from colab_graphs.spec import GraphSpec
+from colab_graphs.tasks.example import Example
 from colab_graphs.trainers.config import ConfigError
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def load_split(config: TrainConfig) -> Split:
     tasks repeat questions: the built-in arithmetic has 81 single-digit sums). Inputs are compared after
     `normalised_input`.
     """
-    from colab_graphs.data.loaders import load_examples
+    from colab_graphs.tasks.loaders import load_examples
 
     try:
         examples = load_examples(config.data, limit=config.limit)
@@ -165,7 +165,7 @@ def load_policy(ref: str, device: str | None = None) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from colab_graphs.models.zoo import resolve
+    from colab_graphs.local.zoo import resolve
 
     hf_logging.disable_progress_bar()
 
@@ -183,7 +183,7 @@ def load_policy(ref: str, device: str | None = None) -> tuple[Any, Any]:
 
 def seat_policy(config: TrainConfig, model: Any, tokenizer: Any) -> None:
     """Serve `model` as the policy member's `local/` model (swapping weights if already served)."""
-    from colab_graphs.models.local import set_local_model
+    from colab_graphs.local.provider import set_local_model
 
     set_local_model(f"{POLICY_PREFIX}{config.policy_member}", model, tokenizer)
 

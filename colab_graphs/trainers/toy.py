@@ -12,9 +12,9 @@ Use it from a training config with `graph: colab_graphs.trainers.toy:relay` and 
 from __future__ import annotations
 
 from colab_graphs.builder import GraphBuilder
-from colab_graphs.data.example import Example
-from colab_graphs.data.scoring import Score, register_scorer
 from colab_graphs.spec import END, START, GraphSpec
+from colab_graphs.tasks.example import Example
+from colab_graphs.tasks.scoring import Score, register_scorer
 
 MARKER = "k"
 """The policy's part: a string the tiny random policy writes in about one answer in five before training."""

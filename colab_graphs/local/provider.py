@@ -2,7 +2,7 @@
 
 After :func:`register_local_provider`, ``litellm.acompletion(model="local/smollm2-135m", messages=...)`` runs
 the model in this process through the same call path as any API model. Concurrent requests to one model are
-batched (see :mod:`colab_graphs.models.local_engine`); generation runs in the engine's worker thread, so the
+batched (see :mod:`colab_graphs.local.local_engine`); generation runs in the engine's worker thread, so the
 event loop stays free.
 
 Every response carries the exact token ids and per-token logprobs in
@@ -11,7 +11,7 @@ Every response carries the exact token ids and per-token logprobs in
 :func:`local_call_details`. With ``logprobs=True`` (and ``top_logprobs=k``) the OpenAI-format
 ``choices[0].logprobs`` is filled as well.
 
-Logit-level generation (:mod:`colab_graphs.models.logits`) goes through the same provider: pass
+Logit-level generation (:mod:`colab_graphs.local.logits`) goes through the same provider: pass
 ``colab_graphs={"logit_mode": "fusion", "members": [...], "weights": [...]}`` as a keyword argument of
 ``acompletion`` (a pool member's settings can hold it, and it is part of the request, so call caches keyed
 on the request see it), or the same mapping as ``metadata={"colab_graphs": {...}}``.
@@ -26,7 +26,7 @@ Logit-level modes decode in float32.
 
 Example:
     >>> import litellm
-    >>> from colab_graphs.models.local import register_local_provider, local_call_details
+    >>> from colab_graphs.local.provider import register_local_provider, local_call_details
     >>> register_local_provider()
     >>> r = litellm.completion(model="local/tiny-random", messages=[{"role": "user", "content": "hi"}],
     ...                        max_tokens=4, temperature=0)
@@ -38,15 +38,17 @@ from __future__ import annotations
 
 import time
 import uuid
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field
 
 import colab_graphs._env  # noqa: F401  (offline settings before litellm / transformers load)
-from colab_graphs.models.engines import DTYPES, PROVIDER, get_engine, set_local_model, unload  # noqa: F401
-from colab_graphs.models.local_engine import GenerationRequest, GenerationResult, LocalEngine
-from colab_graphs.models.openai_api import SamplingParams
+from colab_graphs.local.engines import DTYPES, PROVIDER, get_engine, set_local_model, unload  # noqa: F401
+from colab_graphs.local.local_engine import GenerationRequest, GenerationResult, LocalEngine
+from colab_graphs.local.sampling import SamplingParams
+from colab_graphs.local.weights import weights_identity as weights_identity  # (the call cache keys on it)
 
 DETAILS_KEY = "colab_graphs"
 
@@ -214,7 +216,7 @@ def _generate_logit_level(
         "stop": checked.stop_strings,
     }
     if mode == "fusion":
-        from colab_graphs.models.logits import logit_fusion
+        from colab_graphs.local.logits import logit_fusion
 
         return logit_fusion(
             members,
@@ -226,7 +228,7 @@ def _generate_logit_level(
     if mode == "contrastive":
         if len(members) != 2:
             raise ValueError(f"contrastive decoding takes members [strong, weak], got {members}")
-        from colab_graphs.models.logits import contrastive_decoding
+        from colab_graphs.local.logits import contrastive_decoding
 
         return contrastive_decoding(
             members[0],
@@ -236,8 +238,8 @@ def _generate_logit_level(
             beta=float(settings.get("beta", 1.0)),
             **common,
         )
-    if mode in ("nudging", "co_llm"):  # two models guiding one decode: colab_graphs.models.guided
-        from colab_graphs.models.guided import generate_guided
+    if mode in ("nudging", "co_llm"):  # two models guiding one decode: colab_graphs.local.guided
+        from colab_graphs.local.guided import generate_guided
 
         return generate_guided(mode, members, messages, settings, **common)
     raise ValueError(
@@ -322,6 +324,36 @@ def register_local_provider() -> None:
 
 def model_folder(model_ref: str) -> Path:
     """The folder a ``local/`` reference loads from (for export and serving with vLLM)."""
-    from colab_graphs.models.zoo import resolve
+    from colab_graphs.local.zoo import resolve
 
     return resolve(model_ref.removeprefix(f"{PROVIDER}/"))
+
+
+def prompt_tokens(model: str, messages: list[dict[str, Any]]) -> int | None:
+    """The prompt tokens of `messages` for the `local/` model `model` as the engine renders them (its chat
+    template applied), or None when its folder is not on disk (nothing is fetched to count)."""
+    tokenizer = _local_tokenizer(model)
+    if tokenizer is None:
+        return None
+    plain = [(m["role"], str(m.get("content", ""))) for m in messages]
+    return len(LocalEngine._render(tokenizer, plain))
+
+
+@lru_cache(maxsize=32)
+def _local_tokenizer(model: str) -> Any:
+    """The tokenizer of a `local/` model whose folder is already on disk (never fetched here), else None."""
+    from colab_graphs.local import zoo
+
+    ref = model.removeprefix("local/")
+    folder = None
+    try:
+        entry = zoo.get_entry(ref)
+        folder = entry.folder() if entry.is_cached() else None
+    except KeyError:
+        path = Path(ref).expanduser()
+        folder = path if (path / "config.json").is_file() else None
+    if folder is None:
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from colab_graphs.data.example import Example
+from colab_graphs.tasks.example import Example
 
 _NAMES = ("Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Gus", "Hana", "Ivan", "Jo", "Kofi", "Lena")
 _ITEMS = ("apples", "pencils", "stickers", "marbles", "books", "cookies", "shells", "cards")

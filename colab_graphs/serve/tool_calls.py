@@ -25,8 +25,8 @@ import re
 import uuid
 from typing import Any
 
-from colab_graphs.models.local_engine import LocalEngine
-from colab_graphs.models.openai_api import Message, Tool
+from colab_graphs.local.local_engine import LocalEngine
+from colab_graphs.serve.openai_api import Message, Tool
 
 CALL_OPEN = "<tool_call>"
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.S)

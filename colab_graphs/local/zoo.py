@@ -6,13 +6,13 @@ The GGUF is checked against a pinned sha256, converted once to an fp32 transform
 ``$COLAB_GRAPHS_HOME/models/<name>`` (default ``~/.cache/colab-graphs/models/<name>``).
 
 Every folder speaks through its model's own chat template: the one in the GGUF's metadata, or, for a file
-that carries none (Gemma-3-270m), the family's published template shipped in ``models/chat_templates/``.
+that carries none (Gemma-3-270m), the family's published template shipped in ``local/chat_templates/``.
 Its end-of-turn token is an end-of-sequence id of the folder's generation config, so a reply stops where the
 template's turn ends. A folder converted by an older version of this module is brought up to date in place on
 its next fetch (see ``_CONVERSION``).
 
 Example:
-    >>> from colab_graphs.models import zoo
+    >>> from colab_graphs.local import zoo
     >>> [e.name for e in zoo.list_models()]
     ['smollm2-135m', 'gemma3-270m', 'tiny-random']
     >>> folder = zoo.resolve("tiny-random")  # built offline in about a second
@@ -313,7 +313,7 @@ def _carry_chat_template(entry: ZooEntry, folder: Path) -> str | None:
     if entry.chat_template_file is not None:
         template = (_TEMPLATES / entry.chat_template_file).read_text(encoding="utf-8")
         atomic_write_text(folder / "chat_template.jinja", template)
-        return f"colab_graphs/models/chat_templates/{entry.chat_template_file}"
+        return f"colab_graphs/local/chat_templates/{entry.chat_template_file}"
     if _has_chat_template(folder):
         return "gguf metadata" if entry.parts else "build"
     return None

@@ -1,6 +1,6 @@
-"""Scorers by name (kind "scorer" of the one registry), and which one an example calls for.
+"""Scorers by name (kind "task" of the one registry: a scorer name names a task type), and which one an example calls for.
 
-A scorer name (`--scorer`, an example's `scorer` field) names a task type (`colab_graphs.data.tasks`), which
+A scorer name (`--scorer`, an example's `scorer` field) names a task type (`colab_graphs.tasks.task_types`), which
 owns extraction, comparison, prompting and scoring for that kind of task. `register_scorer` also takes a plain
 scorer function `(output, example) -> Score | float` (sync or async): it gets short-text extraction.
 """
@@ -11,9 +11,9 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from colab_graphs.data.example import Example
-from colab_graphs.data.tasks import CodeTask, Score, ScorerFn, ScorerTask, TaskType, TaskView
 from colab_graphs.registry import registry_add, registry_lookup, registry_names, source_of
+from colab_graphs.tasks.example import Example
+from colab_graphs.tasks.task_types import CodeTask, Score, ScorerFn, ScorerTask, TaskType, TaskView
 
 __all__ = [
     "Score",
@@ -37,7 +37,7 @@ def register_task(task: TaskType) -> TaskType:
     """Register a task type under its `name`; a name another source registered is a `NameClash` naming both
     (`colab_graphs.registry.registry_add`). The source is the task's class, or a plain scorer's function."""
     source = source_of(task.fn) if isinstance(task, ScorerTask) else None
-    registry_add("scorer", task.name, task, source=source)
+    registry_add("task", task.name, task, source=source)
     return task
 
 
@@ -52,11 +52,11 @@ def register_scorer(name: str) -> Callable[[ScorerFn], ScorerFn]:
 
 
 def scorer_names() -> list[str]:
-    return registry_names("scorer")
+    return registry_names("task")
 
 
 def get_task(name: str) -> TaskType:
-    task: TaskType = registry_lookup("scorer", name).obj  # `register_task` stores only TaskType objects
+    task: TaskType = registry_lookup("task", name).obj  # `register_task` stores only TaskType objects
     return task
 
 
@@ -80,7 +80,7 @@ def default_scorer_name(example: Example) -> str:
         return "code"
     if example.fields.get("choices") is not None:
         return "multiple_choice"
-    from colab_graphs.data.answers import is_plain_text, parse_number
+    from colab_graphs.tasks.answers import is_plain_text, parse_number
 
     numeric = example.answer is not None and parse_number(example.answer) is not None
     task_type = example.fields.get("task_type")

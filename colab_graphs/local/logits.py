@@ -26,7 +26,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from colab_graphs.models.local_engine import (
+from colab_graphs.local.local_engine import (
     GenerationRequest,
     GenerationResult,
     LocalEngine,
@@ -42,7 +42,7 @@ class VocabularyMismatchError(ValueError):
 
 
 def _engines(models: Sequence[str]) -> list[LocalEngine]:
-    from colab_graphs.models.engines import get_engine
+    from colab_graphs.local.engines import get_engine
 
     if not models:
         raise ValueError("logit-level generation needs at least one member model")
@@ -62,7 +62,7 @@ def _engines(models: Sequence[str]) -> list[LocalEngine]:
 
 class _Member:
     """One model's running forward state during a logit-level decode (with `hidden`, also the last layer's
-    hidden state at the last position, for deferral heads: see `colab_graphs.models.guided`)."""
+    hidden state at the last position, for deferral heads: see `colab_graphs.local.guided`)."""
 
     def __init__(self, engine: LocalEngine, prompt_ids: list[int], hidden: bool = False) -> None:
         import torch

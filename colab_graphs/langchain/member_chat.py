@@ -1,6 +1,6 @@
 """`MemberChatModel`: a pool member as a LangChain chat model (made by `colab_graphs.member_chat_model`).
 
-Where its calls go is decided at call time: the binding of the run (`colab_graphs.models.binding`, set by an
+Where its calls go is decided at call time: the binding of the run (`colab_graphs.langchain.binding`, set by an
 app audit) gives the pool, client, coalition, trace and memo; without one, the pool and client it was made
 with.
 """
@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import Field
 
-from colab_graphs.models.binding import AbsentRule, MemberAbsent, current_binding, plays_running
-from colab_graphs.models.chat_model import CallPathChatModel, Target
+from colab_graphs.langchain.binding import AbsentRule, MemberAbsent, current_binding, plays_running
+from colab_graphs.langchain.chat_model import CallPathChatModel, Target
 from colab_graphs.models.client import ModelClient, default_client
 from colab_graphs.pool import Pool
 from colab_graphs.trace import Trace

@@ -14,11 +14,11 @@ generic extractor; so code stays code, a letter stays a letter, and `\\frac{1}{2
 A task type is registered under its scorer name (`--scorer`, an example's `scorer` field); a plain scorer
 function registered with `register_scorer` becomes a task type with short-text extraction.
 
-Numbers are equal by `colab_graphs.data.answers.numbers_equal`: an integer only to the same value, other numbers
+Numbers are equal by `colab_graphs.tasks.answers.numbers_equal`: an integer only to the same value, other numbers
 within a relative tolerance (`NumericTask.rel_tol`, 1e-6) or an absolute one (`abs_tol`, 0: it only matters
 near zero). A record may state its own in `rel_tol` / `abs_tol` fields (a MoCo file at its top level). Every
 extractor defends against replies written to fool it (hedges, contradictions, look-alike characters): see
-`colab_graphs.data.answers`.
+`colab_graphs.tasks.answers`.
 
 | task type | extract | same answer |
 |---|---|---|
@@ -43,8 +43,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from colab_graphs.data import answers
-from colab_graphs.data.example import Example
+from colab_graphs.tasks import answers
+from colab_graphs.tasks.example import Example
 
 logger = logging.getLogger(__name__)
 

@@ -16,19 +16,19 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any, Protocol
 
-from colab_graphs.models.http import RequestError
-from colab_graphs.models.json_guide import JsonGuide, schema_problems, vocabulary
-from colab_graphs.models.local import DETAILS_KEY, openai_logprobs, sampling_request
-from colab_graphs.models.local_engine import GenerationRequest, GenerationResult, LocalEngine
-from colab_graphs.models.openai_api import ChatCompletionRequest, CompletionRequest, NamedToolChoice
-from colab_graphs.models.tool_calls import call_schema, parse_tool_calls, render_chat
+from colab_graphs.local.json_guide import JsonGuide, schema_problems, vocabulary
+from colab_graphs.local.local_engine import GenerationRequest, GenerationResult, LocalEngine
+from colab_graphs.local.provider import DETAILS_KEY, openai_logprobs, sampling_request
+from colab_graphs.serve.http import RequestError
+from colab_graphs.serve.openai_api import ChatCompletionRequest, CompletionRequest, NamedToolChoice
+from colab_graphs.serve.tool_calls import call_schema, parse_tool_calls, render_chat
 
 CHAT_DEFAULT_MAX_TOKENS = 256
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for legacy completions
 
 
 class Serving(Protocol):
-    """What a reply needs of the server (`colab_graphs.models.server.LocalServer`)."""
+    """What a reply needs of the server (`colab_graphs.serve.server.LocalServer`)."""
 
     engine: LocalEngine
     served_name: str

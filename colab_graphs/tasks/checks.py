@@ -15,9 +15,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from colab_graphs.data import answers
-from colab_graphs.data.example import DatasetError, Example
-from colab_graphs.data.tasks import (
+from colab_graphs.tasks import answers
+from colab_graphs.tasks.example import DatasetError, Example
+from colab_graphs.tasks.task_types import (
     BUILTIN_TASKS,
     CodeTask,
     MultipleChoiceTask,
@@ -34,7 +34,7 @@ def task_named(name: str) -> TaskType:
     for task in BUILTIN_TASKS:
         if task.name == name:
             return task
-    from colab_graphs.data.scoring import get_task
+    from colab_graphs.tasks.scoring import get_task
 
     return get_task(name)
 
@@ -42,7 +42,7 @@ def task_named(name: str) -> TaskType:
 def record_problems(example: Example, scorer: str | None = None) -> list[str]:
     """Why `example` could not be scored by `scorer` (None: the scorer its fields call for), as
     ``field 'NAME': what is wrong`` strings; [] when nothing stops it."""
-    from colab_graphs.data.scoring import default_scorer_name
+    from colab_graphs.tasks.scoring import default_scorer_name
 
     name = scorer or default_scorer_name(example)
     try:

@@ -1,6 +1,6 @@
 """How a model's reply becomes an answer, per kind of answer: numbers, math, option letters, code, short text.
 
-These are the primitives the task types (`colab_graphs.data.tasks`) are made of. The rules below hold for every
+These are the primitives the task types (`colab_graphs.tasks.task_types`) are made of. The rules below hold for every
 extractor here; `tests/test_answers.py` checks each on replies shaped like real models' (prose around a fenced
 block, "The correct option is (C) ...", `\\boxed{}`) and on replies written to fool them, since under RL a
 policy searches for whatever a scorer accepts:

@@ -82,7 +82,7 @@ def merges_home() -> Path:
     explicit = os.environ.get("COLAB_GRAPHS_MERGE_DIR")
     if explicit:
         return Path(explicit).expanduser()
-    from colab_graphs.models.zoo import models_home
+    from colab_graphs.local.zoo import models_home
 
     return models_home().parent / "merges"
 
@@ -101,7 +101,7 @@ def model_folder(ref: str) -> Path:
     path = Path(ref).expanduser()
     if path.is_dir() and is_adapter(path):
         return path.resolve()
-    from colab_graphs.models.zoo import resolve
+    from colab_graphs.local.zoo import resolve
 
     return resolve(ref)
 

@@ -8,17 +8,17 @@ reaches it; from LiteLLM::
 
 (``hosted_vllm/<served-name>`` works the same way).
 
-Every request is checked whole before it reaches the batching engine (`colab_graphs.models.openai_api`): a
+Every request is checked whole before it reaches the batching engine (`colab_graphs.serve.openai_api`): a
 bad field gets its own 400 naming it, ``max_tokens`` must fit the model's context after the prompt and the
 server's own limit (``max_tokens_limit``), and a request that fails while decoding fails alone (a 500 with the
 reason) while the requests batched with it complete. Connections, timeouts and the access log are the HTTP
-core's (`colab_graphs.models.http`).
+core's (`colab_graphs.serve.http`).
 
 Tools: ``tools`` / ``tool_choice`` and ``tool`` messages are rendered by the model's chat template when it
 renders tools, else in the Hermes / Qwen 2.5 format; calls are parsed back into ``tool_calls`` (see
-`colab_graphs.models.tool_calls`). ``tool_choice: "required"`` or a named function forces a call by guided
+`colab_graphs.serve.tool_calls`). ``tool_choice: "required"`` or a named function forces a call by guided
 decoding, so its arguments match the tool's schema. ``response_format`` ``json_object`` / ``json_schema`` is
-guided decoding too (`colab_graphs.models.json_guide`).
+guided decoding too (`colab_graphs.local.json_guide`).
 
 Responses carry OpenAI's fields only. The exact token ids and logprobs of each choice come back when the
 request asks with ``"colab_graphs": {"token_ids": true}`` (LiteLLM: ``extra_body=...``), under the top-level
@@ -46,12 +46,12 @@ import sys
 import threading
 from typing import Any
 
-from colab_graphs.models.engines import get_engine
-from colab_graphs.models.http import OpenAIHandler, OpenAIServer, RequestError, ServerLimits
-from colab_graphs.models.local import model_folder
-from colab_graphs.models.local_engine import LocalEngine
-from colab_graphs.models.openai_api import ChatCompletionRequest, CompletionRequest, parse_body
-from colab_graphs.models.serve_replies import ChatReply, CompletionReply
+from colab_graphs.local.engines import get_engine
+from colab_graphs.local.local_engine import LocalEngine
+from colab_graphs.local.provider import model_folder
+from colab_graphs.serve.http import OpenAIHandler, OpenAIServer, RequestError, ServerLimits
+from colab_graphs.serve.openai_api import ChatCompletionRequest, CompletionRequest, parse_body
+from colab_graphs.serve.serve_replies import ChatReply, CompletionReply
 
 DEFAULT_MAX_TOKENS_LIMIT = 4096
 

@@ -9,7 +9,7 @@ model contract: `invoke` / `ainvoke`, token streaming (`stream` / `astream`, wit
 output (`with_structured_output` by tool calling, JSON schema or JSON mode), usage metadata and callbacks.
 
 Example:
-    >>> from colab_graphs.models.chat_model import LiteLLMChatModel
+    >>> from colab_graphs.langchain.chat_model import LiteLLMChatModel
     >>> llm = LiteLLMChatModel(model="local/smollm2-135m", temperature=0, max_tokens=64)
     >>> llm.invoke("What is 2+2?").content  # doctest: +SKIP
     'The answer to this classic math problem is 4.'
@@ -37,6 +37,7 @@ from langchain_core.runnables import Runnable
 from pydantic import ConfigDict, Field, SecretStr, model_validator
 
 import colab_graphs._env  # noqa: F401  (offline settings before litellm loads)
+from colab_graphs.langchain.lc import ai_message, last_chunk, message_chunk, openai_messages
 from colab_graphs.models.cache import request_key
 from colab_graphs.models.client import (
     Delta,
@@ -47,7 +48,6 @@ from colab_graphs.models.client import (
     whole_calls,
 )
 from colab_graphs.models.flight import Memo
-from colab_graphs.models.lc import ai_message, last_chunk, message_chunk, openai_messages
 from colab_graphs.pool import LITELLM_KWARGS, Member, PoolError, make_member
 from colab_graphs.trace import Call, Trace
 from colab_graphs.watch import pending_call
@@ -471,7 +471,7 @@ class LiteLLMChatModel(CallPathChatModel):
         return {"model": self.model, **public_settings({**fields, **self.settings}, {})}
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
-        from colab_graphs.models.lc import provider
+        from colab_graphs.langchain.lc import provider
 
         params = super()._get_ls_params(stop=stop, **kwargs)
         model = kwargs.get("model") or self.model

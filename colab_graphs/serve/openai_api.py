@@ -7,8 +7,8 @@ fields that change nothing here are accepted and ignored (`IGNORED`), and known 
 implement are refused with the reason when set to anything but their neutral value (`UNSUPPORTED`), so a
 penalty or a logit bias is never silently dropped.
 
-`SamplingParams` is the part shared with the in-process ``local/`` provider, which checks a pool member's
-settings with it (there, unknown keys are LiteLLM's business and are ignored).
+`SamplingParams` (`colab_graphs.local.sampling`) is the part shared with the in-process provider, which checks
+a pool member's settings with it (there, unknown keys are LiteLLM's business and are ignored).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from colab_graphs.models.http import RequestError
+from colab_graphs.local.sampling import SamplingParams
+from colab_graphs.serve.http import RequestError
 
 MAX_N = 16  # choices per request: each is a row of a batch
-MAX_STOP = 16
 # Fields OpenAI defines that ask for nothing this server would do differently.
 IGNORED = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier")
 # Field -> (values that ask for nothing, why anything else is refused).
@@ -43,38 +43,6 @@ UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
 
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
-
-
-class SamplingParams(BaseModel):
-    """How to sample, as OpenAI names it; the ranges are OpenAI's (temperatures up to 2, 20 top logprobs).
-
-    ``top_p`` must be above 0 (0 would leave no token to draw); seeds are 64-bit.
-    """
-
-    model_config = ConfigDict(strict=True, extra="ignore")
-
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2, allow_inf_nan=False)
-    top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
-    seed: int | None = Field(None, ge=-(2**63), lt=2**64)
-    stop: str | list[str] | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
-
-    @model_validator(mode="after")
-    def _stops(self) -> SamplingParams:
-        stops = self.stop_strings
-        if len(stops) > MAX_STOP or not all(stops):
-            raise ValueError(f"stop takes at most {MAX_STOP} non-empty strings")
-        return self
-
-    @property
-    def stop_strings(self) -> list[str]:
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-
-    @property
-    def completion_limit(self) -> int | None:
-        return self.max_completion_tokens or self.max_tokens
 
 
 class StreamOptions(_Strict):

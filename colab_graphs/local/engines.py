@@ -1,7 +1,7 @@
 """The engines that serve ``local/<name>`` models in this process: one per model path and dtype, loaded on first use.
 
-:mod:`colab_graphs.models.local` (the LiteLLM provider) and the logit-level modules
-(:mod:`colab_graphs.models.logits`, :mod:`colab_graphs.models.guided`) all take their engines from here, so a
+:mod:`colab_graphs.local.provider` (the LiteLLM provider) and the logit-level modules
+(:mod:`colab_graphs.local.logits`, :mod:`colab_graphs.local.guided`) all take their engines from here, so a
 model loaded for an ordinary call is the one a logit-level protocol decodes with.
 """
 
@@ -13,7 +13,7 @@ import uuid
 from typing import Any
 
 import colab_graphs._env  # noqa: F401  (offline settings before transformers loads)
-from colab_graphs.models.local_engine import LocalEngine
+from colab_graphs.local.local_engine import LocalEngine
 
 PROVIDER = "local"
 DTYPES = ("float32", "bfloat16", "float16")
@@ -50,7 +50,7 @@ def get_engine(model_ref: str, dtype: str = "float32") -> LocalEngine:
         return _named[ref]
     if (ref, dtype) in _by_ref:  # skip resolving again (a hub id would hit the HF cache on every call)
         return _by_ref[ref, dtype]
-    from colab_graphs.models.merge import served_folder
+    from colab_graphs.local.merge import served_folder
 
     path = str(served_folder(ref))  # an adapter folder is served merged into its base
     key = (path, dtype)

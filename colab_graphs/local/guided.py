@@ -25,8 +25,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from colab_graphs.models.local_engine import GenerationResult, LocalEngine
-from colab_graphs.models.logits import VocabularyMismatchError, _Member
+from colab_graphs.local.local_engine import GenerationResult, LocalEngine
+from colab_graphs.local.logits import VocabularyMismatchError, _Member
 
 MODES = ("nudging", "co_llm")
 _TAIL = 16  # tokens of context decoded with a new token to find the text it adds
@@ -91,7 +91,7 @@ class _Picker:
 
 
 def _engines(models: Sequence[str]) -> list[LocalEngine]:
-    from colab_graphs.models.engines import get_engine
+    from colab_graphs.local.engines import get_engine
 
     if len(models) != 2:
         raise ValueError(f"guided decoding takes two members [base, other], got {list(models)}")

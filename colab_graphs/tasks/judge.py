@@ -17,8 +17,8 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from colab_graphs.data.example import Example
-from colab_graphs.data.scoring import Score
+from colab_graphs.tasks.example import Example
+from colab_graphs.tasks.scoring import Score
 
 Complete = Callable[[list[dict[str, Any]]], Awaitable[str]]
 JudgeScorer = Callable[[str, Example], Awaitable[Score]]
