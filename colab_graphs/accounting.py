@@ -9,11 +9,13 @@ coalition's identical request or a replay). A cached call whose key is in `made_
 times say this job made it before a kill and resume, and no recorded play made it: `made_since`) counts as
 made once. Tokens and `cost_usd` are those of the calls made (0.0 when none was: nothing was spent);
 `cost_saved_usd` is what the cached calls cost when they were made (what serving them saved). Either is None
-when a price it sums is unknown.
+when a price it sums is unknown. Prices are summed exactly (`math.fsum`), so a total does not depend on the
+order the plays finished in (which coalition's play made a shared call, under load, is a matter of timing).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Set
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -34,6 +36,7 @@ class Spend:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float | None = 0.0
+    _prices: list[float] = field(default_factory=list, repr=False, compare=False)
 
     def add(self, call: Call, *, paid: bool = True) -> None:
         """Count `call`, and its price when `paid` (a call served from cache costs nothing)."""
@@ -42,6 +45,13 @@ class Spend:
         self.completion_tokens += call.usage.completion_tokens
         if paid:
             self.cost_usd = add_cost(self.cost_usd, call.cost_usd)
+            if call.cost_usd is not None:
+                self._prices.append(call.cost_usd)
+
+    def settle(self) -> None:
+        """The price summed exactly: the same total whatever order the calls were added in."""
+        if self.cost_usd is not None:
+            self.cost_usd = math.fsum(self._prices)
 
 
 @dataclass
@@ -97,6 +107,7 @@ def account(plays: Iterable[Trace], made_before: Set[str] = frozenset()) -> Acco
     plays = list(plays)
     acct = Accounting()
     keys: set[str] = set()
+    spent, saved = Spend(), Spend()  # the calls made and the calls served, for their exact sums
     # A key a recorded play made itself is counted there, never again as made before the resume.
     resumable = set(made_before) - {c.key for p in plays for c in p.calls if not c.cached}
     for play in plays:
@@ -114,13 +125,16 @@ def account(plays: Iterable[Trace], made_before: Set[str] = frozenset()) -> Acco
             share.add(call, paid=made)
             if not made:
                 acct.cached += 1
-                acct.cost_saved_usd = add_cost(acct.cost_saved_usd, call.cost_usd)
+                saved.add(call)
                 continue
             acct.made += 1
             acct.prompt_tokens += call.usage.prompt_tokens
             acct.completion_tokens += call.usage.completion_tokens
-            acct.cost_usd = add_cost(acct.cost_usd, call.cost_usd)
+            spent.add(call)
             acct.per_member.setdefault(call.member, Spend()).add(call)
+    for share in (spent, saved, *acct.per_member.values(), *acct.per_coalition.values()):
+        share.settle()
+    acct.cost_usd, acct.cost_saved_usd = spent.cost_usd, saved.cost_usd
     acct.made += acct.failed  # failed calls were attempted
     acct.unique = len(keys)
     return acct

@@ -6,6 +6,8 @@ tests; these pin the rules the function applies to the records it is given.
 
 from __future__ import annotations
 
+import math
+
 from colab_graphs.accounting import account
 from colab_graphs.trace import Call, Play, Usage
 
@@ -68,3 +70,19 @@ def test_a_call_made_before_a_resume_counts_as_made_once_though_the_resumed_play
 def test_a_key_a_recorded_play_made_is_not_counted_again_as_made_before_the_resume():
     plays = [play("coalition", ["a"], call("k")), play("solo", ["a"], call("k", cached=True))]
     assert account(plays, made_before={"k"}).made == 1
+
+
+def test_a_total_is_the_same_whatever_order_the_plays_finished_in():
+    # Which coalition's play made a shared call is a matter of timing; float sums in another order differ in
+    # the last bit (0.1 + 0.2 + 0.3 != 0.3 + 0.2 + 0.1), so the totals are summed exactly.
+    costs = [0.1, 0.2, 0.3, 7.04e-05, 1e-17]
+    plays = [
+        play("coalition", [m], call(f"k{i}", m, cost=c))
+        for i, (m, c) in enumerate(zip("abaab", costs, strict=True))
+    ]
+    forward, backward = account(plays), account(plays[::-1])
+    assert forward.cost_usd == backward.cost_usd == math.fsum(costs)
+    assert {m: s.cost_usd for m, s in forward.per_member.items()} == {
+        m: s.cost_usd for m, s in backward.per_member.items()
+    }
+    assert (0.1 + 0.2 + 0.3) != (0.3 + 0.2 + 0.1)  # what the sums above would otherwise depend on
