@@ -612,6 +612,9 @@ def plot(summary: dict, curves: list[dict], path: Path) -> None:
         ax.set_xticks(range(len(entry["arms"])), list(entry["arms"]), fontsize=8)
         ax.set_title(f"transfer: {setting}", fontsize=8)
         ax.legend(fontsize=6)
+    if transfers:
+        for ax in axes[rows - 1][len(transfers[:4]) :]:
+            ax.set_axis_off()  # a row with fewer transfer evaluations than columns
     for row, setting in enumerate(settings):
         entry = summary["settings"][setting]
         arms = list(entry["arms"])
