@@ -138,6 +138,24 @@ def test_no_package_imports_a_package_that_imports_it_back():
     assert cycles == []
 
 
+def test_no_folder_imports_a_folder_that_imports_it_back():
+    """Within a layer too: the core's own folders (tasks/, sandbox/, log/, testing/) are packages of their own
+    here, so two of them importing each other is a loop even though both are "core"."""
+    folders = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}
+    graph = nx.DiGraph()
+    for src, dst in import_graph().edges:
+        a, b = (
+            m.split(".")[1] if m.count(".") >= 1 and m.split(".")[1] in folders else None for m in (src, dst)
+        )
+        if a and b and a != b:
+            graph.add_edge(a, b, via=f"{src} -> {dst}")
+    cycles = [
+        [graph.edges[a, b]["via"] for a, b in zip(c, [*c[1:], c[0]], strict=True)]
+        for c in nx.simple_cycles(graph)
+    ]
+    assert cycles == []
+
+
 def test_only_the_builtins_plugin_imports_the_protocol_library():
     importers = {
         src

@@ -19,7 +19,31 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from colab_graphs.tasks.answers import DEFINITIONS, top_level_names
+# Statements that only define things (what a helper block, or a question's code, is made of).
+DEFINITIONS = (
+    ast.Import,
+    ast.ImportFrom,
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.ClassDef,
+    ast.Assign,
+    ast.AnnAssign,
+)
+
+
+def top_level_names(tree: ast.Module) -> set[str]:
+    """The names a module binds at its top level: functions, classes, imports, and whatever else it assigns."""
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        else:
+            names.update(
+                t.id for t in ast.walk(node) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)
+            )
+    return names
 
 
 @dataclass(frozen=True)

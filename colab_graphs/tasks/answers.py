@@ -43,6 +43,8 @@ from collections.abc import Collection, Iterator
 from decimal import Decimal
 from typing import Any
 
+from colab_graphs.sandbox.code_tests import DEFINITIONS, top_level_names
+
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 # --- shared pieces ----------------------------------------------------------------------------------------------
@@ -783,38 +785,11 @@ def parse_python(code: str) -> ast.Module | None:
         return None
 
 
-# Statements that only define things (what a helper block, or a question's code, is made of).
-DEFINITIONS = (
-    ast.Import,
-    ast.ImportFrom,
-    ast.FunctionDef,
-    ast.AsyncFunctionDef,
-    ast.ClassDef,
-    ast.Assign,
-    ast.AnnAssign,
-)
-
-
 def _only_defines(tree: ast.Module) -> bool:
     return all(
         isinstance(n, DEFINITIONS) or (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
         for n in tree.body
     )
-
-
-def top_level_names(tree: ast.Module) -> set[str]:
-    """The names a module binds at its top level: functions, classes, imports, and whatever else it assigns."""
-    names: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            names.add(node.name)
-        elif isinstance(node, ast.Import | ast.ImportFrom):
-            names.update((a.asname or a.name).split(".")[0] for a in node.names)
-        else:
-            names.update(
-                t.id for t in ast.walk(node) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)
-            )
-    return names
 
 
 def _free_names(tree: ast.Module, *, builtin: bool = False) -> set[str]:

@@ -43,6 +43,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from colab_graphs.sandbox.code_tests import top_level_names
 from colab_graphs.tasks import answers
 from colab_graphs.tasks.example import Example
 
@@ -232,7 +233,7 @@ class CodeTask(TaskType):
         taken = set(dir(builtins)) | answers.STDLIB_MODULES
         for source in (example.test, self.prompt_code(example)):
             tree = answers.parse_python(source or "")
-            taken |= answers.top_level_names(tree) if tree is not None else set()
+            taken |= top_level_names(tree) if tree is not None else set()
         return answers.main_function(code, avoid=taken)
 
     @staticmethod
