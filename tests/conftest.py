@@ -26,7 +26,8 @@ T = TypeVar("T")
 # fixtures are made once; the files of a group below are one unit together, run one after another on one
 # worker. "sandbox": the files whose tests run sandboxed code. test_sandbox.py and test_reward_hacks.py assert
 # that no process of the sandbox's run uids is left, which a sandboxed run on the other worker would break.
-# A new test file that runs sandboxed code (the code scorer, run_code, the harness) joins it.
+# A new test file that runs sandboxed code (the code scorer, run_code, the harness) joins it: a test of a file
+# outside the group that starts a sandboxed process fails, naming the file (`_sandbox_runs_in_its_group`).
 XDIST_GROUPS = {
     "sandbox": {
         "test_code_harness.py",
@@ -74,6 +75,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: (item.path.name not in _GROUP_OF, item.path not in slow_files))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _sandbox_runs_in_its_group() -> Iterator[None]:
+    """Every sandboxed process starts through `runner._popen`: one started while a test outside the "sandbox"
+    group runs (`PYTEST_CURRENT_TEST` names it) is refused with the file to add, so the group never misses a file
+    (a miss would only show as a rare flake of the leftover-process checks on the other worker)."""
+    from colab_graphs.sandbox import runner
+
+    popen = runner._popen
+
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        current = os.environ.get("PYTEST_CURRENT_TEST", "").split("::", 1)[0]
+        name = Path(current).name
+        if name and _GROUP_OF.get(name) != "sandbox":
+            raise AssertionError(
+                f"{name} runs sandboxed code: add it to XDIST_GROUPS['sandbox'] in tests/conftest.py, so it never "
+                "runs beside the files that check the sandbox leaves no process behind"
+            )
+        return popen(*args, **kwargs)
+
+    runner._popen = guarded
+    yield
+    runner._popen = popen
 
 
 @pytest.fixture(scope="session", autouse=True)

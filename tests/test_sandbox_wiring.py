@@ -343,3 +343,38 @@ def test_the_python_api_takes_the_setting_and_refuses_before_any_call_too(coder_
     )
     assert done.returncode == 1 and done.stderr.startswith("refused: code cannot be scored safely here")
     assert coder_server.requests == []
+
+
+SANDBOXED_TEST = """
+from colab_graphs.sandbox.runner import run_code
+
+
+def test_runs_code():
+    assert run_code("print(6 * 7)").stdout.strip() == "42"
+"""
+
+
+def test_a_test_file_outside_the_sandbox_group_that_runs_sandboxed_code_fails_naming_the_file(tmp_path):
+    """The suite's own rule (tests/conftest.py): under `-n 2` the sandbox's files run one after another on one
+    worker, because some of them check that no sandboxed process is left; a file outside the group that runs
+    sandboxed code would break that check only now and then, so it is refused every time, by name."""
+    conftest = Path(__file__).with_name("conftest.py")
+    (tmp_path / "conftest.py").write_text(conftest.read_text(encoding="utf-8"), encoding="utf-8")
+    (tmp_path / "test_new_feature.py").write_text(SANDBOXED_TEST, encoding="utf-8")
+    (tmp_path / "test_sandbox.py").write_text(SANDBOXED_TEST, encoding="utf-8")  # a file of the group
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
+    out = done.stdout + done.stderr
+    assert "1 failed, 1 passed" in out, out
+    assert "FAILED test_new_feature.py::test_runs_code" in out
+    assert (
+        "test_new_feature.py runs sandboxed code: add it to XDIST_GROUPS['sandbox'] in tests/conftest.py"
+        in out
+    )
