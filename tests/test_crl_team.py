@@ -296,3 +296,45 @@ def test_a_shipped_study_goes_on_elsewhere_without_redoing_a_finished_policy(
     (study / "data" / "eval.jsonl").write_text("{}\n")
     with pytest.raises(SystemExit, match="eval.jsonl: differs from"):
         crl_team.resume_from(SHIPPED, study, manifest["transfer"])
+
+
+@pytest.mark.slow
+def test_a_small_study_runs_end_to_end_and_its_pack_alone_rebuilds_the_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The study's own commands on a small run, nothing stubbed: real GRPO updates (TRL) of SmolLM2-135M from the
+    offline zoo in the proposer seat, each policy evaluated by the product's audit (all 8 coalitions, the
+    position swap), then the report: the rows packed, the table written into a README between its markers, the
+    figure drawn. The run folder is then deleted and the pack alone gives the same table."""
+    import crl_team
+
+    study, pack = tmp_path / "study", tmp_path / "pack"
+    argv = [
+        "crl_team.py", "--out", str(study), "--settings", "vote", "--arms", "uniform",
+        "--seeds", "0", "1", "--steps", "1", "--prompts", "1", "--eval-size", "4", "--train-size", "8",
+        "--save-steps", "1",
+    ]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    crl_team.main()
+    printed = capsys.readouterr().out
+    assert printed.count('"trained"') == 2 and '"evaluated": "vote-uniform-1"' in printed
+    readme = tmp_path / "README.md"
+    start, end = report.MARKERS
+    readme.write_text(f"# A project\n\n{start}\nold table\n{end}\n\nAfter.\n")
+    report.main(
+        [str(study), "--pack", str(pack), "--readme", str(readme), "--figure", str(tmp_path / "f.png")]
+    )
+    block = readme.read_text().split(start, 1)[1].split(end, 1)[0]
+    assert "old table" not in block and readme.read_text().endswith(f"{end}\n\nAfter.\n")
+    assert "Run: 2 seeds with results (0, 1), 1 updates of 1 prompts x 4 rollouts per arm" in block
+    assert "**vote** (4 held-out questions never trained on). Constant policies: copy slot 1" in block
+    uniform = next(line for line in block.splitlines() if line.startswith("| C-RL, uniform credit | 0,1 |"))
+    assert len(uniform.split("|")) == 14 and "| - |" not in uniform  # every column has its value
+    assert "| C-RL, uniform credit minus before (untrained) | 2 |" in block
+    assert (tmp_path / "f.png").stat().st_size > 10_000
+    # The pack holds the rows, the trainings and the manifest with this process's commit; alone, it rebuilds.
+    manifest = json.loads((pack / "manifest.json").read_text())
+    assert manifest["processes"][-1]["commit"] == crl_team.PROCESS["commit"]
+    shutil.rmtree(study)
+    _, text = report.build(pack, figure=None)
+    assert "\n" + text == block
