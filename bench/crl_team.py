@@ -372,11 +372,13 @@ def resume_from(pack: Path, out: Path, transfer: bool) -> dict[str, int]:
             (rows_dir / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
             restored["row_files"] += 1
     curves: dict[str, list[dict]] = {}
-    for line in report.read_curves(pack):
-        run = f"{line['setting']}-{line['arm']}-{line['seed']}"
-        curves.setdefault(run, []).append(
-            {k: v for k, v in line.items() if k not in ("setting", "arm", "seed")}
-        )
+    rollouts: dict[str, list[dict]] = {}
+    for lines, read in ((curves, report.read_curves), (rollouts, report.read_rollouts)):
+        for line in read(pack):
+            run = f"{line['setting']}-{line['arm']}-{line['seed']}"
+            lines.setdefault(run, []).append(
+                {k: v for k, v in line.items() if k not in ("setting", "arm", "seed")}
+            )
     for training in report.read_trainings(pack):
         run = f"{training['setting']}-{training['arm']}-{training['seed']}"
         base = {"setting": training["setting"], "arm": training["arm"], "seed": training["seed"]}
@@ -395,6 +397,8 @@ def resume_from(pack: Path, out: Path, transfer: bool) -> dict[str, int]:
             continue
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in curves.get(run, [])))
+        if run in rollouts:  # a pack made before rollouts were shipped has none
+            (folder / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rollouts[run]))
         (folder / "summary.json").write_text(json.dumps(training["summary"], indent=2) + "\n")
         restored["trainings"] += 1
     return restored

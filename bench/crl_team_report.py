@@ -4,8 +4,8 @@
     python bench/crl_team_report.py bench/results/crl_team --readme README.md --figure docs/images/crl-team.png
     python bench/crl_team_report.py runs/crl_team_small --pack bench/results/crl_team   # ship a run's rows
 
-Reads `rows.jsonl.gz` (or `rows/*.jsonl`), `curves.jsonl.gz` (or `runs/*/metrics.jsonl`) and `manifest.json`
-under the folder; writes `summary.json` and `table.md` there (or under `--pack`), the figure to `--figure`,
+Reads `rows.jsonl.gz` (or `rows/*.jsonl`), `curves.jsonl.gz` (or `runs/*/metrics.jsonl`), `rollouts.jsonl.gz`
+(or `runs/*/rollouts.jsonl`) and `manifest.json` under the folder; writes `summary.json` and `table.md` there (or under `--pack`), the figure to `--figure`,
 and with `--readme FILE` replaces the text between FILE's `<!-- crl-team-table -->` and
 `<!-- /crl-team-table -->` markers with the table.
 
@@ -73,21 +73,32 @@ def read_rows(folder: Path) -> list[dict]:
     return [r for f in files for r in _jsonl(f.read_text(), str(f))]
 
 
-def read_curves(folder: Path) -> list[dict]:
-    """Each training run's metrics lines, tagged with its setting, arm and seed."""
-    packed = folder / "curves.jsonl.gz"
-    if packed.exists():
-        return _jsonl(gzip.decompress(packed.read_bytes()).decode(), str(packed))
+def _read_runs(folder: Path, packed: str, name: str) -> list[dict]:
+    """The lines of each finished training's `name` (or of the pack's `packed`), tagged with its setting, arm and
+    seed."""
+    if (folder / packed).exists():
+        return _jsonl(gzip.decompress((folder / packed).read_bytes()).decode(), str(folder / packed))
     out = []
-    for path in sorted((folder / "runs").glob("*/metrics.jsonl")):
+    for path in sorted((folder / "runs").glob(f"*/{name}")):
         if not (path.parent / "summary.json").exists():
-            continue  # a training still running (or stopped): its curve is not one of the study's yet
+            continue  # a training still running (or stopped): not one of the study's yet
         setting, arm, seed = path.parent.name.rsplit("-", 2)
         out += [
             {"setting": setting, "arm": arm, "seed": int(seed), **m}
             for m in _jsonl(path.read_text(), str(path))
         ]
     return out
+
+
+def read_curves(folder: Path) -> list[dict]:
+    """Each training run's metrics lines, tagged with its setting, arm and seed."""
+    return _read_runs(folder, "curves.jsonl.gz", "metrics.jsonl")
+
+
+def read_rollouts(folder: Path) -> list[dict]:
+    """Each training run's rollouts (every turn of the team, what the policy wrote, the reward the update used),
+    tagged with its setting, arm and seed."""
+    return _read_runs(folder, "rollouts.jsonl.gz", "rollouts.jsonl")
 
 
 def best_teammate(folder: Path) -> str:
@@ -280,6 +291,31 @@ def plateau(curves: list[dict], setting: str, arm: str) -> dict[str, Any] | None
     }
 
 
+def flat_groups(rollouts: list[dict], setting: str, arm: str) -> list[float] | None:
+    """The share of an arm's logged rollout groups (one prompt's rollouts in one update: the trainer logs each
+    update's first group) whose rewards are all equal,
+    by thirds of the updates (seed means). GRPO's advantage is zero in such a group: it moves nothing, so a
+    rising share is a training that has stopped learning whatever its reward."""
+    per_seed: dict[Any, dict[tuple, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in rollouts:
+        if r["setting"] == setting and r["arm"] == arm and r.get("type", "rollout") == "rollout":
+            per_seed[r["seed"]][(r["step"], r["example"])].append(r["reward"])
+    if not per_seed:
+        return None
+    steps = min(max(step for step, _ in groups) for groups in per_seed.values())
+    if steps < 3:
+        return None
+    cuts = [(1, steps // 3), (steps // 3 + 1, 2 * steps // 3), (2 * steps // 3 + 1, steps)]
+    thirds = []
+    for a, b in cuts:
+        shares = []
+        for groups in per_seed.values():
+            flat = [len(set(v)) == 1 for (step, _), v in groups.items() if a <= step <= b]
+            shares.append(sum(flat) / len(flat) if flat else math.nan)
+        thirds.append(sum(shares) / len(shares))
+    return thirds
+
+
 def held_out_curve(
     checkpoints: list[dict],
     setting: str,
@@ -322,7 +358,11 @@ def held_out_curve(
 
 
 def summarise(
-    rows: list[dict], best: str, manifest: dict, curves: list[dict] | None = None
+    rows: list[dict],
+    best: str,
+    manifest: dict,
+    curves: list[dict] | None = None,
+    rollouts: list[dict] | None = None,
 ) -> dict[str, Any]:
     """Per setting (as trained and evaluated): constants, each arm's measures over seeds, paired differences."""
     groups: dict[tuple, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
@@ -394,6 +434,9 @@ def summarise(
             entry["curves"] = {
                 arm: p for arm in ARM_ORDER if (p := plateau(curves or [], setting, arm)) is not None
             }
+            for arm, p in entry["curves"].items():  # SFT's update uses no advantage: not its measure
+                if arm != "sft" and (flat := flat_groups(rollouts or [], setting, arm)) is not None:
+                    p["flat_groups"] = flat
             final = {a: {seed: v["team"] for (arm, seed), v in keys.items() if arm == a} for a in ARM_ORDER}
             entry["held_out_curve"] = held_out_curve(
                 checkpoints, setting, before["team"], final, manifest.get("steps")
@@ -560,6 +603,19 @@ def table(summary: dict, manifest: dict) -> str:
                 + ".",
                 "",
             ]
+            flat = {arm: c["flat_groups"] for arm, c in entry["curves"].items() if "flat_groups" in c}
+            if flat:
+                lines += [
+                    "Rollout groups whose rewards were all equal (GRPO's advantage is zero there, so they move "
+                    "nothing; each update's first group, the one its training logs), by thirds of the updates "
+                    "(seed means): "
+                    + "; ".join(
+                        f"{ARM_NAMES.get(arm, arm)} {' / '.join(f'{x:.2f}' for x in f)}"
+                        for arm, f in flat.items()
+                    )
+                    + ".",
+                    "",
+                ]
     return "\n".join(lines)
 
 
@@ -714,13 +770,22 @@ def _gzip_lines(path: Path, records: list[dict]) -> None:
 
 
 def pack(folder: Path, target: Path) -> None:
-    """Ship a run's rows, curves, trainings' summaries, data, audits and manifest under `target`
+    """Ship a run's rows, curves, rollouts, trainings' summaries, data, audits and manifest under `target`
     (compressed): all a report needs, and all `crl_team.py --resume-from` needs to go on with the study
     elsewhere without redoing a finished policy."""
     target.mkdir(parents=True, exist_ok=True)
-    _gzip_lines(target / "rows.jsonl.gz", read_rows(folder))
-    _gzip_lines(target / "curves.jsonl.gz", read_curves(folder))
-    _gzip_lines(target / "trainings.jsonl.gz", read_trainings(folder))
+    rows = read_rows(folder)
+    # A training is shipped with its policy's evaluation (a policy trained while the pack is made waits).
+    evaluated = {(r["setting"], r["arm"], r["seed"]) for r in rows if r["evaluated_in"] == r["setting"]}
+    _gzip_lines(target / "rows.jsonl.gz", rows)
+    for name, read in (
+        ("curves.jsonl.gz", read_curves),
+        ("trainings.jsonl.gz", read_trainings),
+        ("rollouts.jsonl.gz", read_rollouts),
+    ):
+        _gzip_lines(
+            target / name, [t for t in read(folder) if (t["setting"], t["arm"], t["seed"]) in evaluated]
+        )
     (target / "data").mkdir(exist_ok=True)
     for name in ("train.jsonl", "eval.jsonl", "transfer.jsonl"):
         if (folder / "data" / name).exists():
@@ -743,7 +808,11 @@ def build(folder: Path, figure: Path | None = None) -> tuple[dict, str]:
     if not manifest_path.exists():
         raise SystemExit(f"{manifest_path}: missing")
     manifest = json.loads(manifest_path.read_text())
-    summary = _nan_to_none(summarise(read_rows(folder), best_teammate(folder), manifest, read_curves(folder)))
+    summary = _nan_to_none(
+        summarise(
+            read_rows(folder), best_teammate(folder), manifest, read_curves(folder), read_rollouts(folder)
+        )
+    )
     text = table(_nan_to_floats(summary), manifest)
     (folder / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (folder / "table.md").write_text(text)

@@ -191,6 +191,15 @@ def test_readme_crl_table_is_rebuilt_from_the_shipped_rows_alone(tmp_path: Path)
     held_out = [json.loads(line)["input"] for line in (folder / "data" / "eval.jsonl").open()]
     assert len(held_out) == vote["n_questions"] and not {team.question_key(q) for q in held_out} & train
     assert len(vote["arms"]["uniform"]["seeds"]) == len(summary["seeds"]) >= 2
+    # The shipped rollouts are the trainings' own: the group of each update the trainer logs (its first), each
+    # seed's (the share of groups whose rewards are all equal is read from them; SFT's update uses no advantage).
+    rollouts = report.read_rollouts(folder)
+    for t in report.read_trainings(folder):
+        run = (t["setting"], t["arm"], t["seed"])
+        mine = [r for r in rollouts if (r["setting"], r["arm"], r["seed"]) == run]
+        assert sorted({r["step"] for r in mine}) == list(range(1, manifest["steps"] + 1)), run
+        assert len(mine) == manifest["steps"] * manifest["rollouts_per_prompt"], run
+    assert set(vote["curves"]["uniform"]["flat_groups"]) and "flat_groups" not in vote["curves"]["sft"]
     # The constants come from the rows: copying a slot scores what the rows say that slot scores.
     rows = [
         r
@@ -255,6 +264,19 @@ def test_the_held_out_curve_and_the_plateau_read_checkpoints_and_rollouts_by_see
     plateau = report.plateau(metrics, "vote", "uniform")
     assert plateau["updates"] == 6 and plateau["thirds"] == pytest.approx([0.25, 0.75, 0.75])
     assert plateau["last_minus_middle"]["per_seed"] == pytest.approx([0.0, 0.0])
+    # Groups (one prompt's rollouts in one update) whose rewards are all equal, by thirds, seed means.
+    rollouts = [
+        {"setting": "vote", "arm": "uniform", "seed": s, "step": k, "example": e, "reward": r}
+        for s, steps in (
+            (0, [([1, 1], [0, 1]), ([0, 0], [1, 1]), ([0, 1], [0, 1])]),
+            (1, [([0, 1], [0, 1]), ([1, 1], [1, 0]), ([1, 1], [0, 0])]),
+        )
+        for k, groups in enumerate(steps, 1)
+        for e, rewards in enumerate(groups)
+        for r in rewards
+    ]
+    assert report.flat_groups(rollouts, "vote", "uniform") == pytest.approx([0.25, 0.75, 0.5])
+    assert report.flat_groups(rollouts, "vote", "sft") is None
 
 
 def test_a_shipped_study_goes_on_elsewhere_without_redoing_a_finished_policy(
@@ -285,6 +307,13 @@ def test_a_shipped_study_goes_on_elsewhere_without_redoing_a_finished_policy(
     printed = capsys.readouterr().out
     assert '"resumed_from"' in printed and '"trained"' not in printed and '"evaluated"' not in printed
     assert report.read_rows(study) == report.read_rows(SHIPPED)
+    # Each restored training's curve, rollouts and summary as shipped (one whose policy's evaluations the pack
+    # does not all hold, a seed shipped while it ran, is not restored: it is trained again).
+    restored = {(t["setting"], t["arm"], t["seed"]) for t in report.read_trainings(study)}
+    assert (setting, "uniform", seed) in restored
+    for read in (report.read_curves, report.read_rollouts, report.read_trainings):
+        shipped = [t for t in read(SHIPPED) if (t["setting"], t["arm"], t["seed"]) in restored]
+        assert read(study) == shipped, read.__name__
     assert all(
         (study / "data" / f).read_bytes() == (SHIPPED / "data" / f).read_bytes()
         for f in ("train.jsonl", "eval.jsonl")
