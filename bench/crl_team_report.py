@@ -521,8 +521,8 @@ def table(summary: dict, manifest: dict) -> str:
     lines = [
         f"Run: {len(seeds)} seeds with results ({', '.join(map(str, seeds))})"
         + (f" of the {len(planned)} planned ({', '.join(map(str, planned))})" if planned != seeds else "")
-        + f", {manifest.get('steps')} updates of "
-        f"{manifest.get('prompts_per_step')} prompts x {manifest.get('rollouts_per_prompt')} rollouts per arm, "
+        + f", {_count(manifest.get('steps'), 'update')} of {_count(manifest.get('prompts_per_step'), 'prompt')} "
+        f"x {_count(manifest.get('rollouts_per_prompt'), 'rollout')} per arm, "
         f"policy {manifest.get('policy')} (LoRA r 16{', bf16' if manifest.get('bf16') else ''}); "
         f"{len(processes)} {'process' if len(processes) == 1 else 'processes'} on commits {code}. "
         "Intervals: 95% t-intervals over seeds (seed means); paired by seed.",
@@ -617,6 +617,10 @@ def table(summary: dict, manifest: dict) -> str:
                     "",
                 ]
     return "\n".join(lines)
+
+
+def _count(n: Any, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _plateau_words(s: dict) -> str:

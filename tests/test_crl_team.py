@@ -355,7 +355,7 @@ def test_a_small_study_runs_end_to_end_and_its_pack_alone_rebuilds_the_table(
     )
     block = readme.read_text().split(start, 1)[1].split(end, 1)[0]
     assert "old table" not in block and readme.read_text().endswith(f"{end}\n\nAfter.\n")
-    assert "Run: 2 seeds with results (0, 1), 1 updates of 1 prompts x 4 rollouts per arm" in block
+    assert "Run: 2 seeds with results (0, 1), 1 update of 1 prompt x 4 rollouts per arm" in block
     assert "**vote** (4 held-out questions never trained on). Constant policies: copy slot 1" in block
     uniform = next(line for line in block.splitlines() if line.startswith("| C-RL, uniform credit | 0,1 |"))
     assert len(uniform.split("|")) == 14 and "| - |" not in uniform  # every column has its value
