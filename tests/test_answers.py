@@ -88,6 +88,11 @@ def test_multiple_choice_counts_only_explicit_commitments(reply, letter):
         ("The answer is -20. Check: 8 + 12 = 20.", "-20"),
         ("The answer is x = 5.", "5"),
         ("COVID-19 cases rose by 7 in total", "7"),
+        # An answer statement that is an equation commits to its result, not to its first operand.
+        ("The answer is 35 + 42 = 77", "77"),
+        ("The answer is 35 - 42 = -7.", "-7"),
+        ("\\boxed{3 \\cdot 4 = 12}", "12"),
+        ("The answer is 5 - that is all.", "5"),  # a dash, not an operator: no number follows it
     ],
 )
 def test_numeric_extraction(reply, number):
@@ -205,6 +210,12 @@ def test_main_function_is_not_the_helper_defined_before_it():
         "\\boxed{3, 4}",
         "#### 3 or 4",
         "Counting again, it is 3 or 4.",
+        # An unevaluated expression names no number: its first operand is not its value (a trained policy
+        # echoed the question as "The answer is 35 - 42", which was read as 35).
+        "The answer is 35 - 42",
+        "The answer is 3 * 4.",
+        "The answer is 6 minus 2",
+        "\\boxed{3 \\times 4}",
     ],
 )
 def test_a_number_hedged_among_others_is_no_commitment(reply):

@@ -305,6 +305,13 @@ _ALTERNATIVES = re.compile(
     rf"(?:{_NUM})(?:(?:,\s++(?:or\s++)?|\s++(?:or|and/or)\s++|\s*+–\s*+)(?:{_NUM}))+", re.I
 )
 _OR_BEFORE = re.compile(rf"(?:{_NUM})\s*,?\s+or\s+$", re.IGNORECASE)
+# A commitment that opens with arithmetic ("35 - 42", "3 * 4", "35 + 42 = 77") names the result after its last
+# "=", or no number: the expression's first operand is not what it commits to.
+_EXPRESSION = re.compile(
+    rf"^\s*(?:{_NUM})\s*(?:[-+*/\u00d7\u00f7\u2212\u00b7]|\\(?:times|cdot|div)|\b(?:minus|plus|times)\b)\s*(?:{_NUM})",
+    re.I,
+)
+_RESULT = re.compile(rf"=\s*(?P<result>{_NUM})")
 _MAX_EXPONENT = 1000  # a number beyond 10^±1000 is no answer, and would make Decimal arithmetic slow
 
 
@@ -363,6 +370,9 @@ def _committed_number(span: str) -> tuple[bool, str | None]:
     numbers = _NUMBER.findall(span)
     if not numbers:
         return False, None
+    if _EXPRESSION.match(span):
+        results = [m.group("result") for m in _RESULT.finditer(span)]
+        return True, results[-1] if results else None
     return True, None if _lists_alternatives(span) else numbers[0]
 
 
@@ -380,7 +390,8 @@ def extract_number(reply: str) -> str | None:
     written. `3 \\times 10^{-36}` is extracted as `3e-36`.
 
     Defends against: hedges ("The answer is 3 or 4", `\\boxed{3, 4}`, a last line "It is 3 or 4.": None, not
-    one of them); a box contradicted by a later answer statement (None); a dropped sign; an exponent read as
+    one of them); an unevaluated expression read as its first operand ("The answer is 35 - 42": None; "The answer
+    is 35 + 42 = 77": 77); a box contradicted by a later answer statement (None); a dropped sign; an exponent read as
     the answer ("3e-36" read as "-36"); numbers in a later sentence; look-alike digits and minus signs.
     """
     reply = plain_text(without_confidence(reply))
