@@ -16,6 +16,8 @@ What a resume can promise about repeated requests:
 from __future__ import annotations
 
 import collections
+import dataclasses
+import itertools
 import json
 import multiprocessing
 import os
@@ -23,6 +25,7 @@ import random
 import signal
 import sqlite3
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,15 +219,32 @@ def run_killed_then_resumed(args: list[str], server: ScriptedServer, seed: int, 
     """
     rng = random.Random(seed)
     threshold = rng.randint(1, 30)  # a debate audit here answers ~70 distinct requests, a run 36
+    # Replies past the threshold wait (in the server) until the kill, so the command cannot finish first however
+    # long this process waits for the CPU: on a loaded machine (2 cores, a test on the other worker) it did.
+    released, answering = threading.Event(), itertools.count()
+    originals = dict(server.members)
+    for name, member in originals.items():
+
+        def held(messages, params, _reply_to=member.reply_to):
+            if next(answering) >= threshold:
+                released.wait(60)
+            reply, _ = _reply_to(messages, params)
+            return reply
+
+        server.members[name] = dataclasses.replace(member, reply=held)
     child = Cli.start(args, tmp_path / "logs")
-    deadline = time.monotonic() + 120
-    while len(server.request_counts(successful_only=True)) < threshold:
-        assert child.process.is_alive(), f"the command ended before the kill: {child.stderr}"
-        assert time.monotonic() < deadline, "no progress before the kill"
-        time.sleep(0.002)
-    time.sleep(rng.random() * LATENCY_S * 2)  # land anywhere in a call, not only right after an answer
-    os.kill(child.process.pid, signal.SIGKILL)
-    assert child.wait().returncode == -signal.SIGKILL
+    try:
+        deadline = time.monotonic() + 120
+        while len(server.request_counts(successful_only=True)) < threshold:
+            assert child.process.is_alive(), f"the command ended before the kill: {child.stderr}"
+            assert time.monotonic() < deadline, "no progress before the kill"
+            time.sleep(0.002)
+        time.sleep(rng.random() * LATENCY_S * 2)  # land anywhere in a call, not only right after an answer
+        os.kill(child.process.pid, signal.SIGKILL)
+        assert child.wait().returncode == -signal.SIGKILL
+    finally:
+        released.set()
+        server.members.update(originals)
     before = settled_counts(server)
     stored = cached_requests(tmp_path / "cache")
     return before, stored, Cli.start(args, tmp_path / "logs").wait()
