@@ -5,8 +5,8 @@
     python bench/crl_team_report.py runs/crl_team_small --pack bench/results/crl_team   # ship a run's rows
 
 Reads `rows.jsonl.gz` (or `rows/*.jsonl`), `curves.jsonl.gz` (or `runs/*/metrics.jsonl`), `rollouts.jsonl.gz`
-(or `runs/*/rollouts.jsonl`) and `manifest.json` under the folder; writes `summary.json` and `table.md` there (or under `--pack`), the figure to `--figure`,
-and with `--readme FILE` replaces the text between FILE's `<!-- crl-team-table -->` and
+(or `runs/*/rollouts.jsonl`) and `manifest.json` under the folder; writes `summary.json` and `table.md` there
+(or under `--pack`), the figure to `--figure`, and with `--readme FILE` replaces the text between FILE's `<!-- crl-team-table -->` and
 `<!-- /crl-team-table -->` markers with the table.
 
 Per (setting, arm, seed), over the held-out questions: the team's score; the policy seat's leave-one-out
@@ -261,6 +261,11 @@ def stat(per_seed: list[list[float]]) -> dict[str, Any]:
 # --- the summary -------------------------------------------------------------------------------------------------
 
 
+def _thirds(steps: int) -> list[tuple[int, int]]:
+    """Updates 1..steps cut into thirds, as (first, last) of each."""
+    return [(1, steps // 3), (steps // 3 + 1, 2 * steps // 3), (2 * steps // 3 + 1, steps)]
+
+
 def plateau(curves: list[dict], setting: str, arm: str) -> dict[str, Any] | None:
     """The rollout reward of an arm's trainings by thirds of its updates (seed means of each third's mean),
     and the last third minus the middle one per seed with its t-interval: an interval that includes zero
@@ -274,10 +279,9 @@ def plateau(curves: list[dict], setting: str, arm: str) -> dict[str, Any] | None
     steps = min(max(v) for v in per_seed.values())
     if steps < 3:
         return None
-    cuts = [(1, steps // 3), (steps // 3 + 1, 2 * steps // 3), (2 * steps // 3 + 1, steps)]
     thirds = [
         [sum(v.get(i, 0.0) for i in range(a, b + 1)) / (b - a + 1) for v in per_seed.values()]
-        for a, b in cuts
+        for a, b in _thirds(steps)
     ]
     mean, low, high = t_interval([last - middle for middle, last in zip(thirds[1], thirds[2], strict=True)])
     return {
@@ -293,8 +297,7 @@ def plateau(curves: list[dict], setting: str, arm: str) -> dict[str, Any] | None
 
 def flat_groups(rollouts: list[dict], setting: str, arm: str) -> list[float] | None:
     """The share of an arm's logged rollout groups (one prompt's rollouts in one update: the trainer logs each
-    update's first group) whose rewards are all equal,
-    by thirds of the updates (seed means). GRPO's advantage is zero in such a group: it moves nothing, so a
+    update's first group) whose rewards are all equal, by thirds of the updates (seed means). GRPO's advantage is zero in such a group: it moves nothing, so a
     rising share is a training that has stopped learning whatever its reward."""
     per_seed: dict[Any, dict[tuple, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in rollouts:
@@ -305,9 +308,8 @@ def flat_groups(rollouts: list[dict], setting: str, arm: str) -> list[float] | N
     steps = min(max(step for step, _ in groups) for groups in per_seed.values())
     if steps < 3:
         return None
-    cuts = [(1, steps // 3), (steps // 3 + 1, 2 * steps // 3), (2 * steps // 3 + 1, steps)]
     thirds = []
-    for a, b in cuts:
+    for a, b in _thirds(steps):
         shares = []
         for groups in per_seed.values():
             flat = [len(set(v)) == 1 for (step, _), v in groups.items() if a <= step <= b]
