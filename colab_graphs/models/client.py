@@ -353,6 +353,7 @@ class ModelClient:
         self.timeout_s = timeout_s
         self.stats = CallStats()
         self.cap: SpendCap | None = None
+        self._pricing: list[asyncio.Future[Any]] = []
         self._flights: SingleFlight[str, Call] = SingleFlight()
         self._limits: dict[str, asyncio.Semaphore] = {}
         self._routers: dict[str, Any] = {}
@@ -364,9 +365,14 @@ class ModelClient:
 
     async def prepare(self, members: Iterable[Member]) -> None:
         """Do now what the first calls of `members` would otherwise wait for: load LiteLLM where a call of
-        theirs goes through it, and look up a direct member's price in LiteLLM's map (which loads it too) unless
-        the cache remembers it. An audit and a run call this before their first play, so no play's deadline
-        counts LiteLLM's seconds of import; members whose calls all go direct at a known price load nothing."""
+        theirs goes through it (an audit and a run call this before their first play, so no play's deadline
+        counts LiteLLM's seconds of import), and start looking up a direct member's price in LiteLLM's map.
+
+        The price is awaited here only when a `--max-cost` cap needs it before the first call; otherwise the
+        look-up runs beside the calls and a reply waits for it only when it comes first (its cost is then
+        settled, before any report). A served model that LiteLLM's bundled map certainly does not price
+        (`pricing.unmapped`) is settled at once without loading LiteLLM; members whose calls all go direct at
+        a known price load nothing."""
         waits, through_litellm = [], False
         for member in members:
             settings = {**member.settings, "messages": []}
@@ -376,8 +382,11 @@ class ModelClient:
             else:
                 through_litellm = True
         if through_litellm and "litellm" not in sys.modules:
-            waits.append(on_call_loop(_load_litellm()))
-        await asyncio.gather(*waits)
+            await on_call_loop(_load_litellm())
+        if self.cap is not None and self.cap.max_cost_usd is not None:
+            await asyncio.gather(*waits)
+        else:
+            self._pricing = [asyncio.ensure_future(wait) for wait in waits]  # (kept: a task is weakly held)
 
     def canonical_request(
         self, member: Member, messages: list[dict[str, Any]], sample: int = 0, overrides: dict | None = None

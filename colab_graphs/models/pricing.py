@@ -14,8 +14,13 @@ where LiteLLM knows it, else tiktoken's cl100k), else as characters / 4. Complet
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
+import sys
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
+from pathlib import Path
 from typing import Any
 
 from colab_graphs.pool import Member
@@ -39,8 +44,50 @@ def _models(member: Member) -> list[str]:
     return [member.model, *(d["model"] for d in member.deployments if d.get("model"))]
 
 
+@cache
+def _bundled_names() -> tuple[str, ...] | None:
+    """The last path segment of every model LiteLLM's bundled price map names, lowercased (longest first);
+    None where LiteLLM would read another map (`LITELLM_LOCAL_MODEL_COST_MAP` unset) or its file is missing.
+    Read as JSON, without importing LiteLLM (seconds of CPU)."""
+    if os.environ.get("LITELLM_LOCAL_MODEL_COST_MAP", "").lower() != "true":
+        return None
+    spec = importlib.util.find_spec("litellm")  # (finding a package does not import it)
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / "model_prices_and_context_window_backup.json"
+    try:
+        names = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return tuple(sorted({str(k).lower().rsplit("/", 1)[-1] for k in names}, key=len, reverse=True))
+
+
+def unmapped(model: str) -> bool:
+    """Whether LiteLLM's bundled price map certainly has no price for `model`, decided without importing
+    LiteLLM (so that a served model with no price starts its first call at once). False where LiteLLM is
+    loaded (a price may have been registered with it since) or reads another map: LiteLLM itself decides."""
+    return "litellm" not in sys.modules and no_key_matches(model)
+
+
+def no_key_matches(model: str) -> bool:
+    """True when no key of LiteLLM's bundled map can match `model`.
+
+    Every name LiteLLM looks a model up under (`litellm.utils.get_potential_model_names`: the model, with or
+    without its provider prefix or region, its dated-snapshot, fine-tune or version suffix stripped) ends in a
+    piece of the model's own name, so no key matches unless the last segment of some key occurs in the model's
+    name (case-insensitively, as LiteLLM compares). False where the map cannot be read.
+    """
+    names = _bundled_names()
+    if names is None:
+        return False
+    lowered = model.lower()
+    return not any(name in lowered for name in names)
+
+
 @lru_cache(maxsize=256)
 def _litellm_price(model: str) -> Price | None:
+    if unmapped(model):
+        return None
     import litellm
 
     import colab_graphs._env  # noqa: F401  (the bundled price map, not a download)
