@@ -13,20 +13,39 @@ One scored answer runs as two processes (`colab_graphs.sandbox.code_tests.run_te
 
 What crosses the pipe is plain data (`_Pipe` says how it is framed): None, bool, int, float (NaN and infinities
 included), str, builtin types (`int` passed as an argument arrives as the other side's own `int`), and tagged
-containers that the judge rebuilds from its own builtins: list, tuple, set,
-frozenset, dict (any plain keys), bytes, bytearray, complex, Fraction, Decimal, range, dict views (keys, values,
-items, in order), and iterators (a returned generator is drained in the candidate and arrives as an iterator
-over its items). So no object with a custom ``__eq__`` ever reaches the judge: a candidate's value either
+containers that the receiving side rebuilds from its own builtins: list, tuple, set, frozenset, dict (any plain
+keys), bytes, bytearray, complex, Fraction, Decimal, range, dict views (keys, values, items, in order), iterators
+(a returned generator is drained in the candidate and arrives as an iterator over its items), and numpy arrays
+and scalars of plain dtypes (booleans, numbers, fixed-size text and bytes, datetimes), as their dtype's string,
+shape and bytes. So no object with a custom ``__eq__`` ever reaches the judge: a candidate's value either
 rebuilds as plain data or stays behind in the candidate as a **handle**, an opaque reference the tests may pass
 back, call, and read or set attributes through (MBPP's tree tests build ``Node`` objects this way), but which
 refuses to compare, hash, iterate or be true or false (a ``TypeError``: the test fails).
 
-Semantics the tests see:
+Nothing crossing runs code in the judge: JSON is parsed by `json`, every value is built by the judge's own
+types (`Reader`), and a numpy value by the judge's numpy from bytes alone, after its dtype string is checked to
+name a plain dtype (`_numpy_dtype`: never ``object``, never a structured record) and its bytes to be exactly
+as many as its shape needs. Nothing is unpickled. (numpy is imported in the judge only when a numpy value
+arrives, or the test imports it.)
 
-- Arguments are copied. After each call the candidate sends back the list, dict, set and bytearray arguments
-  it changed, positional or keyword (`candidate(xs=xs)`), and the judge writes them into its own objects (a
-  test that checks an in-place sort works); identity between arguments, and objects nested inside them, are
-  not kept.
+Semantics the tests see (as in one process, where the tests call the solution directly):
+
+- Identity: every container (list, tuple, set, frozenset, dict, bytearray) and numpy array is numbered once per
+  message (`Writer`, `Reader`): one the message holds twice arrives as one object (aliasing and cycles survive),
+  and one the test passed comes back as the test's own object: ``def clone(xs): return xs`` returns ``xs``
+  itself (a test asserting ``result is not xs`` fails it, as it would in one process), a function that stores
+  an argument in another (``a.append(b)``) stores the test's ``b``. The same object of the candidate's returned
+  twice is one handle. Numbers, strings and bytes arrive equal, not identical (their identity is CPython's).
+- Changes to arguments: after each call (also one that raised) the candidate sends back the new items of every
+  mutable container and array the test passed that the call changed, nested ones included, and the judge puts
+  them into its own objects, which keep their identity and type (a ``Counter`` stays one): an in-place sort, a
+  row sorted inside a matrix (the test's reference to that row sees it), an array filled in place. Views of a
+  numpy array are not tracked (a change through one arrives in the array itself only when it was passed).
+- The solution runs as a real module named ``solution``, importable from its directory: its functions and
+  classes pickle by reference, so ``multiprocessing`` (fork or spawn) and ``concurrent.futures`` can send them
+  to worker processes, as a module's can.
+- numpy values compare as numpy's: an ``np.int64`` compared ``== 3`` is true, ``np.array_equal`` works, and
+  ``array == [1, 2]`` in an ``assert`` raises numpy's ambiguity error, as it would in one process.
 - A candidate's exception is raised in the judge as the first builtin exception class in its MRO, with its
   message (a test expecting ``ValueError`` sees one); a class whose only builtin base is ``Exception`` arrives
   as `CandidateError` (an ``Exception``). ``StopIteration`` (and ``StopAsyncIteration``) arrives as a
@@ -53,7 +72,7 @@ Semantics the tests see:
 Not supported (the test fails): passing a function, a class of the test's own or another non-plain value
 to the candidate, module attributes of the solution other than callables, more than 16 MiB in one reply, nesting deeper
 than 200 levels, a generator longer than 100,000 items (an infinite one the test would only partly consume),
-numpy values other than a float64 (a float subclass: it crosses as a float).
+numpy arrays of objects or records, and other libraries' values (a pandas frame stays a handle).
 
 This file runs in two places, compiled once per host process by the sandbox's interpreter: the judge executes
 it and calls `judge`; the candidate's interpreter runs it as `__main__` with the solution's path (as

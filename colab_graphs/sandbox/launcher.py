@@ -11,13 +11,14 @@ what it reports back (the status and the verdict) are Python literals, one per l
    null/zero/full/random/urandom, a fresh `/proc`, a size-capped tmpfs `/tmp` (the work directory and the
    only writable place) and a size-capped `/dev/shm`; then `pivot_root`s into it and detaches the host's tree.
    landlock: writes the programs into the host's per-run work directory and becomes a child subreaper;
-3. starts the **judge** (when the plan has one): a fork of this process that drops to its own uid (or all
-   capabilities), turns non-dumpable, keeps only its pipes (landlock: confines itself, reading only and
-   writing nothing), runs the harness program's `judge(...)` and writes the verdict, with the plan's nonce,
-   on the verdict pipe;
+3. starts the **judge** (when the plan has one): a fork of this process, in a session of its own, that drops
+   to its own uid (or all capabilities), turns non-dumpable, keeps only its pipes (landlock: confines itself,
+   reading only and writing nothing), runs the harness program's `judge(...)` and writes the verdict, with
+   the plan's nonce, on the verdict pipe;
 4. starts the **candidate**: (namespaces) in a PID namespace of its own (so it can see, signal or trace no
-   other process of the sandbox) with its own `/proc`; as another uid (or without capabilities), under
-   rlimits, with `no_new_privs`, (landlock) under Landlock and the seccomp filter, only stdin/stdout/stderr
+   other process of the sandbox) with its own `/proc`; the program leads a session and process group of its
+   own (its signals to "its group" reach only its processes), killed whole when it ends; as another uid (or
+   without capabilities), under rlimits, with `no_new_privs`, (landlock) under Landlock and the seccomp filter, only stdin/stdout/stderr
    and (judged runs) its two request/reply pipes, exec'ing a fresh interpreter (so nothing of this
    process's memory, the tests included, survives into it);
 5. waits: a judged run ends when the judge does, a plain run when the candidate does; namespaces: as PID 1 of

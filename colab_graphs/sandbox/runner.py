@@ -38,8 +38,13 @@ seccomp profile; `launcher` has the details):
   process outside the run's Landlock domain.
 - ``seccomp``: no `socket()` (Landlock does not cover connecting to a Unix socket by path), only connected
   AF_UNIX `socketpair`s; no ptrace, `process_vm_*`, namespaces, mounts, BPF, keyrings, file handles, perf,
-  userfaultfd, kexec, modules, io_uring, SysV IPC, POSIX message queues.
-- ``own_session`` + ``sweep``: the run has its own session and process group, killed as a whole; its launcher
+  userfaultfd, kexec, modules, io_uring, SysV IPC, POSIX message queues. Nothing outside the run, which
+  Landlock does not cover and a non-root caller's uid would allow: no change of any file's mode, owner, times,
+  extended attributes or `chattr` flags (refused outright: Landlock cannot limit them to the work directory);
+  rlimits, scheduling, affinity, priority, I/O priority and memory placement only of the calling process;
+  `kill` to a negative pid only for its own group (never -1); no `setsid`/`setpgid`.
+- ``own_session`` + ``sweep``: the run has its own session and process group, killed as a whole (and the
+  program's own group inside it, which seccomp keeps it in, is killed whole when it ends); its launcher
   is a child subreaper that kills every process left (a `setsid` daemon included) at the end, or when the
   host times the run out; as root also every process of the run's uids. The work directory is measured as
   the run goes (every 50 ms) and the run killed past `disk_mb` (``killed_reason == "disk_limit"``): a writer
@@ -52,6 +57,9 @@ seccomp profile; `launcher` has the details):
 Both safe backends, and ``unsafe-local`` (an explicit opt-in: rlimits, an empty environment and its own uid as
 root, nothing else):
 
+- Sessions: the judge and the program each lead a session and process group of their own, apart from the
+  launcher's (the host's), so `kill(0, ...)` or `killpg(getpgrp(), ...)` in the code reaches only its own
+  processes; both die with the launcher (`PR_SET_PDEATHSIG`), and the program's group is killed when it ends.
 - ``uid_drop``: as root, the candidate and the judge each run as an unprivileged uid of their own (root ignores
   `RLIMIT_NPROC` and file permissions), locked machine-wide for the run (no other run, of this process or
   another, shares it); otherwise (root of a user namespace, a plain user) both drop every capability.
