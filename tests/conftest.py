@@ -35,6 +35,7 @@ XDIST_GROUPS = {
         "test_conformance.py",
         "test_reward_hacks.py",
         "test_reward_hacks_namespace.py",
+        "test_reward_hacks_reach.py",
         "test_sandbox.py",
         "test_sandbox_cli.py",
         "test_sandbox_wiring.py",

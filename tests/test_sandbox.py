@@ -211,9 +211,11 @@ def processes_running(marker: str) -> list[int]:
 
 
 def _daemon(marker: str) -> str:
-    """Code that leaves a `setsid` daemon behind (a double fork: its parent exits, so it is nobody's child)."""
+    """Code that leaves a `setsid` daemon behind (a double fork: its parent exits, so it is nobody's child);
+    where `setsid` is refused (landlock's seccomp) the daemon stays in the program's group, still orphaned."""
     return (
-        "import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        "import os\nif os.fork() == 0:\n    try:\n        os.setsid()\n    except OSError:\n        pass\n"
+        "    if os.fork() == 0:\n"
         f"        os.execv('/bin/sleep', ['sleep', {marker!r}])\n    os._exit(0)\nos.wait()\n"
     )
 
