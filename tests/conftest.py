@@ -38,6 +38,7 @@ XDIST_GROUPS = {
         "test_reward_hacks_reach.py",
         "test_sandbox.py",
         "test_sandbox_cli.py",
+        "test_sandbox_reach.py",
         "test_sandbox_wiring.py",
         "test_scorers.py",
         "test_trainer.py",

@@ -18,8 +18,8 @@ each copy in prose around a fenced block. Every wrong reply scores 0 and every c
 
 The file runs under the backend in force (`auto`); `tests/test_sandbox.py` runs every test_reward_hacks*.py
 again under landlock with `unshare` refused, as root and as a plain user where that user can run this
-environment. `test_a_plain_user_s_scorer_reaches_nothing_outside_the_run` runs the process cases as a plain
-user with the system interpreter (which a plain user can always run) under both backends.
+environment. `tests/test_sandbox_reach.py` runs the same cases (those needing no numpy) for a plain user's
+scorer on the system interpreter, which a plain user can always run, under both backends.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -42,12 +41,6 @@ from colab_graphs.testing.scripts import last_user_text
 from colab_graphs.testing.server import ScriptedServer
 from tests.reach_cases import PLAIN_PYTHON, file_state, host_header, process_cases, process_state
 from tests.test_sandbox import (
-    CONTAINER,
-    LANDLOCK_ABI,
-    NAMESPACES_ALLOWED,
-    NOBODY,
-    REPO,
-    _as_nobody,
     processes_running,
 )
 
@@ -127,85 +120,3 @@ def test_replies_that_reach_outside_the_run_change_nothing_and_leave_nothing(sco
     assert reach == {n: wanted[n] for n in reach}
     assert after == before  # the scorer, the bystander, the caller's files
     assert processes_running(str(host["marker"])) == []
-
-
-# --- as a plain user, with the system interpreter -------------------------------------------------------------
-
-PLAIN_USER_SCRIPT = """\
-import json, os, shutil, subprocess, sys, tempfile, types, uuid
-package = types.ModuleType("colab_graphs")
-package.__path__ = [{package!r}]
-sys.modules["colab_graphs"] = package
-sys.path.insert(0, {tests!r})
-from colab_graphs.sandbox.code_tests import run_tests
-import reach_cases as reach
-bystander = subprocess.Popen(["sleep", "600"])
-own = tempfile.mkdtemp()
-shared = "/tmp/cg-reach-%s.txt" % uuid.uuid4().hex[:12]
-files = [shared, os.path.join(own, "caller.txt")]
-for path, mode in zip(files, (0o666, 0o644)):
-    with open(path, "w") as fh:
-        fh.write("host")
-    os.chmod(path, mode)
-    try:
-        os.setxattr(path, "user.cg", b"host")
-    except OSError:
-        pass
-pids = [os.getpid(), bystander.pid]
-add_test = "assert add(2, 3) == 5\\nassert add(-1, 1) == 0\\n"
-cases = {{n: (code, want, add_test) for n, (code, want) in reach.process_cases(reach.host_header(pids, files, {marker!r})).items()}}
-for name, (question, test, wrong, right) in reach.PLAIN_PYTHON.items():
-    if "numpy" not in wrong + right:
-        cases[name + "-wrong"], cases[name + "-right"] = (wrong, 0.0, test), (right, 1.0, test)
-before = {{str(p): reach.process_state(p) for p in pids}} | {{f: reach.file_state(f) for f in files}}
-verdicts = {{}}
-for name, (code, want, test) in cases.items():
-    verdict = run_tests(code, test, timeout_s=20)
-    verdicts[name] = [verdict.passed, want, verdict.reason[:300], verdict.backend]
-after = {{str(p): reach.process_state(p) for p in pids}} | {{f: reach.file_state(f) for f in files}}
-bystander.kill()
-os.unlink(shared)
-shutil.rmtree(own)
-print(json.dumps({{"verdicts": verdicts, "before": before, "after": after}}, default=repr))
-"""
-
-
-@pytest.mark.skipif(
-    os.geteuid() != 0 or not shutil.which("setpriv") or not Path("/usr/bin/python3").exists(),
-    reason="runs the scorer as a plain user, which needs root to switch to",
-)
-@pytest.mark.parametrize("where", ["namespaces allowed", "unshare refused (container)"])
-def test_a_plain_user_s_scorer_reaches_nothing_outside_the_run(where):
-    """The scorer as `nobody` (its code then runs as `nobody` too: a user namespace, or Landlock alone), with
-    the system interpreter (this environment's may be out of a plain user's reach): every case above that needs
-    no numpy, judged right; the scorer itself, a bystander of its uid and its files unchanged; no daemon left."""
-    readable = _as_nobody(["/usr/bin/python3", "-I", "-c", f"open({str(Path(__file__))!r}).read()"])
-    if readable.returncode != 0:
-        pytest.skip(f"uid {NOBODY} cannot read this checkout ({REPO}): {readable.stderr.strip()[-200:]}")
-    if where.startswith("namespaces") and not NAMESPACES_ALLOWED:
-        pytest.skip("user namespaces are refused on this machine")
-    if where.startswith("unshare refused") and LANDLOCK_ABI < 6:
-        pytest.skip(
-            f"the landlock backend needs Landlock ABI 6 for a non-root caller; this kernel has {LANDLOCK_ABI}"
-        )
-    marker = f"{6000 + int.from_bytes(os.urandom(2), 'big') % 1000}.{uuid.uuid4().int % 10**6}"
-    script = PLAIN_USER_SCRIPT.format(
-        package=str(REPO / "colab_graphs"), tests=str(REPO / "tests"), marker=marker
-    )
-    python = ["/usr/bin/python3", "-I", "-c", script]
-    env = {"PATH": "/usr/bin:/bin", "TMPDIR": "/tmp"}
-    if where.startswith("namespaces"):
-        done = _as_nobody(python, env=env)
-    else:
-        done = subprocess.run(
-            [*CONTAINER, "--user", str(NOBODY), "--", *python],
-            capture_output=True, text=True, timeout=300, cwd=REPO, env=env,
-        )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    wrong = {n: v for n, v in report["verdicts"].items() if float(v[0]) != v[1]}
-    assert wrong == {}
-    backend = "namespaces" if where.startswith("namespaces") else "landlock"
-    assert {v[3] for v in report["verdicts"].values()} == {backend}
-    assert report["after"] == report["before"]
-    assert processes_running(marker) == []
