@@ -33,12 +33,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import write_pool_file
-from typer.testing import CliRunner
+from conftest import score_code_replies
 
-from colab_graphs.cli.app import app
 from colab_graphs.testing.scripts import last_user_text
-from colab_graphs.testing.server import ScriptedServer
 from tests.reach_cases import PLAIN_PYTHON, file_state, host_header, process_cases, process_state
 from tests.test_sandbox import (
     processes_running,
@@ -87,25 +84,15 @@ def scored(host, tmp_path_factory) -> Iterator[tuple[dict[str, float], dict[str,
     for variant, (code, score) in process_cases(header).items():
         replies[variant], wanted[variant] = code, score
         records.append({**add, "id": variant, "input": f"Variant: {variant}.\n{add['input']}"})
-    data = tmp / "reach.json"
-    data.write_text(json.dumps({"name": "reach", "task_type": "coding", "test": records}))
 
     def coder(messages, params):
         variant = last_user_text(messages).split("Variant: ", 1)[1].split(".", 1)[0]
         return f"Here is my solution:\n\n```python\n{replies[variant]}```\n\nIt follows the question."
 
     state = {pid: process_state(pid) for pid in host["pids"]} | {f: file_state(f) for f in host["files"]}
-    server = ScriptedServer({"coder": coder}).start()
-    try:
-        pool = write_pool_file(tmp / "pool.yaml", server, ["coder"])
-        argv = ["run", "--protocol", "solo", "--scorer", "code", "--pool", str(pool), "--data", str(data)]
-        result = CliRunner().invoke(app, [*argv, "--out", str(tmp / "run"), "--no-cache"])
-    finally:
-        server.stop()
+    scores = score_code_replies(tmp, records, coder)
     after = {pid: process_state(pid) for pid in host["pids"]} | {f: file_state(f) for f in host["files"]}
-    assert result.exit_code == 0, result.output
-    rows = [json.loads(line) for line in (tmp / "run" / "results.jsonl").read_text().splitlines()]
-    yield {row["id"]: row["score"] for row in rows}, wanted, state, after
+    yield scores, wanted, state, after
 
 
 @pytest.mark.parametrize("case", [*PLAIN_PYTHON, "signals_its_own_group"])

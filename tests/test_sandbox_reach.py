@@ -19,12 +19,11 @@ import pytest
 
 from tests.test_sandbox import (
     CONTAINER,
-    LANDLOCK_ABI,
-    NAMESPACES_ALLOWED,
     NOBODY,
     REPO,
     _as_nobody,
     processes_running,
+    skip_unless_a_plain_user_can_score,
 )
 
 PLAIN_USER_SCRIPT = """\
@@ -75,15 +74,7 @@ def test_a_plain_user_s_scorer_reaches_nothing_outside_the_run(where):
     """The scorer as `nobody` (its code then runs as `nobody` too: a user namespace, or Landlock alone), with
     the system interpreter (this environment's may be out of a plain user's reach): every case above that needs
     no numpy, judged right; the scorer itself, a bystander of its uid and its files unchanged; no daemon left."""
-    readable = _as_nobody(["/usr/bin/python3", "-I", "-c", f"open({str(Path(__file__))!r}).read()"])
-    if readable.returncode != 0:
-        pytest.skip(f"uid {NOBODY} cannot read this checkout ({REPO}): {readable.stderr.strip()[-200:]}")
-    if where.startswith("namespaces") and not NAMESPACES_ALLOWED:
-        pytest.skip("user namespaces are refused on this machine")
-    if where.startswith("unshare refused") and LANDLOCK_ABI < 6:
-        pytest.skip(
-            f"the landlock backend needs Landlock ABI 6 for a non-root caller; this kernel has {LANDLOCK_ABI}"
-        )
+    skip_unless_a_plain_user_can_score(where)
     marker = f"{6000 + int.from_bytes(os.urandom(2), 'big') % 1000}.{uuid.uuid4().int % 10**6}"
     script = PLAIN_USER_SCRIPT.format(
         package=str(REPO / "colab_graphs"), tests=str(REPO / "tests"), marker=marker
