@@ -41,6 +41,8 @@ Semantics the tests see (as in one process, where the tests call the solution di
   them into its own objects, which keep their identity and type (a ``Counter`` stays one): an in-place sort, a
   row sorted inside a matrix (the test's reference to that row sees it), an array filled in place. Views of a
   numpy array are not tracked (a change through one arrives in the array itself only when it was passed).
+  Both hold within one call: an argument the solution keeps for later (a registry, a cache) is its own copy,
+  and what a later call does to it does not reach the test's object.
 - The solution runs as a real module named ``solution``, importable from its directory: its functions and
   classes pickle by reference, so ``multiprocessing`` (fork or spawn) and ``concurrent.futures`` can send them
   to worker processes, as a module's can.
