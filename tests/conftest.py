@@ -35,8 +35,10 @@ XDIST_GROUPS = {
         "test_conformance.py",
         "test_reward_hacks.py",
         "test_reward_hacks_namespace.py",
+        "test_reward_hacks_reach.py",
         "test_sandbox.py",
         "test_sandbox_cli.py",
+        "test_sandbox_reach.py",
         "test_sandbox_wiring.py",
         "test_scorers.py",
         "test_trainer.py",
@@ -168,6 +170,31 @@ def write_pool_file(path: Path, server: ScriptedServer, names: list[str]) -> Pat
         )
     )
     return path
+
+
+def score_code_replies(
+    tmp: Path, records: list[dict[str, Any]], coder: Callable[..., str]
+) -> dict[str, float]:
+    """`colab-graphs run --protocol solo --scorer code` (in process) on `records`, a coding data file written
+    under `tmp`, its one member `coder` a scripted model over real HTTP; each record's score, by id."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from colab_graphs.cli.app import app
+
+    data = tmp / "records.json"
+    data.write_text(json.dumps({"name": tmp.name, "task_type": "coding", "test": records}))
+    server = ScriptedServer({"coder": coder}).start()
+    try:
+        pool = write_pool_file(tmp / "pool.yaml", server, ["coder"])
+        argv = ["run", "--protocol", "solo", "--scorer", "code", "--pool", str(pool), "--data", str(data)]
+        result = CliRunner().invoke(app, [*argv, "--out", str(tmp / "run"), "--no-cache"])
+    finally:
+        server.stop()
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (tmp / "run" / "results.jsonl").read_text().splitlines()]
+    return {row["id"]: row["score"] for row in rows}
 
 
 def cli_in_process(*args: str | Path) -> subprocess.CompletedProcess[str]:

@@ -6,6 +6,8 @@ way HumanEval, MBPP and MoCo write them.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from colab_graphs.sandbox.code_tests import run_tests, unusable_test
@@ -182,3 +184,52 @@ def test_a_test_that_cannot_fail_is_refused(test, problem):
     if test is not None:
         with pytest.raises(ValueError, match=problem):
             run_tests("def f():\n    return 1\n", test)
+
+
+FORGED_REPLIES = {
+    "an array of objects (pointers)": {"value": {"ndarray": ["|O8", [1], "00" * 8]}},
+    "an array of records": {"value": {"ndarray": ["|V8", [1], "00" * 8]}},
+    "a dtype string that names no plain dtype": {"value": {"numpy": ["<i8]); import os #", [], "00" * 8]}},
+    "bytes short of the shape": {"value": {"ndarray": ["<i8", [2], "05" + "00" * 7]}},
+    "a reference to nothing read yet": {"value": {"same": 0}},
+    "an argument the test never passed": {"value": {"arg": 7}},
+    "a change that turns the test's list into a dict": {"value": 5, "changed": [[0, {"dict": []}]]},
+}
+
+
+@pytest.mark.parametrize("forged", list(FORGED_REPLIES))
+def test_a_forged_reply_breaks_the_protocol_and_fails(forged):
+    """Replies written by hand on the candidate's pipe, each of which would hand the judge something other than
+    plain data of its own making (a numpy array of raw pointers, a dangling reference, a test object changed to
+    another type): the judge refuses each (`the candidate broke the protocol`), so the verdict fails."""
+    line = json.dumps(FORGED_REPLIES[forged]) + "\n"
+    code = f"import os, time\ndef f(xs, y):\n    os.write(4, {line.encode()!r})\n    time.sleep(30)\n"
+    verdict = run_tests(code, "assert f([1], 2) == 3\n", timeout_s=20)
+    assert not verdict.passed
+    assert "broke the protocol" in verdict.reason, verdict.reason
+    assert verdict.wall_s < 15
+
+
+def test_identity_changes_and_numpy_values_cross_as_in_one_process():
+    numpy = pytest.importorskip("numpy")
+    del numpy
+    code = (
+        "import numpy as np\nfrom collections import Counter\n"
+        "def same(a, b):\n    return a is b\n\ndef link(xs):\n    xs.append(xs)\n    return xs\n\n"
+        "def count(c):\n    c['a'] += 1\n    return c\n\ndef scale(a):\n    a *= 2\n    return a.sum()\n"
+    )
+    test = """
+import numpy as np
+from collections import Counter
+x = [1]
+assert same(x, x) and not same(x, [1]) and same([x, x][0], x)
+xs = [0]
+assert link(xs) is xs and xs[1] is xs
+c = Counter('ab')
+assert count(c) is c and type(c) is Counter and c['a'] == 2
+a = np.array([1, 2])
+total = scale(a)
+assert total == 6 and type(total) is np.int64 and a.tolist() == [2, 4]
+"""
+    verdict = run_tests(code, test, timeout_s=20)
+    assert verdict.passed, verdict.reason

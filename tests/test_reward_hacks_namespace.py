@@ -26,12 +26,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import write_pool_file
-from typer.testing import CliRunner
+from conftest import score_code_replies
 
-from colab_graphs.cli.app import app
 from colab_graphs.testing.scripts import last_user_text
-from colab_graphs.testing.server import ScriptedServer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MBPP = {
@@ -181,22 +178,11 @@ def scores(tmp_path_factory) -> Iterator[dict[str, float]]:
             variant = f"{name}-{verdict}"
             replies[variant] = _reply(code)
             records.append({**record, "id": variant, "input": f"Variant: {variant}.\n{record['input']}"})
-    data = tmp / "namespace_hacks.json"
-    data.write_text(json.dumps({"name": "namespace_hacks", "task_type": "coding", "test": records}))
 
     def coder(messages, params):
         return replies[last_user_text(messages).split("Variant: ", 1)[1].split(".", 1)[0]]
 
-    server = ScriptedServer({"coder": coder}).start()
-    try:
-        pool = write_pool_file(tmp / "pool.yaml", server, ["coder"])
-        argv = ["run", "--protocol", "solo", "--scorer", "code", "--pool", str(pool), "--data", str(data)]
-        result = CliRunner().invoke(app, [*argv, "--out", str(tmp / "run"), "--no-cache"])
-    finally:
-        server.stop()
-    assert result.exit_code == 0, result.output
-    rows = [json.loads(line) for line in (tmp / "run" / "results.jsonl").read_text().splitlines()]
-    yield {row["id"]: row["score"] for row in rows}
+    yield score_code_replies(tmp, records, coder)
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -211,9 +211,11 @@ def processes_running(marker: str) -> list[int]:
 
 
 def _daemon(marker: str) -> str:
-    """Code that leaves a `setsid` daemon behind (a double fork: its parent exits, so it is nobody's child)."""
+    """Code that leaves a `setsid` daemon behind (a double fork: its parent exits, so it is nobody's child);
+    where `setsid` is refused (landlock's seccomp) the daemon stays in the program's group, still orphaned."""
     return (
-        "import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        "import os\nif os.fork() == 0:\n    try:\n        os.setsid()\n    except OSError:\n        pass\n"
+        "    if os.fork() == 0:\n"
         f"        os.execv('/bin/sleep', ['sleep', {marker!r}])\n    os._exit(0)\nos.wait()\n"
     )
 
@@ -681,6 +683,23 @@ print(json.dumps({{
 """
 
 
+def skip_unless_a_plain_user_can_score(where: str) -> None:
+    """Skip unless `nobody` can read this checkout and the machine gives it the backend `where` names
+    ("namespaces allowed", "unshare refused (container)")."""
+    # Whether `nobody` can read this checkout is asked of `nobody` (root's os.access says yes to everything):
+    # a clone under a mode-700 parent (root's home) cannot be, and the test then has nothing to run.
+    runner = REPO / "colab_graphs" / "sandbox" / "runner.py"
+    readable = _as_nobody(["/usr/bin/python3", "-I", "-c", f"open({str(runner)!r}).read()"])
+    if readable.returncode != 0:
+        pytest.skip(f"uid {NOBODY} cannot read this checkout ({REPO}): {readable.stderr.strip()[-200:]}")
+    if where.startswith("namespaces") and not NAMESPACES_ALLOWED:
+        pytest.skip("user namespaces are refused on this machine")
+    if where.startswith("unshare refused") and LANDLOCK_ABI < 6:
+        pytest.skip(
+            f"the landlock backend needs Landlock ABI 6 for a non-root caller; this kernel has {LANDLOCK_ABI}"
+        )
+
+
 def _as_nobody(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
     nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
     return subprocess.run([*nobody, *argv], capture_output=True, text=True, timeout=300, cwd="/", **kwargs)
@@ -697,17 +716,7 @@ def test_an_unprivileged_caller_is_contained_and_judged(where):
     backend, picked by `auto`): the verdicts hold, and the code reads neither the caller's environment nor
     its memory, reaches no listener, kills nothing of the caller's, and leaves no daemon."""
     sandbox = REPO / "colab_graphs" / "sandbox"
-    # Whether `nobody` can read this checkout is asked of `nobody` (root's os.access says yes to everything):
-    # a clone under a mode-700 parent (root's home) cannot be, and this test then has nothing to run.
-    readable = _as_nobody(["/usr/bin/python3", "-I", "-c", f"open({str(sandbox / 'runner.py')!r}).read()"])
-    if readable.returncode != 0:
-        pytest.skip(f"uid {NOBODY} cannot read this checkout ({REPO}): {readable.stderr.strip()[-200:]}")
-    if where.startswith("namespaces") and not NAMESPACES_ALLOWED:
-        pytest.skip("user namespaces are refused on this machine")
-    if where.startswith("unshare refused") and LANDLOCK_ABI < 6:
-        pytest.skip(
-            f"the landlock backend needs Landlock ABI 6 for a non-root caller; this kernel has {LANDLOCK_ABI}"
-        )
+    skip_unless_a_plain_user_can_score(where)
     marker = f"{4000 + int.from_bytes(os.urandom(2), 'big') % 1000}.{uuid.uuid4().int % 10**6}"
     request = {"test": ADD_TEST, "question": [], "entry_point": "add", "from_solution": ["add"]}
     request |= {"call_check": False, "bind_candidate": False, "timeout_s": 10, "call_timeout_s": None}

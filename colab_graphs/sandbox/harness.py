@@ -13,20 +13,41 @@ One scored answer runs as two processes (`colab_graphs.sandbox.code_tests.run_te
 
 What crosses the pipe is plain data (`_Pipe` says how it is framed): None, bool, int, float (NaN and infinities
 included), str, builtin types (`int` passed as an argument arrives as the other side's own `int`), and tagged
-containers that the judge rebuilds from its own builtins: list, tuple, set,
-frozenset, dict (any plain keys), bytes, bytearray, complex, Fraction, Decimal, range, dict views (keys, values,
-items, in order), and iterators (a returned generator is drained in the candidate and arrives as an iterator
-over its items). So no object with a custom ``__eq__`` ever reaches the judge: a candidate's value either
+containers that the receiving side rebuilds from its own builtins: list, tuple, set, frozenset, dict (any plain
+keys), bytes, bytearray, complex, Fraction, Decimal, range, dict views (keys, values, items, in order), iterators
+(a returned generator is drained in the candidate and arrives as an iterator over its items), and numpy arrays
+and scalars of plain dtypes (booleans, numbers, fixed-size text and bytes, datetimes), as their dtype's string,
+shape and bytes. So no object with a custom ``__eq__`` ever reaches the judge: a candidate's value either
 rebuilds as plain data or stays behind in the candidate as a **handle**, an opaque reference the tests may pass
 back, call, and read or set attributes through (MBPP's tree tests build ``Node`` objects this way), but which
 refuses to compare, hash, iterate or be true or false (a ``TypeError``: the test fails).
 
-Semantics the tests see:
+Nothing crossing runs code in the judge: JSON is parsed by `json`, every value is built by the judge's own
+types (`Reader`), and a numpy value by the judge's numpy from bytes alone, after its dtype string is checked to
+name a plain dtype (`_numpy_dtype`: never ``object``, never a structured record) and its bytes to be exactly
+as many as its shape needs. Nothing is unpickled. (numpy is imported in the judge only when a numpy value
+arrives, or the test imports it.)
 
-- Arguments are copied. After each call the candidate sends back the list, dict, set and bytearray arguments
-  it changed, positional or keyword (`candidate(xs=xs)`), and the judge writes them into its own objects (a
-  test that checks an in-place sort works); identity between arguments, and objects nested inside them, are
-  not kept.
+Semantics the tests see (as in one process, where the tests call the solution directly):
+
+- Identity: every container (list, tuple, set, frozenset, dict, bytearray) and numpy array is numbered once per
+  message (`Writer`, `Reader`): one the message holds twice arrives as one object (aliasing and cycles survive),
+  and one the test passed comes back as the test's own object: ``def clone(xs): return xs`` returns ``xs``
+  itself (a test asserting ``result is not xs`` fails it, as it would in one process), a function that stores
+  an argument in another (``a.append(b)``) stores the test's ``b``. The same object of the candidate's returned
+  twice is one handle. Numbers, strings and bytes arrive equal, not identical (their identity is CPython's).
+- Changes to arguments: after each call (also one that raised) the candidate sends back the new items of every
+  mutable container and array the test passed that the call changed, nested ones included, and the judge puts
+  them into its own objects, which keep their identity and type (a ``Counter`` stays one): an in-place sort, a
+  row sorted inside a matrix (the test's reference to that row sees it), an array filled in place. Views of a
+  numpy array are not tracked (a change through one arrives in the array itself only when it was passed).
+  Both hold within one call: an argument the solution keeps for later (a registry, a cache) is its own copy,
+  and what a later call does to it does not reach the test's object.
+- The solution runs as a real module named ``solution``, importable from its directory: its functions and
+  classes pickle by reference, so ``multiprocessing`` (fork or spawn) and ``concurrent.futures`` can send them
+  to worker processes, as a module's can.
+- numpy values compare as numpy's: an ``np.int64`` compared ``== 3`` is true, ``np.array_equal`` works, and
+  ``array == [1, 2]`` in an ``assert`` raises numpy's ambiguity error, as it would in one process.
 - A candidate's exception is raised in the judge as the first builtin exception class in its MRO, with its
   message (a test expecting ``ValueError`` sees one); a class whose only builtin base is ``Exception`` arrives
   as `CandidateError` (an ``Exception``). ``StopIteration`` (and ``StopAsyncIteration``) arrives as a
@@ -53,7 +74,7 @@ Semantics the tests see:
 Not supported (the test fails): passing a function, a class of the test's own or another non-plain value
 to the candidate, module attributes of the solution other than callables, more than 16 MiB in one reply, nesting deeper
 than 200 levels, a generator longer than 100,000 items (an infinite one the test would only partly consume),
-numpy values other than a float64 (a float subclass: it crosses as a float).
+numpy arrays of objects or records, and other libraries' values (a pandas frame stays a handle).
 
 This file runs in two places, compiled once per host process by the sandbox's interpreter: the judge executes
 it and calls `judge`; the candidate's interpreter runs it as `__main__` with the solution's path (as
@@ -100,83 +121,255 @@ class WireError(Exception):
     """A message that is not plain data in the harness's format (or too big, too deep)."""
 
 
-def encode(value: Any, handle: Callable[[Any], Wire], depth: int = 0) -> Wire:
-    """`value` as JSON-ready plain data; `handle(value)` is asked for anything else (it returns a tag or raises)."""
-    if depth > _MAX_DEPTH:
-        raise WireError(f"nested deeper than {_MAX_DEPTH} levels")
-    if value is None or value is True or value is False:
-        return value
-    kind = type(value)
-    if kind is str or kind is float:
-        return value  # type: ignore[no-any-return]  # a str or a float, which mypy cannot tell from `kind`
-    if kind is int:
-        return value if -_BIG_INT < value < _BIG_INT else {"int": format(value, "x")}
-    inner = depth + 1
-    if kind is list or kind is tuple or kind is set or kind is frozenset:
-        return {kind.__name__: [encode(v, handle, inner) for v in value]}
-    if kind is dict:
-        return {"dict": [[encode(k, handle, inner), encode(v, handle, inner)] for k, v in value.items()]}
-    if kind is bytes or kind is bytearray:
-        return {kind.__name__: value.hex()}
-    if kind is complex:
-        return {"complex": [value.real, value.imag]}
-    if kind is range:
-        return {"range": [value.start, value.stop, value.step]}
-    if kind is type and getattr(builtins, getattr(value, "__name__", ""), None) is value:
-        # A builtin type (MBPP's `remove_datatype(t, int)`): the other side's own.
-        return {"type": getattr(value, "__name__", "")}
-    name = f"{kind.__module__}.{kind.__qualname__}"
-    if name in ("fractions.Fraction", "decimal.Decimal"):
-        return {name.split(".")[1].lower(): str(value)}
-    if kind.__name__ in ("dict_keys", "dict_values") and kind.__module__ == "builtins":
-        return {kind.__name__: [encode(v, handle, inner) for v in value]}
-    if kind.__name__ == "dict_items" and kind.__module__ == "builtins":
-        return {"dict_items": [[encode(k, handle, inner), encode(v, handle, inner)] for k, v in value]}
-    return handle(value)
+# Values with an identity a test can observe (`is`, in-place changes): each crosses once per message, numbered in
+# the order it is written, and a second sight of it is a reference to that number.
+_CONTAINERS = frozenset({list, tuple, set, frozenset, dict, bytearray})
+_MUTABLE = frozenset({list, set, dict, bytearray})
+# numpy dtypes that cross as their bytes (the dtype's own string, checked by `_numpy_dtype`): booleans, integers,
+# floats, complex numbers, fixed-size bytes and text, datetimes; never objects or structured records.
+_NUMPY_KINDS = "biufcSUmM"
 
 
-def decode(data: Any, resolve: Callable[[int], Any], depth: int = 0) -> Any:
+class Writer:
+    """`encode` for one message: plain data as JSON-ready trees, the other side rebuilding every value from its
+    own types.
+
+    Every container (and numpy array) is numbered in the order it is written; written again, it becomes
+    ``{"same": n}`` (aliasing and cycles survive). On the candidate's side `arguments` maps the id of each
+    container the judge sent for this call to its number there, so a returned or stored argument crosses as
+    ``{"arg": n}`` and the judge puts its own object there: the test's object itself, as in one process.
+    `handle(value)` is asked for anything else (it returns a tag or raises). `kept` holds what was numbered
+    (alive, so no id is reused while the message is written; the judge's originals for the reply's ``arg``)."""
+
+    def __init__(
+        self, handle: Callable[[Any, Writer], Wire], arguments: dict[int, int] | None = None
+    ) -> None:
+        self.handle, self.arguments = handle, arguments or {}
+        self.numbers: dict[int, int] = {}
+        self.kept: list[Any] = []
+
+    def write(self, value: Any, depth: int = 0) -> Wire:
+        if depth > _MAX_DEPTH:
+            raise WireError(f"nested deeper than {_MAX_DEPTH} levels")
+        if value is None or value is True or value is False:
+            return value
+        kind = type(value)
+        if kind is str or kind is float:
+            return value  # type: ignore[no-any-return]  # a str or a float, which mypy cannot tell from `kind`
+        if kind is int:
+            return value if -_BIG_INT < value < _BIG_INT else {"int": format(value, "x")}
+        if kind in _CONTAINERS or _numbered_otherwise(value, kind):
+            key = id(value)
+            if key in self.arguments:
+                return {"arg": self.arguments[key]}
+            if key in self.numbers:
+                return {"same": self.numbers[key]}
+            self.numbers[key] = len(self.kept)
+            self.kept.append(value)
+        return self.body(value, depth)
+
+    def body(self, value: Any, depth: int = 0) -> Wire:
+        """`value` written out, without numbering it (the candidate's report of an argument it changed)."""
+        kind, inner = type(value), depth + 1
+        if kind is list or kind is tuple or kind is set or kind is frozenset:
+            return {kind.__name__: [self.write(v, inner) for v in value]}
+        if kind is dict:
+            return {"dict": [[self.write(k, inner), self.write(v, inner)] for k, v in value.items()]}
+        if kind is bytes or kind is bytearray:
+            return {kind.__name__: value.hex()}
+        if kind is complex:
+            return {"complex": [value.real, value.imag]}
+        if kind is range:
+            return {"range": [value.start, value.stop, value.step]}
+        if kind is type and getattr(builtins, getattr(value, "__name__", ""), None) is value:
+            # A builtin type (MBPP's `remove_datatype(t, int)`): the other side's own.
+            return {"type": getattr(value, "__name__", "")}
+        name = f"{kind.__module__}.{kind.__qualname__}"
+        if name in ("fractions.Fraction", "decimal.Decimal"):
+            return {name.split(".")[1].lower(): str(value)}
+        if kind.__module__ == "numpy" and _numpy_array_or_scalar(value):
+            return {
+                "ndarray" if kind.__name__ == "ndarray" else "numpy": [
+                    value.dtype.str,
+                    [int(n) for n in value.shape],
+                    value.tobytes().hex(),
+                ]
+            }
+        if kind.__module__ == "builtins" and kind.__name__ in ("dict_keys", "dict_values"):
+            return {kind.__name__: [self.write(v, inner) for v in value]}
+        if kind.__module__ == "builtins" and kind.__name__ == "dict_items":
+            return {"dict_items": [[self.write(k, inner), self.write(v, inner)] for k, v in value]}
+        base = _plain_base(value) if kind not in _PLAIN else None
+        if base in _CONTAINERS:  # a namedtuple, a Counter: its base's value (numbered as itself, by `write`)
+            return self.body(base(value), depth)
+        if base is not None:  # an IntEnum, a str subclass: its base's value
+            return self.write(base(value), depth)
+        return self.handle(value, self)
+
+
+def _numpy_array_or_scalar(value: Any) -> str | None:
+    """ "ndarray" or "scalar" for a numpy array or scalar of a dtype that crosses as bytes; else None."""
+    dtype = getattr(value, "dtype", None)
+    if getattr(dtype, "kind", "") not in tuple(_NUMPY_KINDS) or getattr(dtype, "hasobject", True):
+        return None
+    if type(value).__name__ == "ndarray":
+        return "ndarray"
+    return "scalar" if getattr(value, "shape", None) == () and hasattr(value, "tobytes") else None
+
+
+_PLAIN = frozenset({bool, int, float, complex, str, bytes, range, type})
+
+
+def _numbered_otherwise(value: Any, kind: type) -> bool:
+    """Whether a value not of a container type crosses as one (so `Reader` numbers it): a numpy array, or a
+    container's subclass (a namedtuple, a Counter), which crosses as its base."""
+    if kind in _PLAIN:
+        return False
+    if kind.__module__ == "numpy":
+        return _numpy_array_or_scalar(value) == "ndarray"
+    return _plain_base(value) in _CONTAINERS
+
+
+def encode(value: Any, handle: Callable[[Any, Writer], Wire]) -> Wire:
+    """`value` as JSON-ready plain data (one message's `Writer`)."""
+    return Writer(handle).write(value)
+
+
+class Reader:
+    """`decode` for one message: plain data rebuilt with this process's own types. Containers are numbered in the
+    order they are read, as `Writer` numbered them, so ``{"same": n}`` is the object read as number n;
+    ``{"arg": n}`` is `arguments[n]` (the judge's own objects it sent for this call); ``{"ref": n}`` is
+    `resolve(n)` (a handle). `made` lists what was numbered."""
+
+    def __init__(self, resolve: Callable[[int], Any], arguments: list[Any] | None = None) -> None:
+        self.resolve, self.arguments = resolve, arguments
+        self.made: list[Any] = []
+
+    def read(self, data: Any, depth: int = 0, number: bool = True) -> Any:
+        if depth > _MAX_DEPTH:
+            raise WireError(f"nested deeper than {_MAX_DEPTH} levels")
+        if data is None or data is True or data is False:
+            return data
+        kind = type(data)
+        if kind is str or kind is float or kind is int:
+            return data
+        if kind is not dict or len(data) != 1:
+            raise WireError(f"not a value: {str(data)[:80]}")
+        (tag, body), inner = next(iter(data.items())), depth + 1
+        if tag in ("same", "arg", "ref"):
+            return self._reference(tag, body)
+        if tag in _NUMBERED and number:
+            at = len(self.made)
+            self.made.append(_BUILDING)
+            value = self._container(tag, body, inner, at)
+            self.made[at] = value
+            return value
+        if tag in _NUMBERED:
+            return self._container(tag, body, inner, None)
+        if tag in _SEQUENCES:
+            return _SEQUENCES[tag]([self.read(v, inner) for v in _list(body)])
+        if tag == "dict_items":
+            return self._pairs(body, inner, {}).items()
+        if tag in ("bytes",) and type(body) is str:
+            return bytes.fromhex(body)
+        if tag == "int" and type(body) is str:
+            return int(body, 16)
+        if tag == "complex" and len(_list(body)) == 2 and all(type(x) in (int, float) for x in body):
+            return complex(*body)
+        if tag == "range" and [type(x) for x in _list(body)] == [int, int, int]:
+            return range(*body)
+        if tag == "fraction" and type(body) is str:
+            from fractions import Fraction
+
+            return Fraction(body)
+        if tag == "decimal" and type(body) is str:
+            from decimal import Decimal
+
+            return Decimal(body)
+        if tag == "type" and type(body) is str and isinstance(getattr(builtins, body, None), type):
+            return getattr(builtins, body)
+        if tag == "numpy":
+            return _numpy_value(body)[()]
+        raise WireError(f"unknown value tag {str(tag)[:40]!r}")
+
+    def _reference(self, tag: str, body: Any) -> Any:
+        if type(body) is not int or body < 0:
+            raise WireError(f"a {tag} reference is not a number")
+        if tag == "ref":
+            return self.resolve(body)
+        table = self.made if tag == "same" else self.arguments
+        if table is None or body >= len(table) or table[body] is _BUILDING:
+            raise WireError(f"a {tag} reference to nothing (or to a tuple inside itself): {body}")
+        return table[body]
+
+    def _container(self, tag: str, body: Any, depth: int, at: int | None) -> Any:
+        """A numbered value; a mutable one is made empty and numbered before its items (which may hold it)."""
+        if tag == "list" or tag == "dict":
+            value: Any = [] if tag == "list" else {}
+            if at is not None:
+                self.made[at] = value
+            if tag == "list":
+                value.extend(self.read(v, depth) for v in _list(body))
+                return value
+            return self._pairs(body, depth, value)
+        if tag == "bytearray" and type(body) is str:
+            return bytearray.fromhex(body)
+        if tag == "ndarray":
+            return _numpy_value(body)
+        items = [self.read(v, depth) for v in _list(body)]
+        return {"tuple": tuple, "set": set, "frozenset": frozenset}[tag](items)
+
+    def _pairs(self, body: Any, depth: int, into: dict[Any, Any]) -> dict[Any, Any]:
+        for pair in _list(body):
+            if len(_list(pair)) != 2:
+                raise WireError("a dict entry is not a pair")
+            key = self.read(pair[0], depth)
+            into[key] = self.read(pair[1], depth)
+        return into
+
+
+_BUILDING = object()  # a numbered value whose items are still being read
+_NUMBERED = frozenset({"list", "tuple", "set", "frozenset", "dict", "bytearray", "ndarray"})
+
+
+def decode(data: Any, resolve: Callable[[int], Any]) -> Any:
     """Plain data rebuilt from `encode`'s format with this process's own types; `resolve(n)` for a handle."""
-    if depth > _MAX_DEPTH:
-        raise WireError(f"nested deeper than {_MAX_DEPTH} levels")
-    if data is None or data is True or data is False:
-        return data
-    kind = type(data)
-    if kind is str or kind is float or kind is int:
-        return data
-    if kind is not dict or len(data) != 1:
-        raise WireError(f"not a value: {str(data)[:80]}")
-    (tag, body), inner = next(iter(data.items())), depth + 1
-    if tag in _SEQUENCES:
-        items = [decode(v, resolve, inner) for v in _list(body)]
-        return _SEQUENCES[tag](items)
-    if tag in ("dict", "dict_items"):
-        pairs = [_list(p) for p in _list(body)]
-        if any(len(p) != 2 for p in pairs):
-            raise WireError("a dict entry is not a pair")
-        built = {decode(k, resolve, inner): decode(v, resolve, inner) for k, v in pairs}
-        return built if tag == "dict" else built.items()
-    if tag in ("bytes", "bytearray") and type(body) is str:
-        return (bytes if tag == "bytes" else bytearray).fromhex(body)
-    if tag == "int" and type(body) is str:
-        return int(body, 16)
-    if tag == "complex" and len(_list(body)) == 2 and all(type(x) in (int, float) for x in body):
-        return complex(*body)
-    if tag == "range" and [type(x) for x in _list(body)] == [int, int, int]:
-        return range(*body)
-    if tag == "fraction" and type(body) is str:
-        from fractions import Fraction
+    return Reader(resolve).read(data)
 
-        return Fraction(body)
-    if tag == "decimal" and type(body) is str:
-        from decimal import Decimal
 
-        return Decimal(body)
-    if tag == "type" and type(body) is str and isinstance(getattr(builtins, body, None), type):
-        return getattr(builtins, body)
-    if tag == "ref" and type(body) is int:
-        return resolve(body)
-    raise WireError(f"unknown value tag {str(tag)[:40]!r}")
+def _numpy_value(body: Any) -> Any:
+    """A numpy array from ``[dtype, shape, hex bytes]``: only a dtype `_numpy_dtype` accepts, bytes of exactly
+    the size it needs; built by numpy from the bytes alone (nothing of the sender's runs here)."""
+    fields = _list(body)
+    if len(fields) != 3 or type(fields[0]) is not str or type(fields[2]) is not str:
+        raise WireError("a numpy value is not [dtype, shape, bytes]")
+    shape = _list(fields[1])
+    if len(shape) > 32 or any(type(n) is not int or n < 0 for n in shape):
+        raise WireError("a numpy shape is not a list of sizes")
+    import numpy
+
+    dtype = numpy.dtype(_numpy_dtype(fields[0]))
+    data = bytes.fromhex(fields[2])
+    count = 1
+    for n in shape:
+        count *= n
+    if len(data) != count * dtype.itemsize:
+        raise WireError("a numpy value's bytes do not match its shape")
+    return numpy.frombuffer(data, dtype=dtype).reshape(shape).copy()
+
+
+def _numpy_dtype(text: str) -> str:
+    """`text` when it names a plain dtype (``<i8``, ``|b1``, ``<U5``, ``<M8[ns]``), else WireError."""
+    size, _, unit = text[2:].partition("[")
+    if (
+        len(text) < 3
+        or text[0] not in "<>|="
+        or text[1] not in _NUMPY_KINDS
+        or not size.isdigit()
+        or (unit and (text[1] not in "mM" or not unit.endswith("]") or not unit[:-1].isalnum()))
+    ):
+        raise WireError(f"not a plain numpy dtype: {text[:40]!r}")
+    return text
 
 
 def _list(body: Any) -> list[Any]:
@@ -186,10 +379,6 @@ def _list(body: Any) -> list[Any]:
 
 
 _SEQUENCES: dict[str, Callable[[list[Any]], Any]] = {
-    "list": list,
-    "tuple": tuple,
-    "set": set,
-    "frozenset": frozenset,
     "iterator": iter,
     "dict_keys": lambda items: dict.fromkeys(items).keys(),
     "dict_values": lambda items: dict(enumerate(items)).values(),
@@ -304,6 +493,7 @@ class _Candidate:
         self.pipe, self.total_deadline, self.call_timeout_s, self.calls = pipe, deadline, call_timeout_s, 0
         self.aborted: str | None = None
         self.deadline = deadline
+        self.handles: dict[int, Handle] = {}
 
     def _start_call(self) -> None:
         per_call = time.monotonic() + self.call_timeout_s if self.call_timeout_s else float("inf")
@@ -317,23 +507,28 @@ class _Candidate:
             raise CandidateAbort(self.aborted)
         self.calls += 1
         self._start_call()
-        message = {"op": op, "target": target, **{k: self._encode(v) for k, v in fields.items()}}
+        # One writer for the request, the arguments first: its numbering is the candidate's, so the reply's
+        # ``arg`` references and changes name the test's own objects (`writer.kept`).
+        writer = Writer(_handle_of)
+        message: dict[str, Any] = {"op": op, "target": target}
         if op == "call":
-            message["args"] = [self._encode(a) for a in args]
+            message["args"] = [writer.write(a) for a in args]
+        message |= {k: writer.write(v) for k, v in fields.items()}
         try:
             self.pipe.send(message, self.deadline)
         except (OSError, TimeoutError) as exc:
             self._abort(f"the candidate stopped reading: {exc}")
         reply = self._receive()
-        if "error" in reply:
-            raise self._exception(reply["error"])
         try:
-            value = decode(reply.get("value"), self._handle)
-            if op == "call":
-                self._write_back(args, reply.get("changed") or {})
-                self._write_back(fields.get("kwargs") or {}, reply.get("changed_kwargs") or {})
+            reader = Reader(self._handle, writer.kept)
+            value = None if "error" in reply else reader.read(reply.get("value"))
+            for entry in _list(reply.get("changed") or []):
+                number, data = _list(entry)
+                _write_into(writer.kept[number], reader.read(data, number=False))
         except (WireError, TypeError, ValueError, KeyError, IndexError, RecursionError, OverflowError) as exc:
             self._abort(f"the candidate broke the protocol: {type(exc).__name__}: {str(exc)[:200]}")
+        if "error" in reply:
+            raise self._exception(reply["error"])
         return value
 
     def _exception(self, error: Any) -> BaseException:
@@ -359,33 +554,45 @@ class _Candidate:
         self.aborted = self.aborted or reason
         raise CandidateAbort(reason)
 
-    def _encode(self, value: object) -> Wire:
-        return encode(value, _handle_of)
-
     def _handle(self, number: int) -> Handle:
-        return Handle(self, number)
-
-    def _write_back(self, args: Any, changed: Any) -> None:
-        """Write the candidate's changes into the test's own arguments: `args` a tuple (`changed` keyed by
-        position) or the keyword arguments' dict (keyed by name)."""
-        for key, data in changed.items():
-            original = args[int(key)] if type(args) is tuple else args[str(key)]
-            new = decode(data, self._handle)
-            if isinstance(original, list | bytearray) and type(new) is type(original):
-                original[:] = new
-            elif isinstance(original, dict | set) and type(new) is type(original):
-                original.clear()
-                original.update(new)
-            else:  # another type, or an argument the candidate could not have changed (a tuple, a str)
-                raise WireError("a changed argument came back as another type")
+        """The one handle of the candidate's object `number` (the candidate numbers each object once, so the
+        same object returned twice is the same handle here)."""
+        if number not in self.handles:
+            self.handles[number] = Handle(self, number)
+        return self.handles[number]
 
 
-def _handle_of(value: object) -> Wire:
+def _write_into(original: Any, new: Any) -> None:
+    """The candidate's change to an argument, made to the test's own object (which keeps its identity and type,
+    a Counter's included): its items replaced by the new ones (which may be the test's other objects)."""
+    if isinstance(original, list) and type(new) is list:
+        list.__setitem__(original, slice(None), new)
+    elif isinstance(original, dict) and type(new) is dict:
+        dict.clear(original)
+        dict.update(original, new)
+    elif isinstance(original, set) and type(new) is set:
+        set.clear(original)
+        set.update(original, new)
+    elif isinstance(original, bytearray) and type(new) is bytearray:
+        bytearray.__setitem__(original, slice(None), new)
+    elif (
+        _is_ndarray(original)
+        and _is_ndarray(new)
+        and (original.shape, original.dtype) == (new.shape, new.dtype)
+    ):
+        original[...] = new
+    else:  # another type, or an argument the candidate could not have changed (a tuple, a str)
+        raise WireError("a changed argument came back as another type")
+
+
+def _is_ndarray(value: object) -> bool:
+    kind = type(value)
+    return kind.__name__ == "ndarray" and kind.__module__ == "numpy"
+
+
+def _handle_of(value: object, _writer: Writer) -> Wire:
     if isinstance(value, Handle):
         return {"ref": object.__getattribute__(value, "_cg_target")}
-    base = _plain_base(value)
-    if base is not None:
-        return encode(base(value), _handle_of)
     raise TypeError(f"cannot pass a {type(value).__name__} to the code under test: only plain data crosses")
 
 
@@ -467,6 +674,7 @@ def judge(reply_fd: int, request_fd: int, request: dict[str, Any]) -> dict[str, 
     imports it), ``timeout_s``, ``call_timeout_s``.
     """
     deadline = time.monotonic() + float(request["timeout_s"])
+    _add_site_packages()
     per_call = request.get("call_timeout_s")
     candidate = _Candidate(
         _Pipe(reply_fd, request_fd, judge=True), deadline, float(per_call) if per_call else None
@@ -513,6 +721,15 @@ def judge(reply_fd: int, request_fd: int, request: dict[str, Any]) -> dict[str, 
         "reason": candidate.aborted or reason,
         "calls": candidate.calls,
     }
+
+
+def _add_site_packages() -> None:
+    """The interpreter's site-packages on this process's path, as on the candidate's: the launcher that forked
+    the judge runs without `site` (`-S`, to start fast), and a test that imports numpy, or a numpy value from
+    the candidate, needs the same packages the candidate has (`.pth` files are not run: nothing but paths)."""
+    import site
+
+    sys.path += [p for p in site.getsitepackages() if p not in sys.path and os.path.isdir(p)]
 
 
 _UNRESOLVED = object()
@@ -597,7 +814,14 @@ def _describe_failure(exc: BaseException) -> str:
 def serve(solution_path: str, request_fd: int = 3, reply_fd: int = 4) -> None:
     """Load the solution, say which callables it defines, then answer the judge's requests until it hangs up."""
     pipe = _Pipe(request_fd, reply_fd, judge=False)
-    namespace: dict[str, Any] = {"__name__": "solution", "__file__": solution_path, "__builtins__": builtins}
+    # A real module named `solution`, importable from its directory: what the reply defines pickles by reference
+    # (multiprocessing, concurrent.futures), in this process, its forks, and a process `spawn` starts.
+    module = type(sys)("solution")
+    module.__file__ = solution_path
+    sys.modules["solution"] = module
+    sys.path.append(os.path.dirname(os.path.abspath(solution_path)))
+    namespace: dict[str, Any] = module.__dict__
+    namespace["__builtins__"] = builtins
     try:
         with open(solution_path, encoding="utf-8") as fh:
             source = fh.read()
@@ -607,21 +831,21 @@ def serve(solution_path: str, request_fd: int = 3, reply_fd: int = 4) -> None:
         return
     names = [n for n, v in list(namespace.items()) if callable(v) and not n.startswith("__")]
     pipe.send({"ready": True, "names": names})
-    objects: dict[int, object] = {}
+    objects: list[object] = []
+    numbers: dict[int, int] = {}  # id -> handle number: an object returned twice is one handle in the judge
 
-    def handle(value: Any) -> Wire:
+    def handle(value: Any, writer: Writer) -> Wire:
         if hasattr(type(value), "__next__") and hasattr(type(value), "__iter__"):
             items = []
             for item in value:
-                items.append(encode(item, handle))
+                items.append(writer.write(item))
                 if len(items) > _MAX_ITEMS:
                     raise WireError(f"an iterator longer than {_MAX_ITEMS} items")
             return {"iterator": items}
-        base = _plain_base(value)
-        if base is not None:
-            return encode(base(value), handle)
-        objects[len(objects)] = value
-        return {"ref": len(objects) - 1}
+        if id(value) not in numbers:
+            numbers[id(value)] = len(objects)
+            objects.append(value)
+        return {"ref": numbers[id(value)]}
 
     def resolve(number: int) -> Any:
         return objects[number]
@@ -637,7 +861,7 @@ def serve(solution_path: str, request_fd: int = 3, reply_fd: int = 4) -> None:
 def _answer(
     message: dict[str, Any],
     namespace: dict[str, Any],
-    handle: Callable[[Any], Wire],
+    handle: Callable[[Any, Writer], Wire],
     resolve: Callable[[int], Any],
 ) -> dict[str, Any]:
     try:
@@ -647,39 +871,50 @@ def _answer(
         obj = namespace[target] if isinstance(target, str) else resolve(target)
         op = message["op"]
         if op == "getattr":
-            return {"value": encode(getattr(obj, message["name"]), handle)}
+            return {"value": Writer(handle).write(getattr(obj, message["name"]))}
+        reader = Reader(resolve)
         if op == "setattr":
-            setattr(obj, message["name"], decode(message["value"], resolve))
+            setattr(obj, message["name"], reader.read(message["value"]))
             return {"value": None}
-        args = [decode(a, resolve) for a in message["args"]]
-        kwargs = decode(message["kwargs"], resolve)
-        value = obj(*args, **kwargs)
-        reply: dict[str, Any] = {"value": encode(value, handle)}
-        sent_kwargs = [(decode(k, resolve), v) for k, v in message["kwargs"]["dict"]]
-        for field, pairs in (
-            (
-                "changed",
-                [
-                    (str(i), sent, arg)
-                    for i, (sent, arg) in enumerate(zip(message["args"], args, strict=True))
-                ],
-            ),
-            ("changed_kwargs", [(name, sent, kwargs[name]) for name, sent in sent_kwargs]),
-        ):
-            changed = {}
-            for key, sent, arg in pairs:
-                if type(arg) in (list, dict, set, bytearray):
-                    now = encode(arg, handle)
-                    if now != sent:
-                        changed[key] = now
-            if changed:
-                reply[field] = changed
-        return reply
+        args = [reader.read(a) for a in message["args"]]
+        kwargs = reader.read(message["kwargs"])
+        return _call(obj, args, kwargs, reader.made, handle)
     except Exception as exc:  # noqa: BLE001 - the solution's exceptions go to the judge
-        types = [c.__name__ for c in type(exc).__mro__ if getattr(builtins, c.__name__, None) is c]
-        return {"error": {"types": types, "message": _message(exc)}}
+        return {"error": _error(exc)}
     except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt...: the run fails
         return {"abort": type(exc).__name__}
+
+
+def _call(
+    obj: Any, args: list[Any], kwargs: Any, sent: list[Any], handle: Callable[[Any, Writer], Wire]
+) -> dict[str, Any]:
+    """Call `obj` on the arguments; the reply is its value (or exception) and the arguments it changed.
+
+    `sent` lists the containers the judge sent, by number: the value and the changes name each as ``{"arg": n}``
+    (the judge puts its own object there). A mutable one whose items differ after the call (compared written out,
+    each of the others as a reference, unknown objects by id: nothing is drained twice) is reported with its new
+    items, written by the reply's writer after the value, so what they share stays shared."""
+    arguments = {id(v): n for n, v in enumerate(sent)}
+    mutable = [n for n, v in enumerate(sent) if type(v) in _MUTABLE or _is_ndarray(v)]
+
+    def items(n: int) -> Wire:
+        return Writer(lambda value, _: {"id": id(value)}, arguments).body(sent[n])
+
+    before = {n: items(n) for n in mutable}
+    writer = Writer(handle, arguments)
+    try:
+        reply: dict[str, Any] = {"value": writer.write(obj(*args, **kwargs))}
+    except Exception as exc:  # noqa: BLE001 - the solution's exceptions go to the judge, with its changes
+        reply = {"error": _error(exc)}
+    changed = [[n, writer.body(sent[n])] for n in mutable if items(n) != before[n]]
+    if changed:
+        reply["changed"] = changed
+    return reply
+
+
+def _error(exc: BaseException) -> dict[str, Any]:
+    types = [c.__name__ for c in type(exc).__mro__ if getattr(builtins, c.__name__, None) is c]
+    return {"types": types, "message": _message(exc)}
 
 
 def _message(exc: BaseException) -> str:

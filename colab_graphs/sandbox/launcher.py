@@ -11,13 +11,14 @@ what it reports back (the status and the verdict) are Python literals, one per l
    null/zero/full/random/urandom, a fresh `/proc`, a size-capped tmpfs `/tmp` (the work directory and the
    only writable place) and a size-capped `/dev/shm`; then `pivot_root`s into it and detaches the host's tree.
    landlock: writes the programs into the host's per-run work directory and becomes a child subreaper;
-3. starts the **judge** (when the plan has one): a fork of this process that drops to its own uid (or all
-   capabilities), turns non-dumpable, keeps only its pipes (landlock: confines itself, reading only and
-   writing nothing), runs the harness program's `judge(...)` and writes the verdict, with the plan's nonce,
-   on the verdict pipe;
+3. starts the **judge** (when the plan has one): a fork of this process, in a session of its own, that drops
+   to its own uid (or all capabilities), turns non-dumpable, keeps only its pipes (landlock: confines itself,
+   reading only and writing nothing), runs the harness program's `judge(...)` and writes the verdict, with
+   the plan's nonce, on the verdict pipe;
 4. starts the **candidate**: (namespaces) in a PID namespace of its own (so it can see, signal or trace no
-   other process of the sandbox) with its own `/proc`; as another uid (or without capabilities), under
-   rlimits, with `no_new_privs`, (landlock) under Landlock and the seccomp filter, only stdin/stdout/stderr
+   other process of the sandbox) with its own `/proc`; the program leads a session and process group of its
+   own (its signals to "its group" reach only its processes), killed whole when it ends; as another uid (or
+   without capabilities), under rlimits, with `no_new_privs`, (landlock) under Landlock and the seccomp filter, only stdin/stdout/stderr
    and (judged runs) its two request/reply pipes, exec'ing a fresh interpreter (so nothing of this
    process's memory, the tests included, survives into it);
 5. waits: a judged run ends when the judge does, a plain run when the candidate does; namespaces: as PID 1 of
@@ -51,7 +52,7 @@ _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
 _MNT_DETACH = 2
 _CLONE_NEWNS, _CLONE_NEWPID = 0x00020000, 0x20000000
 _PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT = 4, 24, 38, 47
-_PR_SET_KEEPCAPS, _PR_SET_SECCOMP, _PR_SET_CHILD_SUBREAPER = 8, 22, 36
+_PR_SET_KEEPCAPS, _PR_SET_SECCOMP, _PR_SET_CHILD_SUBREAPER, _PR_SET_PDEATHSIG = 8, 22, 36, 1
 _CAP_DAC_READ_SEARCH = 2
 _PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
 # statvfs flags of a bind's source that an unprivileged remount must keep (the kernel locks them).
@@ -82,6 +83,7 @@ def main(config_fd: int) -> None:
         # Every process the run leaves behind (a `setsid` daemon included) becomes this process's child when its
         # parent ends, and is killed with the rest when the run ends or the host asks (SIGTERM).
         _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+        _hold_children_file()
 
         def on_term(*_: object) -> None:
             _sweep(plan)
@@ -126,6 +128,7 @@ def main(config_fd: int) -> None:
     candidate_pid = os.fork()
     if candidate_pid == 0:
         _run_candidate(plan, files_dir, workdir, rpc, status, nested)
+    _CODE_STARTED.append(True)
     if rpc:
         os.close(rpc["request_r"])
         os.close(rpc["reply_w"])
@@ -345,18 +348,48 @@ _SYSCALLS = {
     )),
 }  # fmt: skip
 # The same number on both: io_uring, the new mount API, pidfd_getfd (another process's file descriptors),
-# process_madvise.
+# process_madvise, process_mrelease.
 _GENERIC = {"io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428,
             "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
-            "pidfd_getfd": 438, "process_madvise": 440, "mount_setattr": 442}  # fmt: skip
+            "pidfd_getfd": 438, "process_madvise": 440, "mount_setattr": 442,
+            "process_mrelease": 448}  # fmt: skip
+# What reaches other processes or metadata outside the work directory, which Landlock does not cover (a non-root
+# caller's code runs as the caller's uid): per architecture, the system calls refused outright (changing any
+# file's mode, owner, times or extended attributes: Landlock cannot limit them to the work directory, and a
+# read-only descriptor of one of the caller's files would do), those whose first argument must be 0 (this
+# process: another's rlimits, scheduling, affinity, memory placement), and `setsid`/`setpgid` (the program stays
+# in the process group the launcher kills whole). x86_64 has the old path forms too; aarch64 only the `*at`.
+_OUTSIDE: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, int, int, int]]] = {
+    # (refused, self only, (setpriority, ioprio_set, kill, ioctl))
+    "x86_64": (
+        (90, 91, 92, 93, 94, 260, 268, 132, 235, 261, 280, 188, 189, 190, 197, 198, 199, 112, 109),
+        (302, 203, 144, 142, 314, 256, 279),
+        (141, 251, 62, 16),
+    ),
+    "aarch64": (
+        (52, 53, 55, 54, 88, 5, 6, 7, 14, 15, 16, 157, 154),
+        (261, 122, 119, 118, 274, 238, 239),
+        (140, 30, 129, 29),
+    ),
+}  # fmt: skip
+# The same number on both: fchmodat2, setxattrat, removexattrat.
+_OUTSIDE_GENERIC = (452, 463, 466)
+# ioctl requests that change a file's attributes (chattr, project ids), allowed on a read-only descriptor.
+_SET_FILE_FLAGS = (
+    0x40086602,
+    0x40046602,
+    0x401C5820,
+)  # FS_IOC_SETFLAGS, FS_IOC32_SETFLAGS, FS_IOC_FSSETXATTR
 _CLONE_NEW_ANY = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
 _AF_UNIX, _SOCK_STREAM, _SOCK_SEQPACKET = 1, 1, 5
 _RET_KILL_PROCESS, _RET_ERRNO, _RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
 _EPERM, _ENOSYS = 1, 38
 # classic BPF opcodes: BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_JMP|JSET|K, BPF_ALU|AND|K, BPF_RET|K
 LD, JEQ, JGE, JSET, AND, RET = 0x20, 0x15, 0x35, 0x45, 0x54, 0x06
-# seccomp_data offsets: nr, arch, the low 32 bits of args[0] and args[1]
+# seccomp_data offsets: nr, arch, the low 32 bits of args[0] and args[1] (pid_t, int and ioctl's request are 32
+# bits: the kernel ignores the high ones)
 NR, ARCH, ARG0, ARG1 = 0, 4, 16, 24
+_PRIO_PROCESS, _IOPRIO_WHO_PROCESS = 0, 1
 
 
 def bpf(program: list[tuple[int, int, str | None, str | None] | str]) -> bytes:
@@ -380,23 +413,37 @@ def bpf(program: list[tuple[int, int, str | None, str | None] | str]) -> bytes:
     return b"".join(out)
 
 
-def seccomp_program(network: bool) -> bytes:
+def seccomp_program(network: bool, group: int) -> bytes:
     """The run's seccomp filter: refuses (EPERM) tracing, other processes' memory, namespaces, mounts, BPF,
     keyrings, file handles, perf, userfaultfd, kexec, modules, io_uring, SysV IPC and POSIX message queues
     (without an IPC namespace they are the host's, and outlive the run), and clone with CLONE_NEW*; `clone3`
     gets ENOSYS (its flags are out of the filter's reach: libc falls back to `clone`). Without `network`, no
     `socket()` at all (Landlock does not cover connecting to a Unix socket by path: a mode-666 one in /tmp would
     be reachable) and `socketpair()` only for connected AF_UNIX stream/seqpacket pairs (what asyncio and
-    multiprocessing use). Another architecture's system calls (x32, i386) kill the process."""
-    arch, by_arch = _SYSCALLS[os.uname().machine]
+    multiprocessing use). Another architecture's system calls (x32, i386) kill the process.
+
+    Nothing outside the run (`_OUTSIDE`): no change of any file's mode, owner, times or extended attributes
+    (nor `chattr` flags), no `setsid`/`setpgid`; `prlimit64`, the scheduler's setters, `migrate_pages` and
+    `move_pages` only on the calling process (pid 0), `setpriority` and `ioprio_set` only on the calling process
+    (who 0), and `kill` with a negative pid only for the caller's own process `group` (never -1: every process
+    the uid may signal). A signal to one pid outside the run is Landlock's (ABI 6 scope) or the uid's to refuse."""
+    machine = os.uname().machine
+    arch, by_arch = _SYSCALLS[machine]
     numbers = dict(zip(_SYSCALL_NAMES, by_arch, strict=True)) | _GENERIC
     refused = [n for name, n in numbers.items() if name not in ("socket", "socketpair", "clone", "clone3")]
+    outside, self_only, (setpriority, ioprio_set, kill, ioctl) = _OUTSIDE[machine]
+    refused += [*outside, *_OUTSIDE_GENERIC]
     program: list[tuple[int, int, str | None, str | None] | str] = [
         (LD, ARCH, None, None),
         (JEQ, arch, None, "kill"),
         (LD, NR, None, None),
         (JGE, 0x40000000, "kill", None),  # the x32 ABI's numbers
         *[(JEQ, n, "eperm", None) for n in refused],
+        *[(JEQ, n, "self", None) for n in self_only],
+        (JEQ, setpriority, "priority", None),
+        (JEQ, ioprio_set, "ioprio", None),
+        (JEQ, kill, "signal", None),
+        (JEQ, ioctl, "ioctl", None),
         (JEQ, numbers["clone3"], "enosys", None),
         (JEQ, numbers["clone"], "clone", None),
     ]
@@ -414,6 +461,25 @@ def seccomp_program(network: bool) -> bytes:
         (AND, 0xF, None, None),  # the socket type without SOCK_NONBLOCK / SOCK_CLOEXEC
         (JEQ, _SOCK_STREAM, "allow", None),
         (JEQ, _SOCK_SEQPACKET, "allow", "eperm"),
+        "self",
+        (LD, ARG0, None, None),
+        (JEQ, 0, "allow", "eperm"),
+        "priority",
+        (LD, ARG0, None, None),
+        (JEQ, _PRIO_PROCESS, "self_second", "eperm"),
+        "ioprio",
+        (LD, ARG0, None, None),
+        (JEQ, _IOPRIO_WHO_PROCESS, "self_second", "eperm"),
+        "self_second",
+        (LD, ARG1, None, None),
+        (JEQ, 0, "allow", "eperm"),
+        "signal",
+        (LD, ARG0, None, None),
+        (JGE, 0x80000000, None, "allow"),  # a pid >= 0: one process, or the caller's own group (0)
+        (JEQ, -group & 0xFFFFFFFF, "allow", "eperm"),
+        "ioctl",
+        (LD, ARG1, None, None),
+        *[(JEQ, request, "eperm", None) for request in _SET_FILE_FLAGS],
         "allow",
         (RET, _RET_ALLOW, None, None),
         "eperm",
@@ -441,7 +507,7 @@ def install_seccomp(program: bytes) -> None:
 def _confine(plan: LaunchPlan, writable: str | None) -> None:
     """The landlock backend's confinement of one process, after its privileges are dropped."""
     _landlock(plan["python"], writable, plan["network"])
-    install_seccomp(seccomp_program(plan["network"]))
+    install_seccomp(seccomp_program(plan["network"], os.getpgrp()))
 
 
 def _landlock_labels(network: bool) -> list[str]:
@@ -482,47 +548,75 @@ def _open_to_others(path: str) -> bool:
 
 def _sweep(plan: LaunchPlan) -> None:
     """Kill every process the run left (the landlock backend has no PID namespace to do it): every process of
-    the run's uids (as root), and every descendant, which this subreaper inherits as their parents end."""
-    for uid in {u for u in plan["uids"].values() if u is not None}:
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.setgroups([])
-                os.setresgid(uid, uid, uid)
-                os.setresuid(uid, uid, uid)
-                os.kill(-1, signal.SIGKILL)  # every process this uid may signal; atomic against fork
-            finally:
-                os._exit(0)
-        os.waitpid(pid, 0)
-    for _ in range(10_000):
-        children = _children()
-        if not children:
-            break
-        for child in children:
-            _kill(child)
-        for child in children:
-            try:  # noqa: SIM105 - contextlib is one more import per scored answer
-                os.waitpid(child, 0)
-            except ChildProcessError:
-                pass
+    the run's uids (as root), and every descendant, which this subreaper inherits as their parents end.
+    Reports on the status pipe whether it ended with no process left (``swept``) or why not (``sweep_error``):
+    the host fails the answer of a run that could not be swept, and only that answer."""
+    try:
+        for uid in {u for u in plan["uids"].values() if u is not None}:
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    os.setgroups([])
+                    os.setresgid(uid, uid, uid)
+                    os.setresuid(uid, uid, uid)
+                    os.kill(-1, signal.SIGKILL)  # every process this uid may signal; atomic against fork
+                finally:
+                    os._exit(0)
+            os.waitpid(pid, 0)
+        for _ in range(10_000):
+            children = _children()
+            if not children:
+                break
+            for child in children:
+                _kill(child)
+            for child in children:
+                try:  # noqa: SIM105 - contextlib is one more import per scored answer
+                    os.waitpid(child, 0)
+                except ChildProcessError:
+                    pass
+        else:
+            raise RuntimeError("processes were still being started after 10,000 rounds of killing")
+        report: dict[str, object] = {"swept": True}
+    except Exception as exc:  # noqa: BLE001 - any failure is this run's, reported with its cause
+        report = {"sweep_error": f"{type(exc).__name__}: {exc}"[:500]}
+    for status in _STATUS:
+        try:  # noqa: SIM105 - contextlib is one more import per scored answer
+            status.write(repr(report) + "\n")
+            status.flush()
+        except (OSError, ValueError):
+            pass
+
+
+_CHILDREN_FD: list[int] = []  # /proc/<self>/task/<self>/children, opened before the code runs
+
+
+def _hold_children_file() -> None:
+    """Open the file that lists this process's children now, while its descriptors and limits are its own:
+    the sweep then reads it again (`pread`) without opening anything."""
+    me = os.getpid()
+    try:  # noqa: SIM105 - contextlib is one more import per scored answer
+        _CHILDREN_FD.append(os.open(f"/proc/{me}/task/{me}/children", os.O_RDONLY | os.O_CLOEXEC))
+    except OSError:  # a kernel without it: `_children` walks /proc
+        pass
 
 
 def _children() -> list[int]:
     """This process's children (they are reaped here, so none is a zombie of another's)."""
-    me = os.getpid()
-    try:
-        with open(f"/proc/{me}/task/{me}/children") as fh:
-            return [int(pid) for pid in fh.read().split()]
-    except OSError:
-        found = []
-        for entry in os.listdir("/proc"):
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    if entry.isdigit() and int(fh.read().rsplit(")", 1)[1].split()[1]) == me:
-                        found.append(int(entry))
-            except (OSError, ValueError, IndexError):
-                continue
-        return found
+    if _CHILDREN_FD:
+        data, chunk = b"", b"."
+        while chunk:
+            chunk = os.pread(_CHILDREN_FD[0], 65536, len(data))
+            data += chunk
+        return [int(pid) for pid in data.split()]
+    me, found = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                if entry.isdigit() and int(fh.read().rsplit(")", 1)[1].split()[1]) == me:
+                    found.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
 
 
 # --- the processes --------------------------------------------------------------------------------------------
@@ -532,6 +626,9 @@ def _run_judge(plan: LaunchPlan, judge: JudgePlan, reply_r: int, request_w: int,
     """The judge's process (never returns): the harness's `judge` with the tests, behind its own uid."""
     fds = plan["fds"]
     try:
+        # A session and process group of its own: no signal to the candidate's group, or to the launcher's
+        # (the host's), reaches it.
+        os.setsid()
         devnull = os.open("/dev/null", os.O_RDONLY)
         os.dup2(devnull, 0)
         os.dup2(fds["judge_log"], 1)
@@ -542,6 +639,7 @@ def _run_judge(plan: LaunchPlan, judge: JudgePlan, reply_r: int, request_w: int,
         _limit(judge["limits"])
         _drop_privileges(plan["uids"]["judge"], _keeps_read_search(plan))
         _prctl(_PR_SET_DUMPABLE, 0)  # after the uid change, which resets it
+        _die_with_launcher(signal.SIGKILL)  # outside the launcher's group, so the host's kill misses it
         if plan["landlock"]:
             _confine(plan, writable=None)  # the judge writes nothing
         status.close()  # open until here, so that a failure to contain the judge is reported (`_die`)
@@ -573,17 +671,31 @@ def _run_candidate(
         # only while one is already visible (and the candidate, without privileges, cannot unmount this one).
         _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # A signal cannot be re-raised on a PID 1, so how the program ended goes through the status pipe. SIGUSR1
+    # (from the launcher once the judge is done, or on the launcher's death) ends the program here, so that its
+    # reaping counts its CPU time.
+    child = 0
+
+    def end_program(*_: object) -> None:
+        if child:
+            _kill(child)
+
+    signal.signal(signal.SIGUSR1, end_program)
+    _die_with_launcher(signal.SIGUSR1)
     child = os.fork()
     if child == 0:
         _exec_candidate(plan, files_dir, workdir, rpc)
-    # A signal cannot be re-raised on a PID 1, so how the program ended goes through the status pipe. SIGUSR1
-    # (from the launcher, once the judge is done) ends the program here, so that its reaping counts its CPU time.
-    signal.signal(signal.SIGUSR1, lambda *_: _kill(child))
     _close_all_but({1, 2, status.fileno()})
-    while True:
-        pid, wait_status = os.waitpid(-1, 0)
+    while True:  # reap what ends (as PID 1 of its namespace, the program's orphans too), leaving the program
+        info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
+        pid = info.si_pid if info is not None else 0  # None only with WNOHANG
         if pid == child:
             break
+        os.waitpid(pid, 0)
+    # The program leads a process group that its processes cannot leave (landlock: seccomp refuses `setsid` and
+    # `setpgid`); unreaped, it holds the group's id, so this kills exactly what it left running.
+    _kill_group(child)
+    _, wait_status = os.waitpid(child, 0)
     signum = os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else None
     code = os.WEXITSTATUS(wait_status) if os.WIFEXITED(wait_status) else 128 + (signum or 0)
     status.write(repr({"signal": signum, "exit_code": code}) + "\n")
@@ -593,6 +705,9 @@ def _run_candidate(
 
 def _exec_candidate(plan: LaunchPlan, files_dir: str, workdir: str, rpc: dict[str, int] | None) -> NoReturn:
     try:
+        # Its own session and process group, apart from the judge's and the launcher's: `kill(0, ...)` and
+        # `killpg(getpgrp(), ...)` reach only the program's own processes.
+        os.setsid()
         if not plan["stdin"]:
             os.dup2(os.open("/dev/null", os.O_RDONLY), 0)
         keep = {0, 1, 2, _STATUS[0].fileno()}  # the status pipe closes on exec: `_die` reports until then
@@ -623,6 +738,22 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:  # it ended (and was reaped) meanwhile
         pass
+
+
+def _kill_group(pgid: int) -> None:
+    try:  # noqa: SIM105 - contextlib is one more import per scored answer
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # nothing left in it (or only what the uid may not signal)
+        pass
+
+
+def _die_with_launcher(signum: int) -> None:
+    """`signum` to this process when the launcher dies (a process in a session of its own is out of reach of
+    the host's kill of the launcher's group). Set after any uid change, which clears it."""
+    launcher = os.getppid()
+    _prctl(_PR_SET_PDEATHSIG, signum)
+    if os.getppid() != launcher:  # it died before the request took effect
+        os.kill(os.getpid(), signum)
 
 
 def _wait(plan: LaunchPlan, judge_pid: int | None, candidate_pid: int, status: TextIO) -> NoReturn:
@@ -725,11 +856,19 @@ _STATUS: list[
 ] = []  # the status pipe, once open: a failure is reported there too (the code cannot write it)
 
 
+_CODE_STARTED: list[
+    bool
+] = []  # set in the launcher once the code runs: a failure is then the run's, not setup's
+
+
 def _die(message: str) -> NoReturn:
     print(f"cg-sandbox launcher: {message}", file=sys.stderr, flush=True)
+    # Before the code started, the sandbox could not be set up (`launcher_error`: the host refuses the backend);
+    # after, this run failed (`run_error`: the host fails this answer alone, with the cause).
+    key = "run_error" if _CODE_STARTED else "launcher_error"
     for status in _STATUS:
         try:
-            status.write(repr({"launcher_error": message[:2000]}) + "\n")
+            status.write(repr({key: message[:2000]}) + "\n")
             status.flush()
         except (OSError, ValueError):
             pass

@@ -38,8 +38,13 @@ seccomp profile; `launcher` has the details):
   process outside the run's Landlock domain.
 - ``seccomp``: no `socket()` (Landlock does not cover connecting to a Unix socket by path), only connected
   AF_UNIX `socketpair`s; no ptrace, `process_vm_*`, namespaces, mounts, BPF, keyrings, file handles, perf,
-  userfaultfd, kexec, modules, io_uring, SysV IPC, POSIX message queues.
-- ``own_session`` + ``sweep``: the run has its own session and process group, killed as a whole; its launcher
+  userfaultfd, kexec, modules, io_uring, SysV IPC, POSIX message queues. Nothing outside the run, which
+  Landlock does not cover and a non-root caller's uid would allow: no change of any file's mode, owner, times,
+  extended attributes or `chattr` flags (refused outright: Landlock cannot limit them to the work directory);
+  rlimits, scheduling, affinity, priority, I/O priority and memory placement only of the calling process;
+  `kill` to a negative pid only for its own group (never -1); no `setsid`/`setpgid`.
+- ``own_session`` + ``sweep``: the run has its own session and process group, killed as a whole (and the
+  program's own group inside it, which seccomp keeps it in, is killed whole when it ends); its launcher
   is a child subreaper that kills every process left (a `setsid` daemon included) at the end, or when the
   host times the run out; as root also every process of the run's uids. The work directory is measured as
   the run goes (every 50 ms) and the run killed past `disk_mb` (``killed_reason == "disk_limit"``): a writer
@@ -52,6 +57,9 @@ seccomp profile; `launcher` has the details):
 Both safe backends, and ``unsafe-local`` (an explicit opt-in: rlimits, an empty environment and its own uid as
 root, nothing else):
 
+- Sessions: the judge and the program each lead a session and process group of their own, apart from the
+  launcher's (the host's), so `kill(0, ...)` or `killpg(getpgrp(), ...)` in the code reaches only its own
+  processes; both die with the launcher (`PR_SET_PDEATHSIG`), and the program's group is killed when it ends.
 - ``uid_drop``: as root, the candidate and the judge each run as an unprivileged uid of their own (root ignores
   `RLIMIT_NPROC` and file permissions), locked machine-wide for the run (no other run, of this process or
   another, shares it); otherwise (root of a user namespace, a plain user) both drop every capability.
@@ -226,14 +234,17 @@ def run_code(
     returncode = out.returncode
     if out.status.get("signal"):
         returncode = -out.status["signal"]
+    failure = _run_failure(out, run.plan)
     return SandboxResult(
-        passed=returncode == 0 and not out.timed_out and not out.disk_full,
+        passed=returncode == 0 and not out.timed_out and not out.disk_full and failure is None,
         returncode=returncode,
         stdout=out.stdout.text(),
         stderr=out.stderr.text(),
         timed_out=out.timed_out,
         killed_reason="disk_limit"
         if out.disk_full
+        else "unswept"
+        if failure and not out.timed_out
         else _killed_reason(returncode, out.timed_out, out.stderr.text()),
         wall_s=out.wall_s,
         isolation=out.isolation,
@@ -286,6 +297,9 @@ def run_judged(
             and isinstance(message.get("verdict"), dict)
         ):
             verdict = message["verdict"]
+    failure = _run_failure(out, run.plan)
+    if failure:  # whatever the judge said: the run left something running, or its launcher failed
+        verdict = {"passed": False, "reason": failure, "calls": (verdict or {}).get("calls", 0)}
     return JudgedRun(
         verdict=verdict,
         timed_out=out.timed_out,
@@ -312,6 +326,20 @@ def _raise_if_not_started(out: _Outcome, backend: backends.Backend) -> None:
             f"the {backend.name} sandbox could not start the code: {error}. If the interpreter cannot be run "
             f"there, set {PYTHON_ENV} to one that can (standard library and the packages the code needs)"
         )
+
+
+def _run_failure(out: _Outcome, plan: _Plan) -> str | None:
+    """Why a run that started failed as a run, whatever its code did (None: it did not): its launcher failed
+    after the code started, or (landlock, no PID namespace to end it) the end-of-run sweep did not report that
+    no process of the run was left. It fails this answer alone, with the cause; the launcher's group and the
+    run's uids are killed regardless."""
+    error = out.status.get("run_error")
+    if error:
+        return f"the sandbox's launcher failed during the run: {str(error)[:500]}"
+    if plan.landlock and out.status.get("swept") is not True:
+        why = out.status.get("sweep_error") or f"the launcher ended without sweeping (exit {out.returncode})"
+        return f"the run could not be swept (processes it started may have been left): {str(why)[:500]}"
+    return None
 
 
 @functools.lru_cache(maxsize=8)
@@ -610,6 +638,8 @@ class _Run:
             reader.join()
         status = _read_status(pipes["status"][0])
         os.close(pipes["status"][0])
+        if self.plan.landlock and status.get("swept") is not True:
+            self._kill_uids()  # the launcher could not make sure: its uids are released only once empty
         return _Outcome(
             returncode=proc.returncode,
             timed_out=timed_out,
@@ -622,6 +652,16 @@ class _Run:
             verdict=verdict.text(),
             disk_full=disk_full,
         )
+
+    def _kill_uids(self) -> None:
+        """Kill every process of the run's uids (as root: nothing else runs as them), from a process of each."""
+        for uid in {u for u in self.uids.values() if u is not None}:
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(
+                    [self.python, "-I", "-S", "-c", "import os\nos.kill(-1, 9)"],
+                    user=uid, group=uid, extra_groups=[], env=_child_env("/"), cwd="/", timeout=10,
+                    capture_output=True,
+                )  # fmt: skip
 
     def _wait(self, proc: subprocess.Popen[bytes], start: float) -> tuple[bool, bool]:
         """Wait for the launcher: (timed out, over the disk cap). Without a private root (whose work directory
