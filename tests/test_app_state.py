@@ -349,7 +349,9 @@ def test_mapping_options_are_checked(team, tmp_path):
     bad = audit(pool, tmp_path / "a", f"{TUTORIAL}:router", "--mode", "messages", "--input-key", "q")
     assert bad.exit_code == 2 and "input_key 'q' does not apply" in said(bad)
     wrong = audit(pool, tmp_path / "b", f"{TUTORIAL}:router", "--mode", "chat")
-    assert wrong.exit_code == 2 and "mode must be one of auto, keys, messages, value, got 'chat'" in said(wrong)
+    assert wrong.exit_code == 2 and "mode must be one of auto, keys, messages, value, got 'chat'" in said(
+        wrong
+    )
     answer = audit(pool, tmp_path / "d", f"{TUTORIAL}:router", "--mode", "messages", "--answer-key", "final")
     assert answer.exit_code == 2
     assert "the app's output schema has keys messages and no 'final', where the audit reads" in said(answer)

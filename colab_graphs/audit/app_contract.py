@@ -175,11 +175,11 @@ class AppIO:
         """This mapping with mode "auto" decided, checked against the app's schemas before any call; raises
         `AppContractError` naming each key the app's schemas lack (what they have, and what to pass)."""
         inputs, outputs = schema_keys(app, "input"), schema_keys(app, "output")
-        schema = app_schema(app, "input") or {}
-        takes = schema.get("type") if schema.get("type") in ("string", "array") else None
+        kind = input_kind(app)
+        takes = kind if kind in ("string", "array") else None
         io = self
         if self.mode == "auto":
-            io = self._detect(app, inputs, schema, what)
+            io = self._detect(app, inputs, kind, what)
         elif self.mode == "value":
             io = replace(self, as_messages=takes == "array")
         problems = []
@@ -197,20 +197,18 @@ class AppIO:
             raise AppContractError(f"{what}: " + "; and ".join(problems))
         return io
 
-    def _detect(self, app: Any, inputs: Sequence[str] | None, schema: Mapping[str, Any], what: str) -> AppIO:
+    def _detect(self, app: Any, inputs: Sequence[str] | None, kind: str | None, what: str) -> AppIO:
         """Mode "auto" decided: "value" for an app whose input is a str or a list (an entrypoint taking the
         question itself, or its messages), "messages" for a `MessagesState` app, else "keys"; an entrypoint
         whose input has no type is refused (nothing tells what to send it)."""
         if self.input_key is not None:
             return replace(self, mode="keys")
-        if schema.get("type") in ("string", "array"):
-            return replace(self, mode="value", detected=True, as_messages=schema.get("type") == "array")
+        if kind in ("string", "array"):
+            return replace(self, mode="value", detected=True, as_messages=kind == "array")
         if inputs is not None and MESSAGES in inputs and DEFAULT_INPUT not in inputs:
             return replace(self, mode="messages", detected=True)
-        untyped = not any(k in schema for k in ("type", "properties", "anyOf", "oneOf", "allOf", "$ref"))
-        function = entrypoint_function(app)
-        if untyped and function is not None:
-            raise AppContractError(f"{what}: {_untyped_entrypoint(function)}")
+        if kind == "untyped":
+            raise AppContractError(f"{what}: {_untyped_entrypoint(entrypoint_function(app))}")
         return replace(self, mode="keys")
 
     def _missing_input(self, inputs: Sequence[str]) -> str:
@@ -278,7 +276,8 @@ class AppIO:
             )
         if self.answer_key is not None:
             raise AppContractError(
-                f"the app returned a {type(value).__name__}, not a state holding {self.answer_key!r}: what it "
+                f"the app returned a {'str' if isinstance(value, str) else type(value).__name__}, not a state "
+                f"holding {self.answer_key!r}: what it "
                 "returns is the answer; drop --answer-key (answer_key=None)"
             )
         return _text(value, "returned", full=True)
@@ -302,7 +301,7 @@ def _is_state_object(value: Any) -> bool:
     """A pydantic model or dataclass an app returned as its state (a message is not one: it is a value)."""
     from langchain_core.messages import BaseMessage
 
-    return hasattr(value, "__dict__") and not isinstance(value, BaseMessage | type)
+    return hasattr(value, "__dict__") and not isinstance(value, str | BaseMessage | type)
 
 
 def _text(value: Any, holds: str, *, full: bool) -> str:
@@ -318,6 +317,43 @@ def _text(value: Any, holds: str, *, full: bool) -> str:
             "last one)"
         )
     return ""
+
+
+def input_kind(app: Any) -> Literal["string", "array", "object", "untyped"] | None:
+    """What the app takes: "string", "array" or "object" from its input schema; for an entrypoint whose
+    schema says nothing (or that LangGraph cannot build: a type named under `from __future__ import
+    annotations`), from its function's first parameter, "untyped" when it has no annotation (or `Any`); None
+    for an app that cannot tell."""
+    import inspect
+    import typing
+
+    schema = app_schema(app, "input") or {}
+    kind = schema.get("type")
+    if kind in ("string", "array", "object"):
+        return kind  # type: ignore[no-any-return]
+    if any(k in schema for k in ("properties", "anyOf", "oneOf", "allOf")):
+        return "object"
+    function = entrypoint_function(app)
+    if function is None:
+        return None
+    parameter = next(iter(inspect.signature(function).parameters.values()), None)
+    annotation = parameter.annotation if parameter is not None else inspect.Parameter.empty
+    if isinstance(annotation, str):  # unevaluated (no eval here: its names may not resolve), read as written
+        name = annotation.replace("typing.", "").split("[")[0].strip()
+        annotation = {
+            "str": str,
+            "Any": Any,
+            "list": list,
+            "List": list,
+            "Sequence": list,
+            "tuple": tuple,
+        }.get(name, annotation)
+    if annotation in (inspect.Parameter.empty, Any):
+        return "untyped"
+    if annotation is str:
+        return "string"
+    origin = typing.get_origin(annotation) or annotation
+    return "array" if isinstance(origin, type) and issubclass(origin, list | tuple | Sequence) else "object"
 
 
 def entrypoint_function(app: Any) -> Any:

@@ -20,6 +20,7 @@ import hashlib
 import inspect
 import json
 import sys
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -195,10 +196,12 @@ _ASYNC_SAVERS = {
 }
 
 
-def refuse_sync_savers(app: Any, what: str) -> None:
+async def refuse_sync_savers(app: Any, what: str) -> None:
     """Raise `AppError` when the app (or a subgraph it holds as a node) has a checkpointer without async
     methods: LangGraph's `ainvoke`, which every play uses, raises NotImplementedError on one, and only after the
-    audit had made calls. The message names the async saver and how to give it to the app."""
+    audit had made calls. A saver is asked for a checkpoint of a thread of no play (`aget_tuple`, a read; the
+    thread is deleted after): one without async methods raises NotImplementedError there. The message names the async saver and how to give
+    it to the app."""
     from langgraph.checkpoint.base import BaseCheckpointSaver
 
     graphs = [app]
@@ -208,7 +211,14 @@ def refuse_sync_savers(app: Any, what: str) -> None:
         saver = getattr(graph, "checkpointer", None)
         if not isinstance(saver, BaseCheckpointSaver):
             continue
-        if type(saver).aget_tuple is not BaseCheckpointSaver.aget_tuple:
+        thread = f"colab-graphs-probe-{uuid.uuid4().hex}"
+        try:
+            await saver.aget_tuple({"configurable": {"thread_id": thread, "checkpoint_ns": ""}})
+        except NotImplementedError:
+            pass
+        else:
+            with contextlib.suppress(NotImplementedError):  # (a read may leave an empty entry: InMemorySaver's)
+                await saver.adelete_thread(thread)
             continue
         kind = type(saver).__name__
         name, module = _ASYNC_SAVERS.get(kind, (None, None))
@@ -248,5 +258,5 @@ async def open_app(
             identity = {"nodes": sorted(graph.nodes) if graph is not None else []}
         name = app_name(the_app, title)
         the_io = (io or AppIO()).resolve(the_app, f"app {name!r}")
-        refuse_sync_savers(the_app, f"app {name!r}")
+        await refuse_sync_savers(the_app, f"app {name!r}")
         yield the_app, AppSpec(name, list(members), identity, the_io.params(), io=the_io)
