@@ -217,7 +217,9 @@ async def refuse_sync_savers(app: Any, what: str) -> None:
         except NotImplementedError:
             pass
         else:
-            with contextlib.suppress(NotImplementedError):  # (a read may leave an empty entry: InMemorySaver's)
+            with contextlib.suppress(
+                NotImplementedError
+            ):  # (a read may leave an empty entry: InMemorySaver's)
                 await saver.adelete_thread(thread)
             continue
         kind = type(saver).__name__
