@@ -9,9 +9,16 @@ input_key=, answer_key=, mode=)`, `run(app, ...)`) and apps named in a `langgrap
   message's text when it stored a list of messages);
 - mode "messages" (`MessagesState` apps): the question goes in as a `HumanMessage` in ``messages`` and the
   answer is the text of the last AI message of the final ``messages`` (or the ``answer_key`` when one is given);
-- mode "auto" (the default): "messages" when the app's input schema has ``messages`` and no input key was given
-  and the schema has no ``input``, else "keys". The choice is recorded (`AppIO.params`, the report's
-  parameters) and the CLI says so.
+- mode "value" (LangGraph's Functional API): the question itself is the app's input (an `@entrypoint` taking
+  ``question: str``; ``[HumanMessage(question)]`` for one taking a list of messages, as the quickstart's);
+- mode "auto" (the default): "value" when the app's input is a str or a list (`input_kind`: its schema, else
+  the entrypoint's signature), "messages" when its input schema has ``messages`` and no input key was given
+  and the schema has no ``input``, else "keys"; an entrypoint whose parameter has no type is refused (a guess
+  would reach the prompts). The choice is recorded (`AppIO.params`, the report's parameters) and the CLI says
+  so.
+
+In every mode, a value the app returns that is not a state (a str, a message, a list of messages: what an
+entrypoint returns) is the answer itself; a state (a mapping, a pydantic model) is read at the answer key.
 
 Fail closed: what can be told from the app's schemas before any call is checked then (`AppIO.resolve`: an input
 key the app's input schema lacks, an answer key its output lacks), with an error naming the key, the keys the
@@ -24,8 +31,10 @@ fails, reported). Nothing here turns a broken contract into a score of 0.
 
 `PlayRun` configures one play: a fresh ``thread_id`` in ``configurable`` (so an app compiled with a checkpointer
 is audited unchanged, each play on its own thread: nothing leaks between coalitions or examples; the thread is
-deleted from the app's checkpointer when the play ends), and a callback that names the node where the app
-called `interrupt()`: an audit plays the app unattended, so an interrupt is an error naming that node.
+deleted from the app's checkpointer when the play ends), and a callback that records the play's runs: the
+node where the app called `interrupt()` (an audit plays the app unattended, so an interrupt is an error
+naming that node and the coalition played), and the graph a call's node ran in (`_NodeWatch.graph_of`: how a
+prebuilt agent's call is reported under the agent's name).
 """
 
 from __future__ import annotations
@@ -417,8 +426,8 @@ def last_ai_text(messages: Sequence[Any]) -> str | None:
 class _NodeWatch(BaseCallbackHandler):
     """Records the chains of one play, each with its parent: which node a call ran in, and inside which graph
     (`graph_of`), and where an `interrupt()` was raised, with the nodes it ran inside (a subgraph's node within
-    the parent's). Inline (it never needs a thread), and it hears only chains: model calls, tools and retrievers
-    pass it by."""
+    the parent's). Inline (it never needs a thread), and it hears only chains and tools: model calls and
+    retrievers pass it by."""
 
     run_inline = True
     ignore_llm = ignore_chat_model = ignore_agent = ignore_retriever = ignore_retry = True
@@ -439,6 +448,9 @@ class _NodeWatch(BaseCallbackHandler):
         node = (kwargs.get("metadata") or {}).get("langgraph_node")
         if node is not None and name == node:
             self.nodes[run_id] = str(node)
+
+    def on_tool_start(self, serialized: Any, input_str: str, *, run_id: UUID, **kwargs: Any) -> None:
+        self.parents[run_id] = kwargs.get("parent_run_id")  # (a model called inside a tool: the walk goes on)
 
     def graph_of(self, run: UUID | None) -> str | None:
         """The name of the graph whose node `run` is in (the innermost node run at or above `run`, then the
