@@ -45,7 +45,12 @@ QUESTIONS = [e.input for e in load_examples("builtin:arithmetic", limit=4)]
 
 def boss(messages: list[dict[str, Any]], params: dict[str, Any]) -> str | Reply:
     """langgraph-supervisor's supervisor: hands the question to the solver, then answers with the number of
-    the solver's report (an assistant message named "solver" that calls no tool)."""
+    the solver's report (an assistant message named "solver" that calls no tool). Offered `ask_helper` (the
+    lead agent), it asks the helper, then repeats the helper's last line."""
+    if messages[-1].get("role") == "tool" and messages[-1].get("name") == "ask_helper":
+        return f"The helper says: {message_text(messages[-1]).splitlines()[-1]}"
+    if "ask_helper" in {t["function"]["name"] for t in params.get("tools") or []}:
+        return Reply("", (ToolCall("ask_helper", {"question": message_text(messages[-1])}),))
     reports = [
         message_text(m)
         for m in messages
@@ -365,6 +370,22 @@ def test_a_prebuilt_agents_absence_names_the_agent(team, tmp_path):
     assert alone.ended_by_absent == [
         {"member": "adder", "node": "solver_agent", "plays": 4, "coalitions": [["multiplier"]]}
     ]
+    # An agent asked inside another agent's tool: the helper's call is named after the helper (the lead's
+    # name is what LangChain's metadata would say). 5 + 2 and 7 + 3: both present 2/2, else 0.
+    lead = cg.run_audit(
+        agents.lead_agent, pool, "builtin:arithmetic", limit=2, method="exact", individual=False,
+        progress=False, client=ModelClient(None),
+    )  # fmt: skip
+    assert {tuple(c.members): c.value for c in lead.coalitions} == pytest.approx(
+        {(): 0.0, ("boss",): 0.0, ("adder",): 0.0, ("boss", "adder"): 1.0}
+    )
+    assert sorted(lead.ended_by_absent, key=str) == sorted(
+        [
+            {"member": "adder", "node": "helper", "plays": 2, "coalitions": [["boss"]]},
+            {"member": "boss", "node": "lead_agent", "plays": 2, "coalitions": [["adder"]]},
+        ],
+        key=str,
+    )
 
 
 def test_an_interrupt_reached_only_without_a_member_names_its_node_and_coalition(team, tmp_path, arun):

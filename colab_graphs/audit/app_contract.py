@@ -426,8 +426,8 @@ def last_ai_text(messages: Sequence[Any]) -> str | None:
 class _NodeWatch(BaseCallbackHandler):
     """Records the chains of one play, each with its parent: which node a call ran in, and inside which graph
     (`graph_of`), and where an `interrupt()` was raised, with the nodes it ran inside (a subgraph's node within
-    the parent's). Inline (it never needs a thread), and it hears only chains and tools: model calls and
-    retrievers pass it by."""
+    the parent's). Inline (it never needs a thread), and it hears only chains: model calls, tools and retrievers
+    pass it by."""
 
     run_inline = True
     ignore_llm = ignore_chat_model = ignore_agent = ignore_retriever = ignore_retry = True
@@ -448,9 +448,6 @@ class _NodeWatch(BaseCallbackHandler):
         node = (kwargs.get("metadata") or {}).get("langgraph_node")
         if node is not None and name == node:
             self.nodes[run_id] = str(node)
-
-    def on_tool_start(self, serialized: Any, input_str: str, *, run_id: UUID, **kwargs: Any) -> None:
-        self.parents[run_id] = kwargs.get("parent_run_id")  # (a model called inside a tool: the walk goes on)
 
     def graph_of(self, run: UUID | None) -> str | None:
         """The name of the graph whose node `run` is in (the innermost node run at or above `run`, then the
