@@ -200,6 +200,13 @@ def test_a_mapping_an_entrypoint_cannot_meet_is_refused(team, tmp_path):
         "the app's input is a str, not a mapping, and the audit would send {'input': question}; pass --mode "
         "value" in said(keys)
     )
+    # And the other way round: the question itself to an app that takes a mapping.
+    value = audit(pool, tmp_path / "c", f"{APPS / 'tutorial_apps.py'}:reviewed", "--mode", "value")
+    assert value.exit_code == 2
+    assert (
+        "mode 'value' sends the question itself (a str), and the app's input schema has keys draft, "
+        "final_answer, question, review (it takes a mapping); pass --input-key question" in said(value)
+    )
     assert server.requests == []
     # A str returned is the answer: a key to read it from is a contract the whole pool's play breaks.
     answer_key = audit(pool, tmp_path / "b", f"{FUNCTIONAL}:solve", "--answer-key", "final_answer")

@@ -198,6 +198,11 @@ class AppIO:
                 f"the app's input is {what_it_takes}, not a mapping, and the audit would send {io.sent}; pass "
                 "--mode value (mode='value' in Python) to send it the question itself"
             )
+        elif io.mode == "value" and inputs is not None:
+            problems.append(
+                f"mode 'value' sends {io.sent}, and the app's input schema has keys {_keys(inputs)} (it takes a "
+                "mapping); " + _option("input-key", next((k for k in INPUT_NAMES if k in inputs), "KEY"))
+            )
         elif io.mode != "value" and inputs is not None and io.in_key not in inputs:
             problems.append(io._missing_input(inputs))
         if outputs is not None and io.out_key not in outputs:
