@@ -111,6 +111,7 @@ def factory_log(tmp_path: Path) -> list[str]:
         ("solve", {"mode": "value", "detected": True}),  # sync, a str returned
         ("solve_async", {"mode": "value", "detected": True}),  # async, the call in an async @task
         ("solution", {"mode": "value", "detected": True}),  # a pydantic model returned: its `answer`
+        ("drafted", {"mode": "value", "detected": True}),  # async, a dict returned: its "answer"
         (
             "chat",
             {"mode": "value", "input": "messages", "detected": True},
