@@ -300,6 +300,20 @@ def test_a_sync_saver_is_refused_before_any_call_naming_the_async_saver(team, tm
     assert server.requests == []
 
 
+def test_a_factory_that_fails_is_an_error_naming_the_app_and_what_it_raised(team, tmp_path):
+    server, pool = team
+    result = audit(pool, tmp_path / "out", f"{FACTORIES}:broken")
+    assert result.exit_code == 2, result.output
+    text = said(result)
+    assert (
+        f"app {FACTORIES}:broken (" in text and "graphs.py:broken_graph): its graph factory raised " in text
+    )
+    assert "OperationalError: unable to open database file" in text
+    assert server.requests == []
+    with pytest.raises(AppError, match="its graph factory raised OperationalError"):
+        api_audit(None, pool, app=f"{FACTORIES}:broken")
+
+
 # --- absence reports name the node ------------------------------------------------------------------------
 
 

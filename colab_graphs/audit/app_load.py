@@ -168,14 +168,18 @@ def as_app(obj: Any, what: str = "app") -> Any:
 
 async def _made(obj: Any, what: str, stack: contextlib.AsyncExitStack) -> Any:
     """The runnable app from `obj`, on the running loop: a factory called, a coroutine awaited, a context
-    manager entered (exited with `stack`), as LangGraph's server makes a graph."""
-    value = _called(obj)
-    if inspect.isawaitable(value):
-        value = await value
-    if hasattr(value, "__aenter__") and hasattr(value, "__aexit__"):
-        value = await stack.enter_async_context(value)
-    elif _deferred(value) == "a context manager":
-        value = stack.enter_context(value)
+    manager entered (exited with `stack`), as LangGraph's server makes a graph. A factory that raises is an
+    `AppError` naming the app and what it raised (a missing file, a database it cannot open)."""
+    try:
+        value = _called(obj)
+        if inspect.isawaitable(value):
+            value = await value
+        if hasattr(value, "__aenter__") and hasattr(value, "__aexit__"):
+            value = await stack.enter_async_context(value)
+        elif _deferred(value) == "a context manager":
+            value = stack.enter_context(value)
+    except Exception as exc:  # noqa: BLE001 - the user's factory: whatever it raises is named, not a traceback
+        raise AppError(f"{what}: its graph factory raised {type(exc).__name__}: {exc}") from exc
     return _graph(value, what)
 
 
