@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sqlite3
 import sys
 from pathlib import Path
@@ -312,6 +313,30 @@ def test_a_factory_that_fails_is_an_error_naming_the_app_and_what_it_raised(team
     assert server.requests == []
     with pytest.raises(AppError, match="its graph factory raised OperationalError"):
         api_audit(None, pool, app=f"{FACTORIES}:broken")
+
+
+def test_the_docs_examples_run_and_audit_to_their_values(team, tmp_path, monkeypatch):
+    # docs/apps.md's Python blocks are one graph.py and its JSON block the langgraph.json beside it. `solve` and
+    # `make_graph` call only the adder (absent: MemberAbsent, no answer): v(adder) = v(both) = 3/4 (the
+    # product guessed wrong), v(multiplier) = 0; Shapley and LOO adder 3/4, multiplier 0. Each makes one call per
+    # question (the coalitions with the adder share it): 4 requests each, the same 4 (the cache is off in the
+    # API, and the CLI's is the test's own, empty).
+    server, pool = team
+    page = (Path(__file__).resolve().parents[1] / "docs" / "apps.md").read_text()
+    blocks = re.findall(r"```(python|json)\n(.*?)```", page, flags=re.S)
+    (tmp_path / "graph.py").write_text("\n".join(code for kind, code in blocks if kind == "python"))
+    (tmp_path / "langgraph.json").write_text(next(code for kind, code in blocks if kind == "json"))
+    monkeypatch.chdir(tmp_path)  # (checkpoints.sqlite, as the page writes it, in the working folder)
+    expected = {"adder": 0.75, "multiplier": 0.0}
+    result = audit(pool, tmp_path / "out", f"{tmp_path}/langgraph.json:agent", "--no-individual")
+    assert result.exit_code == 0, result.output
+    assert report_of(tmp_path / "out")["shapley"] == pytest.approx(expected)
+    assert (tmp_path / "checkpoints.sqlite").exists()
+    assert len(server.chat_requests) == 4
+    report = api_audit(None, pool, app=f"{tmp_path}/graph.py:solve")
+    assert report.shapley == pytest.approx(expected) and report.loo == pytest.approx(expected)
+    assert len(server.chat_requests) == 8 and set(server.request_counts().values()) == {2}
+    assert user_texts(server) == set(QUESTIONS)
 
 
 # --- absence reports name the node ------------------------------------------------------------------------
