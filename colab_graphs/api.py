@@ -11,7 +11,9 @@ file (see `load_examples`) or a list of examples (`Example`s or mappings); a pro
 `GraphSpec`, or a graph reference ``path/to/file.py:NAME``. A run and an audit also take a LangGraph app (an
 object, or ``app="path/to/file.py:NAME"`` / ``"module:NAME"`` / ``"langgraph.json:NAME"``) whose model calls use
 `member_chat_model` (see `colab_graphs.audit.app`); ``input_key=``, ``answer_key=`` and ``mode=`` ("auto",
-"keys", "messages") map its own state (see `colab_graphs.audit.app_contract.AppIO`).
+"keys", "messages", "value") map its own state (see `colab_graphs.audit.app_contract.AppIO`). An app
+named by a graph factory that is async or a context manager is awaited or entered on the loop the work runs
+on, as LangGraph's server does, and its context exited when the work ends (`colab_graphs.audit.app_load`).
 
 Progress: `on_progress` is called with a `Progress` as work finishes (from the thread that runs the work);
 `progress=True` shows a rich progress bar (in a terminal or a notebook), the default when the output is one.
@@ -23,7 +25,7 @@ import asyncio
 import contextlib
 import functools
 import os
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -252,22 +254,26 @@ def _is_app(obj: Any) -> bool:
     return obj is not None and not isinstance(obj, str | os.PathLike | GraphSpec)
 
 
-def _app_of(
+@contextlib.asynccontextmanager
+async def _app_of(
     protocol: Any, app: Any, pool: Pool, input_key: str | None, answer_key: str | None, mode: str
-) -> tuple[Any, Any] | None:
-    """(app, `AppSpec`) when an app is given (`app=`, or an app object for the protocol), its mapping checked
-    before any call; None for a protocol (then the mapping options must not be given)."""
+) -> AsyncIterator[tuple[Any, Any] | None]:
+    """(app, `AppSpec`) when an app is given (`app=`, or an app object for the protocol), made on this loop
+    (an async factory awaited, a context manager entered until this context ends: `app_load.open_app`), its
+    mapping checked before any call; None for a protocol (then the mapping options must not be given)."""
     if app is None and not _is_app(protocol):
         if input_key is not None or answer_key is not None or mode != "auto":
             raise ValueError("input_key, answer_key and mode map an app's state: give an app (app=...)")
-        return None
-    from colab_graphs.audit.app import resolve_app
+        yield None
+        return
     from colab_graphs.audit.app_contract import AppIO
+    from colab_graphs.audit.app_load import open_app
 
     if app is not None and protocol is not None:
         raise ValueError("give a protocol or an app, not both")
     io = AppIO(input_key, answer_key, mode)  # type: ignore[arg-type]
-    return resolve_app(app if app is not None else protocol, pool.names, io)
+    async with open_app(app if app is not None else protocol, pool.names, io) as opened:
+        yield opened
 
 
 async def arun(
@@ -309,30 +315,30 @@ async def arun(
     from colab_graphs.tasks.scoring import require_sandbox
 
     the_pool = as_pool(pool)
-    the_app = _app_of(protocol, app, the_pool, input_key, answer_key, mode)
-    spec = the_app[1] if the_app is not None else as_spec(protocol, the_pool, params)
-    examples = as_examples(data, limit, seed, scorer)  # checked before any call, a fit's included
-    require_sandbox(examples, scorer, sandbox)  # code scores: before any call, a fit's included
-    the_client = as_client(client, cache_dir, max_concurrency)
-    with (
-        scope.using(sandbox),
-        holding(out, "colab_graphs.run"),
-        _Reporter(Progress(f"run {spec.name}", "example"), on_progress, progress) as report,
-    ):
-        report.plan(len(examples))
-        options: dict[str, Any] = {
-            "client": the_client,
-            "scorer": scorer,
-            "out": out,
-            "on_progress": lambda outcome: report.advance(calls=outcome.trace.calls),
-            "example_timeout": example_timeout,
-            "stall_after": stall_after,
-        }
-        if the_app is not None:
-            outcomes, summary = await run_app(the_app[0], spec, the_pool, examples, **options)
-        else:
-            outcomes, summary = await run_fitted(spec, the_pool, examples, **options)
-    return RunResult(outcomes, summary)
+    async with _app_of(protocol, app, the_pool, input_key, answer_key, mode) as the_app:
+        spec = the_app[1] if the_app is not None else as_spec(protocol, the_pool, params)
+        examples = as_examples(data, limit, seed, scorer)  # checked before any call, a fit's included
+        require_sandbox(examples, scorer, sandbox)  # code scores: before any call, a fit's included
+        the_client = as_client(client, cache_dir, max_concurrency)
+        with (
+            scope.using(sandbox),
+            holding(out, "colab_graphs.run"),
+            _Reporter(Progress(f"run {spec.name}", "example"), on_progress, progress) as report,
+        ):
+            report.plan(len(examples))
+            options: dict[str, Any] = {
+                "client": the_client,
+                "scorer": scorer,
+                "out": out,
+                "on_progress": lambda outcome: report.advance(calls=outcome.trace.calls),
+                "example_timeout": example_timeout,
+                "stall_after": stall_after,
+            }
+            if the_app is not None:
+                outcomes, summary = await run_app(the_app[0], spec, the_pool, examples, **options)
+            else:
+                outcomes, summary = await run_fitted(spec, the_pool, examples, **options)
+        return RunResult(outcomes, summary)
 
 
 async def arun_audit(
@@ -373,7 +379,7 @@ async def arun_audit(
 
     `protocol`: a protocol (name, `GraphSpec`, graph reference) or a LangGraph app object; `app`: an app
     reference ``path/to/file.py:NAME`` / ``module:NAME`` / ``langgraph.json:NAME`` instead; `input_key`,
-    `answer_key`, `mode` ("auto", "keys", "messages"): how the app's state is mapped
+    `answer_key`, `mode` ("auto", "keys", "messages", "value"): how the app's state is mapped
     (`colab_graphs.audit.app_contract.AppIO`; checked against the app before any call). `method`: "loo" (n + 1 coalitions), "exact"
     (all 2^n) or "sampled" (`budget` in `budget_unit`: distinct calls, coalitions or permutations; or until
     `target_error`); `simultaneous`: its sampling intervals (and `target_error`) hold all members at once, not
@@ -391,47 +397,54 @@ async def arun_audit(
     examples = as_examples(data, limit, seed or None, scorer)
     dataset = data if isinstance(data, str) else None
     game = None
-    the_app = _app_of(protocol, app, the_pool, input_key, answer_key, mode)
-    if the_app is not None:
-        from colab_graphs.audit.app import AppGame
+    async with _app_of(protocol, app, the_pool, input_key, answer_key, mode) as the_app:
+        if the_app is not None:
+            from colab_graphs.audit.app import AppGame
 
-        spec = the_app[1]
-        game = AppGame(
-            the_app[0], spec, the_pool, examples, client=the_client, scorer=scorer, store=out, dataset=dataset
-        )
-    else:
-        spec = as_spec(protocol, the_pool, params)
-    with (
-        holding(out, "colab_graphs.run_audit"),
-        _Reporter(Progress(f"audit {spec.name}", "play"), on_progress, progress) as report,
-    ):
-        return await play_audit(
-            spec,  # type: ignore[arg-type]
-            the_pool,
-            examples,
-            client=the_client,
-            method=method,  # type: ignore[arg-type]
-            budget=budget,
-            budget_unit=budget_unit,  # type: ignore[arg-type]
-            target_error=target_error,
-            simultaneous=simultaneous,
-            max_calls=max_calls,
-            max_cost_usd=max_cost_usd,
-            play_every_coalition=play_every_coalition,
-            seed=seed,
-            scorer=scorer,
-            out=out,
-            dataset=dataset,
-            force=force,
-            individual=individual,
-            plots=plots,
-            on_plan=report.plan,
-            on_progress=lambda play: report.advance(calls=play.calls),
-            game=game,
-            sandbox=sandbox,
-            example_timeout=example_timeout,
-            stall_after=stall_after,
-        )
+            spec = the_app[1]
+            game = AppGame(
+                the_app[0],
+                spec,
+                the_pool,
+                examples,
+                client=the_client,
+                scorer=scorer,
+                store=out,
+                dataset=dataset,
+            )
+        else:
+            spec = as_spec(protocol, the_pool, params)
+        with (
+            holding(out, "colab_graphs.run_audit"),
+            _Reporter(Progress(f"audit {spec.name}", "play"), on_progress, progress) as report,
+        ):
+            return await play_audit(
+                spec,  # type: ignore[arg-type]
+                the_pool,
+                examples,
+                client=the_client,
+                method=method,  # type: ignore[arg-type]
+                budget=budget,
+                budget_unit=budget_unit,  # type: ignore[arg-type]
+                target_error=target_error,
+                simultaneous=simultaneous,
+                max_calls=max_calls,
+                max_cost_usd=max_cost_usd,
+                play_every_coalition=play_every_coalition,
+                seed=seed,
+                scorer=scorer,
+                out=out,
+                dataset=dataset,
+                force=force,
+                individual=individual,
+                plots=plots,
+                on_plan=report.plan,
+                on_progress=lambda play: report.advance(calls=play.calls),
+                game=game,
+                sandbox=sandbox,
+                example_timeout=example_timeout,
+                stall_after=stall_after,
+            )
 
 
 async def arun_study(

@@ -282,7 +282,7 @@ def test_an_app_that_raises_fails_its_examples_with_the_error(scripted_server, p
 
 
 def test_a_bad_app_reference_is_an_error_naming_it(scripted_server, pool_for, tmp_path):
-    from colab_graphs.audit.app import AppError
+    from colab_graphs.audit.app_contract import AppError
 
     server = scripted_server({"a": "x"})
     pool = pool_for(server, ["a"])

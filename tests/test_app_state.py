@@ -222,7 +222,7 @@ def test_an_app_with_a_checkpointer_gets_a_fresh_thread_per_play_and_nothing_lea
     # v(multiplier) = 1/4, v(both) = 3/4 (the adder answers): Shapley adder (3/4 + 1/2) / 2 = 5/8, multiplier
     # 1/8; LOO adder 1/2, multiplier 0.
     server, pool = team
-    from colab_graphs.audit.app import load_app
+    from colab_graphs.audit.app_load import load_app
 
     chatbot, _ = load_app(f"{TUTORIAL}:chatbot")
     saver = chatbot.checkpointer
@@ -328,7 +328,7 @@ def test_run_scores_an_app_once_with_a_protocol_runs_outputs(team, tmp_path):
     play = example_payload(tmp_path, "run", rows[3]["id"], LogCache())["plays"][0]
     assert [turn["member"] for turn in play["turns"]] == ["multiplier"] and play["answer"] == "110"
 
-    from colab_graphs.audit.app import load_app
+    from colab_graphs.audit.app_load import load_app
 
     router, _ = load_app(f"{TUTORIAL}:router")
     api = cg.run(router, pool, "builtin:arithmetic", limit=4, out=tmp_path / "api", progress=False)
@@ -349,7 +349,9 @@ def test_mapping_options_are_checked(team, tmp_path):
     bad = audit(pool, tmp_path / "a", f"{TUTORIAL}:router", "--mode", "messages", "--input-key", "q")
     assert bad.exit_code == 2 and "input_key 'q' does not apply" in said(bad)
     wrong = audit(pool, tmp_path / "b", f"{TUTORIAL}:router", "--mode", "chat")
-    assert wrong.exit_code == 2 and "mode must be one of auto, keys, messages, got 'chat'" in said(wrong)
+    assert wrong.exit_code == 2 and "mode must be one of auto, keys, messages, value, got 'chat'" in said(
+        wrong
+    )
     answer = audit(pool, tmp_path / "d", f"{TUTORIAL}:router", "--mode", "messages", "--answer-key", "final")
     assert answer.exit_code == 2
     assert "the app's output schema has keys messages and no 'final', where the audit reads" in said(answer)

@@ -1,13 +1,16 @@
 """Audits of a user's own LangGraph app: v(S) = the app's score when only the members in S answer.
 
-The app is any compiled LangGraph graph (a supervisor with workers, a ReAct agent, a planner and critic) whose
-model calls use `colab_graphs.member_chat_model(NAME)`, named by a reference (``file.py:NAME``,
-``module:NAME``, or ``langgraph.json:NAME``: a graph of LangGraph's deployment file) or given as an object. By
-default it takes ``{"input": question}`` and its final state holds ``answer``, as a compiled protocol's does;
-its own keys, or a `MessagesState` app's messages, are mapped by an `AppIO` (`colab_graphs.audit.app_contract`:
+The app is any compiled LangGraph graph (a supervisor with workers, a ReAct agent, a planner and critic, a
+Functional API `@entrypoint`) whose model calls use `colab_graphs.member_chat_model(NAME)`, named by a
+reference (``file.py:NAME``, ``module:NAME``, or ``langgraph.json:NAME``: a graph of LangGraph's deployment
+file) or given as an object, or a graph factory (sync, async or a context manager, made as LangGraph's server
+makes one: `colab_graphs.audit.app_load`). By default it takes ``{"input": question}`` and its final state holds
+``answer``, as a compiled protocol's does; its own keys, a `MessagesState` app's messages, or an entrypoint
+taking the question itself and returning its answer are mapped by an `AppIO` (`colab_graphs.audit.app_contract`:
 ``--input-key`` / ``--answer-key`` / ``--mode``), checked against the app before any call. The example's task
 scores that answer as it scores a protocol's. Each play runs on a fresh ``thread_id`` (an app compiled with a
-checkpointer is audited unchanged), and an `interrupt()` is an error naming its node.
+checkpointer is audited unchanged; one without async methods is refused before any call), and an `interrupt()`
+is an error naming its node and the coalition that reached it.
 
 The game plays the app once per coalition and example, with the coalition, the pool, the client, the trace
 and the example's call memo bound around the run (`bind_members`), so every call goes through the call path
@@ -37,14 +40,12 @@ protocol run's results, traces, summary and log.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from colab_graphs.audit.app_contract import AppContractError, AppError, AppIO, PlayRun, schema_keys
+from colab_graphs.audit.app_contract import AppContractError, AppIO, PlayRun, schema_keys
 from colab_graphs.audit.game import CoalitionGame, coalition_id
 from colab_graphs.langchain.binding import MemberAbsent, MemberBinding, bind_members
 from colab_graphs.models.client import CallError, ModelClient
@@ -90,6 +91,7 @@ class AppGraph:
         self.full = full
 
     async def ainvoke(self, state: dict[str, Any], config: Any = None, *, context: Any) -> dict[str, Any]:
+        run = PlayRun(self.app)
         binding = MemberBinding(
             pool=context.pool,
             client=context.client,
@@ -97,9 +99,9 @@ class AppGraph:
             trace=context.trace,
             memo=context.memo,
             loop=asyncio.get_running_loop(),
+            graph_of=run.watch.graph_of,
         )
         sent = self.io.input_state(state["input"])
-        run = PlayRun(self.app)
         unsent: str | None = None
         watch = current_watch()
         if watch is not None:  # the nodes it runs tell the play's watch (what a stalled play waits for)
@@ -129,8 +131,16 @@ class AppGraph:
                 await run.close()
         if unsent is not None:  # the whole pool's play reads a key the audit does not send: stop, saying so
             raise AppContractError(unsent)
-        run.check(final)
+        run.check(final, self._played(context.pool.names))
         return {**state, "answer": self.io.answer(final, full=self.full)}
+
+    def _played(self, members: Sequence[str]) -> str:
+        """Which play this is, in words: the whole pool, or the coalition and who is absent."""
+        present = [m for m in members if m in self.coalition]
+        absent = [m for m in members if m not in self.coalition]
+        if not absent:
+            return f" in the play of the whole pool ({', '.join(present)})"
+        return f" in the play of coalition [{', '.join(present)}] (absent: {', '.join(absent)})"
 
 
 class AppGame(CoalitionGame):
@@ -176,131 +186,6 @@ class AppGame(CoalitionGame):
 
     async def _fit(self, game: str, members: list[str]) -> None:
         """Apps have no fit step."""
-
-
-def load_app(ref: str) -> tuple[Any, AppSpec]:
-    """The app a reference names and its identity: ``path/to/file.py:NAME``, ``package.module:NAME``, or
-    ``path/to/langgraph.json:NAME`` (a graph of LangGraph's deployment file, see `deployment_ref`).
-
-    NAME may be a compiled graph, a `StateGraph` (compiled here), or a function returning either (called here,
-    with no argument, or with a `RunnableConfig` when it takes one, as LangGraph's server calls graph factories).
-    """
-    from colab_graphs.resolve import ProtocolError, load_module
-
-    where, sep, name = ref.rpartition(":")
-    if not sep and ref.endswith(".json"):
-        where, name = ref, ""
-    elif not sep or not where or not name:
-        raise AppError(
-            f"app {ref!r}: expected path/to/file.py:NAME, package.module:NAME or path/to/langgraph.json:NAME"
-        )
-    shown, title = ref, name  # (a deployment's graph is reported under its name there)
-    if where.endswith(".json"):
-        where, name, title = deployment_ref(Path(where), name)
-        shown = f"{ref} ({where}:{name})"
-    try:
-        module = load_module(where, kind="app")
-    except ProtocolError as err:
-        raise AppError(str(err)) from None
-    if not hasattr(module, name):
-        raise AppError(f"app {shown}: {where} defines no {name!r}")
-    app = as_app(getattr(module, name), shown)
-    identity: dict[str, Any] = {"ref": ref}
-    path = Path(getattr(module, "__file__", "") or "")
-    if path.is_file():
-        identity["source_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    return app, AppSpec(app_name(app, title), [], identity)
-
-
-def deployment_ref(path: Path, name: str) -> tuple[str, str, str]:
-    """(module or file, variable, name) of graph `name` in a LangGraph deployment file (``langgraph.json``): its
-    ``"graphs"`` mapping ``name -> "./path/to/file.py:variable"`` (a path relative to the file's folder) or
-    ``"package.module:variable"``. No `name` takes the file's only graph. Local ``"dependencies"`` (``"."``,
-    ``"./src"``) go on the import path, as LangGraph's server installs them, so the graph's own imports work."""
-    import json
-    import sys
-
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise AppError(f"app {path}:{name}: {path} does not exist") from None
-    except (OSError, ValueError) as err:
-        raise AppError(f"app {path}:{name}: {path} is not a readable JSON file: {err}") from None
-    graphs = config.get("graphs") if isinstance(config, dict) else None
-    if not isinstance(graphs, dict) or not graphs:
-        raise AppError(f'{path}: no "graphs" mapping (name -> "./path/to/file.py:variable")')
-    known = ", ".join(map(repr, graphs))
-    if not name:
-        if len(graphs) > 1:
-            raise AppError(f"{path} has graphs {known}: name one ({path}:NAME)")
-        name = next(iter(graphs))
-    if name not in graphs:
-        raise AppError(f"{path} has no graph {name!r}; its graphs: {known}")
-    target = graphs[name]
-    if isinstance(target, dict):  # {"path": "./file.py:var", "description": ...}
-        target = target.get("path")
-    where, sep, variable = str(target or "").rpartition(":")
-    if not isinstance(target, str) or not sep or not where or not variable:
-        raise AppError(f'{path}: graph {name!r} is {target!r}, expected "./path/to/file.py:variable"')
-    folder = path.resolve().parent
-    for dependency in config.get("dependencies") or ():
-        if isinstance(dependency, str) and dependency.startswith((".", "/")):
-            local = str((folder / dependency).resolve())
-            if local not in sys.path:
-                sys.path.insert(0, local)
-    if where.endswith(".py") or where.startswith((".", "/")):
-        where = str((folder / where).resolve())
-    return where, variable, name
-
-
-def app_name(app: Any, default: str = "app") -> str:
-    """The name an audit reports an app under: the name it was compiled with (`compile(name=...)`), else
-    `default` (LangGraph names every graph "LangGraph" unless told otherwise)."""
-    name = getattr(app, "name", None)
-    return str(name) if name and name != "LangGraph" else default
-
-
-def as_app(obj: Any, what: str = "app") -> Any:
-    """A runnable app from a compiled graph, a `StateGraph` or a zero-argument factory of either."""
-    from langgraph.graph import StateGraph
-
-    if callable(obj) and not hasattr(obj, "ainvoke") and not isinstance(obj, StateGraph | type):
-        obj = obj({"configurable": {}}) if _takes_an_argument(obj) else obj()
-    if isinstance(obj, StateGraph):
-        obj = obj.compile()
-    if not hasattr(obj, "ainvoke"):
-        raise AppError(
-            f"{what}: a {type(obj).__name__}, expected a compiled LangGraph graph (or a StateGraph, or a "
-            "function returning one)"
-        )
-    return obj
-
-
-def _takes_an_argument(factory: Any) -> bool:
-    """Whether a graph factory takes an argument (a `RunnableConfig`, as LangGraph's server passes one)."""
-    import inspect
-
-    try:
-        parameters = inspect.signature(factory).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return any(p.kind in positional and p.default is inspect.Parameter.empty for p in parameters)
-
-
-def resolve_app(app: str | Any, members: Sequence[str], io: AppIO | None = None) -> tuple[Any, AppSpec]:
-    """The app (a reference ``file.py:NAME`` / ``module:NAME`` / ``langgraph.json:NAME``, or an app object)
-    and its `AppSpec` over `members` (the pool's names, in pool order), its mapping `io` (default: "auto")
-    resolved and checked against the app's schemas (`AppIO.resolve`) before any call."""
-    if isinstance(app, str):
-        the_app, spec = load_app(app)
-    else:
-        the_app = as_app(app)
-        graph = the_app.get_graph() if hasattr(the_app, "get_graph") else None
-        nodes = sorted(graph.nodes) if graph is not None else []
-        spec = AppSpec(app_name(the_app), [], {"nodes": nodes})
-    the_io = (io or AppIO()).resolve(the_app, f"app {spec.name!r}")
-    return the_app, AppSpec(spec.name, list(members), spec.identity, the_io.params(), io=the_io)
 
 
 async def run_app(

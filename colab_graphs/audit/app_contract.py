@@ -9,9 +9,16 @@ input_key=, answer_key=, mode=)`, `run(app, ...)`) and apps named in a `langgrap
   message's text when it stored a list of messages);
 - mode "messages" (`MessagesState` apps): the question goes in as a `HumanMessage` in ``messages`` and the
   answer is the text of the last AI message of the final ``messages`` (or the ``answer_key`` when one is given);
-- mode "auto" (the default): "messages" when the app's input schema has ``messages`` and no input key was given
-  and the schema has no ``input``, else "keys". The choice is recorded (`AppIO.params`, the report's
-  parameters) and the CLI says so.
+- mode "value" (LangGraph's Functional API): the question itself is the app's input (an `@entrypoint` taking
+  ``question: str``; ``[HumanMessage(question)]`` for one taking a list of messages, as the quickstart's);
+- mode "auto" (the default): "value" when the app's input is a str or a list (`input_kind`: its schema, else
+  the entrypoint's signature), "messages" when its input schema has ``messages`` and no input key was given
+  and the schema has no ``input``, else "keys"; an entrypoint whose parameter has no type is refused (a guess
+  would reach the prompts). The choice is recorded (`AppIO.params`, the report's parameters) and the CLI says
+  so.
+
+In every mode, a value the app returns that is not a state (a str, a message, a list of messages: what an
+entrypoint returns) is the answer itself; a state (a mapping, a pydantic model) is read at the answer key.
 
 Fail closed: what can be told from the app's schemas before any call is checked then (`AppIO.resolve`: an input
 key the app's input schema lacks, an answer key its output lacks), with an error naming the key, the keys the
@@ -24,8 +31,10 @@ fails, reported). Nothing here turns a broken contract into a score of 0.
 
 `PlayRun` configures one play: a fresh ``thread_id`` in ``configurable`` (so an app compiled with a checkpointer
 is audited unchanged, each play on its own thread: nothing leaks between coalitions or examples; the thread is
-deleted from the app's checkpointer when the play ends), and a callback that names the node where the app
-called `interrupt()`: an audit plays the app unattended, so an interrupt is an error naming that node.
+deleted from the app's checkpointer when the play ends), and a callback that records the play's runs: the
+node where the app called `interrupt()` (an audit plays the app unattended, so an interrupt is an error
+naming that node and the coalition played), and the graph a call's node ran in (`_NodeWatch.graph_of`: how a
+prebuilt agent's call is reported under the agent's name).
 """
 
 from __future__ import annotations
@@ -33,14 +42,14 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
 
-Mode = Literal["auto", "keys", "messages"]
-MODES = ("auto", "keys", "messages")
+Mode = Literal["auto", "keys", "messages", "value"]
+MODES = ("auto", "keys", "messages", "value")
 DEFAULT_INPUT = "input"
 DEFAULT_ANSWER = "answer"
 MESSAGES = "messages"
@@ -65,18 +74,31 @@ def _keys(keys: Sequence[str]) -> str:
     return ", ".join(sorted(keys)) if keys else "none"
 
 
-def schema_keys(app: Any, which: Literal["input", "output"]) -> list[str] | None:
-    """The keys of the app's input or output schema; None when they cannot be told (a `StateGraph(dict)`, an
-    object that is not a LangGraph graph)."""
-    if which == "output":
-        channels = getattr(app, "output_channels", None)
-        if isinstance(channels, list | tuple) and channels:
-            return [str(c) for c in channels]
+def app_schema(app: Any, which: Literal["input", "output"]) -> Mapping[str, Any] | None:
+    """The app's input or output JSON schema, a top-level ``$ref`` followed into its ``$defs`` (a TypedDict or
+    pydantic model an entrypoint takes); None when the app cannot describe itself."""
     try:
         schema = app.get_input_jsonschema() if which == "input" else app.get_output_jsonschema()
     except Exception:  # noqa: BLE001 - any app may fail to describe itself: then only a run can tell
         return None
-    properties = schema.get("properties") if isinstance(schema, Mapping) else None
+    if not isinstance(schema, Mapping):
+        return None
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        target = (schema.get("$defs") or {}).get(ref.removeprefix("#/$defs/"))
+        return target if isinstance(target, Mapping) else schema
+    return schema
+
+
+def schema_keys(app: Any, which: Literal["input", "output"]) -> list[str] | None:
+    """The keys of the app's input or output schema; None when they cannot be told (a `StateGraph(dict)`, an
+    object that is not a LangGraph graph, an entrypoint taking or returning a plain value)."""
+    if which == "output":
+        channels = getattr(app, "output_channels", None)
+        if isinstance(channels, list | tuple) and channels:
+            return [str(c) for c in channels]
+    schema = app_schema(app, which)
+    properties = schema.get("properties") if schema is not None else None
     return [str(k) for k in properties] if isinstance(properties, Mapping) and properties else None
 
 
@@ -87,15 +109,18 @@ class AppIO:
     Attributes:
         input_key: Where the question goes in mode "keys" (None: ``input``).
         answer_key: Where the answer is read (None: ``answer`` in mode "keys", the last AI message of
-            ``messages`` in mode "messages").
-        mode: "auto", "keys" or "messages".
-        detected: Mode "messages" was chosen by "auto" from the app's input schema.
+            ``messages`` in mode "messages"; an app that returns a plain value is read as that value).
+        mode: "auto", "keys", "messages" or "value".
+        detected: The mode was chosen by "auto" from the app's input schema.
+        as_messages: Mode "value" sends ``[HumanMessage(question)]`` (an entrypoint taking a list of
+            messages) instead of the question's text.
     """
 
     input_key: str | None = None
     answer_key: str | None = None
     mode: Mode = "auto"
     detected: bool = False
+    as_messages: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -103,10 +128,10 @@ class AppIO:
         for name, key in (("input_key", self.input_key), ("answer_key", self.answer_key)):
             if key is not None and (not isinstance(key, str) or not key.strip()):
                 raise AppContractError(f"{name} must be a non-empty string, got {key!r}")
-        if self.mode == "messages" and self.input_key is not None:
+        if self.mode in ("messages", "value") and self.input_key is not None:
             raise AppContractError(
-                f"mode 'messages' sends the question as a HumanMessage in 'messages'; input_key "
-                f"{self.input_key!r} does not apply (use mode 'keys' to send it under a key)"
+                f"mode {self.mode!r} sends the question as {self.sent}; input_key {self.input_key!r} does not "
+                "apply (use mode 'keys' to send it under a key)"
             )
 
     @property
@@ -120,25 +145,35 @@ class AppIO:
     @property
     def sent(self) -> str:
         """What the audit sends, in words."""
+        if self.mode == "value":
+            return "[HumanMessage(question)]" if self.as_messages else "the question itself (a str)"
         return "a HumanMessage in 'messages'" if self.mode == "messages" else f"{{{self.in_key!r}: question}}"
 
     def params(self) -> dict[str, Any]:
         """What the report and the log record of the mapping; empty for the default one (``input`` -> ``answer``)."""
-        if self.mode != "messages" and self.in_key == DEFAULT_INPUT and self.out_key == DEFAULT_ANSWER:
+        if self.mode == "keys" and self.in_key == DEFAULT_INPUT and self.out_key == DEFAULT_ANSWER:
             return {}
         params: dict[str, Any] = {"mode": self.mode}
         if self.mode == "keys":
             params.update(input_key=self.in_key, answer_key=self.out_key)
         elif self.answer_key:
             params["answer_key"] = self.answer_key
+        if self.as_messages:
+            params["input"] = "messages"
         if self.detected:
             params["detected"] = True
         return params
 
     def note(self, name: str) -> str | None:
-        """The sentence saying messages mode was detected (None when it was not)."""
+        """The sentence saying which mode was detected (None when none was)."""
         if not self.detected:
             return None
+        if self.mode == "value":
+            takes = "a list of messages" if self.as_messages else "a str"
+            return (
+                f"app {name!r}: its input is {takes} (a Functional API entrypoint): sending it {self.sent} and "
+                "reading the answer from what it returns (--mode keys to send {'input': question} instead)"
+            )
         answer = f"the final state's {self.answer_key!r}" if self.answer_key else "the last AI message's text"
         return (
             f"app {name!r}: its input schema has 'messages' and no 'input': auditing it as a MessagesState app "
@@ -149,23 +184,46 @@ class AppIO:
         """This mapping with mode "auto" decided, checked against the app's schemas before any call; raises
         `AppContractError` naming each key the app's schemas lack (what they have, and what to pass)."""
         inputs, outputs = schema_keys(app, "input"), schema_keys(app, "output")
+        kind = input_kind(app)
+        takes = kind if kind in ("string", "array") else None
         io = self
         if self.mode == "auto":
-            messages = (
-                self.input_key is None
-                and inputs is not None
-                and MESSAGES in inputs
-                and DEFAULT_INPUT not in inputs
-            )
-            io = AppIO(self.input_key, self.answer_key, "messages" if messages else "keys", detected=messages)
+            io = self._detect(app, inputs, kind, what)
+        elif self.mode == "value":
+            io = replace(self, as_messages=takes == "array")
         problems = []
-        if inputs is not None and io.in_key not in inputs:
+        if io.mode in ("keys", "messages") and takes is not None:
+            what_it_takes = "a str" if takes == "string" else "a list"
+            problems.append(
+                f"the app's input is {what_it_takes}, not a mapping, and the audit would send {io.sent}; pass "
+                "--mode value (mode='value' in Python) to send it the question itself"
+            )
+        elif io.mode == "value" and inputs is not None:
+            problems.append(
+                f"mode 'value' sends {io.sent}, and the app's input schema has keys {_keys(inputs)} (it takes a "
+                "mapping); " + _option("input-key", next((k for k in INPUT_NAMES if k in inputs), "KEY"))
+            )
+        elif io.mode != "value" and inputs is not None and io.in_key not in inputs:
             problems.append(io._missing_input(inputs))
         if outputs is not None and io.out_key not in outputs:
             problems.append(io._missing_answer(outputs, "output schema", inputs or []))
         if problems:
             raise AppContractError(f"{what}: " + "; and ".join(problems))
         return io
+
+    def _detect(self, app: Any, inputs: Sequence[str] | None, kind: str | None, what: str) -> AppIO:
+        """Mode "auto" decided: "value" for an app whose input is a str or a list (an entrypoint taking the
+        question itself, or its messages), "messages" for a `MessagesState` app, else "keys"; an entrypoint
+        whose input has no type is refused (nothing tells what to send it)."""
+        if self.input_key is not None:
+            return replace(self, mode="keys")
+        if kind in ("string", "array"):
+            return replace(self, mode="value", detected=True, as_messages=kind == "array")
+        if inputs is not None and MESSAGES in inputs and DEFAULT_INPUT not in inputs:
+            return replace(self, mode="messages", detected=True)
+        if kind == "untyped":
+            raise AppContractError(f"{what}: {_untyped_entrypoint(entrypoint_function(app))}")
+        return replace(self, mode="keys")
 
     def _missing_input(self, inputs: Sequence[str]) -> str:
         said = f"the app's input schema has keys {_keys(inputs)} and no {self.in_key!r}, so it never reads "
@@ -185,22 +243,28 @@ class AppIO:
             hints.append("--mode messages (mode='messages') to read the last AI message")
         return f"{said}; {' or '.join(hints)}"
 
-    def input_state(self, question: str) -> dict[str, Any]:
+    def input_state(self, question: str) -> Any:
         """The app's input for one example's question."""
-        if self.mode == "messages":
+        if self.mode in ("messages", "value"):
             from langchain_core.messages import HumanMessage
 
-            return {MESSAGES: [HumanMessage(question)]}
+            if self.mode == "messages":
+                return {MESSAGES: [HumanMessage(question)]}
+            return [HumanMessage(question)] if self.as_messages else question
         return {self.in_key: question}
 
     def answer(self, final: Any, *, full: bool) -> str:
-        """The answer in the app's final state (`full`: the whole pool played, where a missing answer is an
-        `AppContractError` naming the keys the final state has; elsewhere it is an empty answer).
+        """The answer in what the app returned (`full`: the whole pool played, where a missing answer is an
+        `AppContractError` naming what the app returned; elsewhere it is an empty answer).
 
-        A message is read as its text, a list of messages as its last AI message's (`last_ai_text`), anything
-        else as `str` of it. Never a default that scores: a missing or None answer, or a list with no AI
-        message, is an error on the whole pool's play and an empty answer elsewhere."""
-        state = final if isinstance(final, Mapping) else getattr(final, "__dict__", {})
+        A state (a mapping, a pydantic model or dataclass) is read at `out_key`; a plain value an app returned
+        (a Functional API entrypoint's str, message or list of messages) is the answer itself. A message is read
+        as its text, a list of messages as its last AI message's (`last_ai_text`), anything else as `str` of it.
+        Never a default that scores: a missing or None answer, or a list with no AI message, is an error on the
+        whole pool's play and an empty answer elsewhere."""
+        if not isinstance(final, Mapping) and not _is_state_object(final):
+            return self._returned(final, full=full)
+        state = final if isinstance(final, Mapping) else final.__dict__
         if self.out_key not in state or state[self.out_key] is None:
             if not full:
                 return ""
@@ -213,30 +277,127 @@ class AppIO:
                 self._missing_answer([k for k in state if not k.startswith("__")], "final state")
                 + " (the app ran with every member present and ended without it)"
             )
-        value = state[self.out_key]
-        if isinstance(value, list | tuple):
-            text = last_ai_text(value)
-            if text is None:
-                if full:
-                    raise AppContractError(
-                        f"the app's final {self.out_key!r} holds {len(value)} message(s) and no AI message "
-                        "(the audit reads the answer from the last one)"
-                    )
-                return ""
-            return text
-        return message_text(value)
+        return _text(state[self.out_key], f"final {self.out_key!r} holds", full=full)
 
-    def key_error(self, exc: KeyError, sent: Mapping[str, Any], inputs: Sequence[str] | None) -> str | None:
+    def _returned(self, value: Any, *, full: bool) -> str:
+        """The answer in a plain value the app returned (not a state)."""
+        if not full:
+            return "" if value is None or self.answer_key is not None else _text(value, "", full=False)
+        if value is None:
+            raise AppContractError(
+                "the app returned None (with every member present), where the audit reads the answer: return "
+                "the answer's text (or a state holding it, with --answer-key)"
+            )
+        if self.answer_key is not None:
+            raise AppContractError(
+                f"the app returned a {'str' if isinstance(value, str) else type(value).__name__}, not a state "
+                f"holding {self.answer_key!r}: what it "
+                "returns is the answer; drop --answer-key (answer_key=None)"
+            )
+        return _text(value, "returned", full=True)
+
+    def key_error(self, exc: KeyError, sent: Any, inputs: Sequence[str] | None) -> str | None:
         """What to say of a `KeyError` the app raised for a key the audit did not send, that the app's input
         schema (`inputs`; None: unknown) may hold (None for any other: an app's own lookup)."""
         key = exc.args[0] if exc.args else None
-        if not isinstance(key, str) or key in sent or (inputs is not None and key not in inputs):
+        if not isinstance(sent, Mapping) or not isinstance(key, str) or key in sent:
+            return None
+        if inputs is not None and key not in inputs:
             return None
         hint = _option("input-key", key) if key != MESSAGES else "pass --mode messages (mode='messages')"
         return (
             f"the app raised KeyError: {key!r}: the audit sends the question as {self.sent} and nothing else; if "
             f"the app reads its question from {key!r}, {hint}"
         )
+
+
+def _is_state_object(value: Any) -> bool:
+    """A pydantic model or dataclass an app returned as its state (a message is not one: it is a value)."""
+    from langchain_core.messages import BaseMessage
+
+    return hasattr(value, "__dict__") and not isinstance(value, str | BaseMessage | type)
+
+
+def _text(value: Any, holds: str, *, full: bool) -> str:
+    """`value` as an answer's text; a list of messages without an AI message is an error (`full`) or ""."""
+    if not isinstance(value, list | tuple):
+        return message_text(value)
+    text = last_ai_text(value)
+    if text is not None:
+        return text
+    if full:
+        raise AppContractError(
+            f"the app's {holds} {len(value)} message(s) and no AI message (the audit reads the answer from the "
+            "last one)"
+        )
+    return ""
+
+
+def input_kind(app: Any) -> Literal["string", "array", "object", "untyped"] | None:
+    """What the app takes: "string", "array" or "object" from its input schema; for an entrypoint whose
+    schema says nothing (or that LangGraph cannot build: a type named under `from __future__ import
+    annotations`), from its function's first parameter, "untyped" when it has no annotation (or `Any`); None
+    for an app that cannot tell."""
+    import inspect
+    import typing
+
+    schema = app_schema(app, "input") or {}
+    kind = schema.get("type")
+    if kind in ("string", "array", "object"):
+        return kind  # type: ignore[no-any-return]
+    if any(k in schema for k in ("properties", "anyOf", "oneOf", "allOf")):
+        return "object"
+    function = entrypoint_function(app)
+    if function is None:
+        return None
+    parameter = next(iter(inspect.signature(function).parameters.values()), None)
+    annotation = parameter.annotation if parameter is not None else inspect.Parameter.empty
+    if isinstance(annotation, str):  # unevaluated (no eval here: its names may not resolve), read as written
+        name = annotation.replace("typing.", "").split("[")[0].strip()
+        annotation = {
+            "str": str,
+            "Any": Any,
+            "list": list,
+            "List": list,
+            "Sequence": list,
+            "tuple": tuple,
+        }.get(name, annotation)
+    if annotation in (inspect.Parameter.empty, Any):
+        return "untyped"
+    if annotation is str:
+        return "string"
+    origin = typing.get_origin(annotation) or annotation
+    return "array" if isinstance(origin, type) and issubclass(origin, list | tuple | Sequence) else "object"
+
+
+def entrypoint_function(app: Any) -> Any:
+    """The function a LangGraph Functional API `@entrypoint` wraps; None for any other app."""
+    from langgraph.graph.state import CompiledStateGraph
+    from langgraph.pregel import Pregel
+
+    if not isinstance(app, Pregel) or isinstance(app, CompiledStateGraph) or len(app.nodes) != 1:
+        return None
+    if app.input_channels != "__start__" or app.output_channels != "__end__":
+        return None
+    bound = next(iter(app.nodes.values())).bound
+    return getattr(bound, "func", None) or getattr(bound, "afunc", None)
+
+
+def _untyped_entrypoint(function: Any) -> str:
+    """Why an entrypoint whose parameter has no type cannot be sent anything safely, and what to do."""
+    import inspect
+
+    name = getattr(function, "__name__", "entrypoint")
+    try:
+        param = next(iter(inspect.signature(function).parameters), "inputs")
+    except (TypeError, ValueError):
+        param = "inputs"
+    return (
+        f"its entrypoint {name}({param}) does not say what it takes (its parameter has no type): the question "
+        f"itself or a mapping, a guess either way would reach the models' prompts; annotate it ({param}: str "
+        f"is sent the question, {param}: dict is sent {{'input': question}}), or pass --mode value "
+        "(mode='value' in Python) to send the question itself, or --input-key KEY to send {KEY: question}"
+    )
 
 
 def message_text(value: Any) -> str:
@@ -268,9 +429,10 @@ def last_ai_text(messages: Sequence[Any]) -> str | None:
 
 
 class _NodeWatch(BaseCallbackHandler):
-    """Records the nodes where a run's `interrupt()` was raised, each with the nodes it ran inside (a subgraph's
-    node within the parent's). Inline (it never needs a thread), and it hears only chains: model calls, tools
-    and retrievers pass it by."""
+    """Records the chains of one play, each with its parent: which node a call ran in, and inside which graph
+    (`graph_of`), and where an `interrupt()` was raised, with the nodes it ran inside (a subgraph's node within
+    the parent's). Inline (it never needs a thread), and it hears only chains: model calls, tools and retrievers
+    pass it by."""
 
     run_inline = True
     ignore_llm = ignore_chat_model = ignore_agent = ignore_retriever = ignore_retry = True
@@ -278,15 +440,28 @@ class _NodeWatch(BaseCallbackHandler):
 
     def __init__(self) -> None:
         self.parents: dict[UUID, UUID | None] = {}
+        self.names: dict[UUID, str] = {}  # every chain's name (a graph's run is named after the graph)
         self.nodes: dict[UUID, str] = {}
         self.raised: list[tuple[UUID, str]] = []  # (run, node) of each node an interrupt went through
         self.interrupted: list[str] = []  # where each interrupt was called, "node (inside 'outer')"
 
     def on_chain_start(self, serialized: Any, inputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
         self.parents[run_id] = kwargs.get("parent_run_id")
+        name = kwargs.get("name")
+        if isinstance(name, str):
+            self.names[run_id] = name
         node = (kwargs.get("metadata") or {}).get("langgraph_node")
-        if node is not None and kwargs.get("name") == node:
+        if node is not None and name == node:
             self.nodes[run_id] = str(node)
+
+    def graph_of(self, run: UUID | None) -> str | None:
+        """The name of the graph whose node `run` is in (the innermost node run at or above `run`, then the
+        graph run that started it); None when unknown or unnamed ("LangGraph", LangGraph's default)."""
+        while run is not None and run not in self.nodes:
+            run = self.parents.get(run)
+        graph = self.parents.get(run) if run is not None else None
+        name = self.names.get(graph) if graph is not None else None
+        return name if name and name != "LangGraph" else None
 
     def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         node = self.nodes.get(run_id)
@@ -331,8 +506,9 @@ class PlayRun:
             config["callbacks"] = manager
         return config
 
-    def check(self, final: Any) -> None:
-        """Raise `AppContractError` when the run was interrupted (`interrupt()`), naming the node(s)."""
+    def check(self, final: Any, played: str = "") -> None:
+        """Raise `AppContractError` when the run was interrupted (`interrupt()`), naming the node(s) and the
+        play (`played`: which coalition, in words; an interrupt may be reached only without some member)."""
         interrupts = final.get("__interrupt__") if isinstance(final, Mapping) else None
         if not interrupts and not self.watch.interrupted:
             return
@@ -340,7 +516,8 @@ class PlayRun:
         values = "; ".join(repr(getattr(i, "value", i)) for i in interrupts or ())
         asked = f" asking {values}" if values else ""
         raise AppContractError(
-            f"the app called interrupt() in node {where}{asked}: an audit plays the app unattended, with nobody to "
+            f"the app called interrupt() in node {where}{asked}{played}: an audit plays the app unattended, with "
+            "nobody to "
             "answer (Command(resume=...)); audit a version that does not wait for a human (e.g. the interrupt "
             "behind a flag, or a default reply)"
         )

@@ -44,6 +44,7 @@ from colab_graphs.cli.options import (
     ScorerOpt,
     SeedOpt,
     StallAfterOpt,
+    close_apps,
     progress_bar,
     resolve_play,
 )
@@ -68,12 +69,14 @@ def _print_version(asked: bool) -> None:
 
 @app.callback()
 def _options(
+    ctx: typer.Context,
     version: Annotated[
         bool,
         typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
     ] = False,
 ) -> None:
     """Measure and train language models for what they add to a team of models."""
+    ctx.call_on_close(close_apps)  # an app's factory opened by the command (--app) is closed when it ends
 
 
 app.add_typer(cache_app, name="cache")
@@ -136,7 +139,6 @@ def run(
 
     from colab_graphs.audit.app import run_app
     from colab_graphs.fitting import run_fitted
-    from colab_graphs.models.loops import run_loop
 
     options = {
         "client": client,
@@ -149,7 +151,7 @@ def run(
     }
     try:
         with holding_out(out), progress, scope.using(sandbox):
-            outcomes, summary = run_loop(
+            outcomes, summary = play.run(
                 run_app(play.app, spec, the_pool, examples, **options)
                 if play.app is not None
                 else run_fitted(spec, the_pool, examples, **options)  # type: ignore[arg-type]

@@ -112,7 +112,6 @@ def audit(
     """Audit how much each member adds to a protocol: writes report.json, report.md and PNG plots."""
     from colab_graphs.audit.run import AuditError, play_audit
     from colab_graphs.audit.strategy import BUDGET_UNITS, choose_strategy
-    from colab_graphs.models.loops import run_loop
     from colab_graphs.sandbox import SandboxUnavailable, scope
     from colab_graphs.spec import SpecError
 
@@ -180,7 +179,7 @@ def audit(
             if overwrite:
                 _empty(out)
             with progress:
-                report = run_loop(
+                report = play.run(
                     play_audit(
                         spec,
                         the_pool,

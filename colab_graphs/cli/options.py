@@ -3,13 +3,16 @@ progress bar."""
 
 from __future__ import annotations
 
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 
 from colab_graphs.cli.common import fail, load_data, load_pool, parse_params, resolve_protocol
+
+T = TypeVar("T")
 
 PoolOpt = Annotated[Path | None, typer.Option("--pool", help="Pool YAML (default: the embedded local pool).")]
 DataOpt = Annotated[
@@ -73,7 +76,8 @@ AppModeOpt = Annotated[
     typer.Option(
         "--mode",
         help="With --app: keys | messages (the question as a HumanMessage in 'messages', the answer the last "
-        "AI message) | auto (messages when the app's input has 'messages' and no 'input').",
+        "AI message) | value (the question itself as the app's input: an entrypoint taking `question: str`) | "
+        "auto (value when the app's input is a str or a list, messages when it has 'messages' and no 'input').",
     ),
 ]
 ExampleTimeoutOpt = Annotated[
@@ -142,12 +146,21 @@ class PlayOptions:
 
 @dataclass(frozen=True)
 class Play:
-    """What plays: the pool, the examples, the spec, and the user's app object (None for a protocol)."""
+    """What plays: the pool, the examples, the spec, and the user's app object (None for a protocol), with the
+    loop it was made on (`loop`), where it plays (`run`)."""
 
     pool: Any
     examples: list[Any]
     spec: Any
     app: Any | None = None
+    loop: Any | None = None
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run the command's work: on the app's loop for an app (its async factory's resources are bound to
+        it), else on a loop of its own (`run_loop`)."""
+        from colab_graphs.models.loops import run_loop
+
+        return self.loop.run(coro) if self.loop is not None else run_loop(coro)
 
 
 def resolve_play(options: PlayOptions) -> Play:
@@ -157,33 +170,48 @@ def resolve_play(options: PlayOptions) -> Play:
     app = _app(options, pool) if options.app else None
     examples = load_data(options.data, options.limit, options.seed, scorer=options.scorer)
     if app is not None:
-        return Play(pool, examples, app[1], app[0])
+        return Play(pool, examples, app[1], app[0], app[2])
     if options.input_key is not None or options.answer_key is not None or options.mode != "auto":
         fail("--input-key, --answer-key and --mode map an app's state: they need --app")
     spec = resolve_protocol(options.protocol, options.graph, pool.names, parse_params(options.param), pool)
     return Play(pool, examples, spec)
 
 
-def _app(options: PlayOptions, pool: Any) -> tuple[Any, Any]:
-    """(app, AppSpec) of `--app` (see colab_graphs.audit.app), its mapping (`--input-key`, `--answer-key`,
-    `--mode`) checked against the app before any call; a detected MessagesState app is said on stderr."""
+def _app(options: PlayOptions, pool: Any) -> tuple[Any, Any, Any]:
+    """(app, AppSpec, loop) of `--app` (see colab_graphs.audit.app), made on the command's loop (an async or
+    context-manager factory awaited or entered there, as LangGraph's server does, and exited when the command
+    ends), its mapping (`--input-key`, `--answer-key`, `--mode`) checked against the app before any call; a
+    detected mode is said on stderr."""
     from rich.console import Console
 
-    from colab_graphs.audit.app import resolve_app
     from colab_graphs.audit.app_contract import AppIO
+    from colab_graphs.audit.app_load import open_app
+    from colab_graphs.models.loops import CommandLoop
 
     if options.protocol or options.graph:
         fail("give --app or a protocol (--protocol / --graph), not both")
     assert options.app is not None
+    loop = CommandLoop()
+    _opened.append(loop)  # closed when the command ends, whatever it ends with (`close_apps`)
     try:
         io = AppIO(options.input_key, options.answer_key, options.mode)  # type: ignore[arg-type]
-        the_app, spec = resolve_app(options.app, pool.names, io)
+        the_app, spec = loop.enter(open_app(options.app, pool.names, io))
     except ValueError as err:  # (AppError among them)
         fail(str(err))
     note = spec.io.note(spec.name)
     if note:
         Console(stderr=True).print(f"[cyan]note:[/] {note}", highlight=False)
-    return the_app, spec
+    return the_app, spec, loop
+
+
+_opened: list[Any] = []  # the loops of the apps the running command opened (`_app`)
+
+
+def close_apps() -> None:
+    """Close what the command opened for its app (an async factory's context, then its loop); the CLI's root
+    callback has it called when the command ends."""
+    while _opened:
+        _opened.pop().close()
 
 
 def progress_bar(total: int, description: str):

@@ -22,10 +22,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Literal
+from uuid import UUID
 
 from colab_graphs.models.client import ModelClient
 from colab_graphs.models.flight import Memo
@@ -55,8 +56,9 @@ class MemberAbsent(RuntimeError):
 @dataclass(frozen=True)
 class MemberBinding:
     """What a run's member chat models call through: the pool, the client, the coalition (None: the whole
-    pool), the trace to record calls in, a memo shared by the runs of one example, and the loop that runs
-    the calls (where sync `invoke`s from sync nodes are sent)."""
+    pool), the trace to record calls in, a memo shared by the runs of one example, the loop that runs the
+    calls (where sync `invoke`s from sync nodes are sent), and `graph_of`: the name of the graph whose node a
+    run (a call's parent) is in, where the play knows it (how a prebuilt agent's call is named after the agent)."""
 
     pool: Pool
     client: ModelClient
@@ -64,6 +66,7 @@ class MemberBinding:
     trace: Trace | None = None
     memo: Memo | None = None
     loop: asyncio.AbstractEventLoop | None = None
+    graph_of: Callable[[UUID | None], str | None] | None = None
 
 
 _binding: ContextVar[MemberBinding | None] = ContextVar("colab_graphs_member_binding", default=None)

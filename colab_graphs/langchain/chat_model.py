@@ -28,6 +28,7 @@ import queue
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from operator import itemgetter
 from typing import Any, Literal
+from uuid import UUID
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models.chat_models import BaseChatModel
@@ -81,7 +82,8 @@ class CallPathChatModel(BaseChatModel):
     streaming: bool = False
     """Make `invoke` stream under the hood (callbacks then see every token)."""
 
-    def _target(self, metadata: dict[str, Any] | None) -> Target:
+    def _target(self, metadata: dict[str, Any] | None, parent: UUID | None = None) -> Target:
+        """Where a call goes; `metadata` and `parent` (the run that made it) are the call's (`call_site`)."""
         raise NotImplementedError
 
     # --- calls ---------------------------------------------------------------------------------------------
@@ -132,7 +134,7 @@ class CallPathChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        target = self._target(run_manager.metadata if run_manager else None)
+        target = self._target(*call_site(run_manager))
         overrides = self._call_settings(stop, kwargs)
         result = run_on(target.loop, self._complete(target, messages, overrides))
         return self._result(result, self._model_name(target, overrides))
@@ -144,7 +146,7 @@ class CallPathChatModel(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        target = self._target(run_manager.metadata if run_manager else None)
+        target = self._target(*call_site(run_manager))
         overrides = self._call_settings(stop, kwargs)
         result = await self._complete(target, messages, overrides)
         return self._result(result, self._model_name(target, overrides))
@@ -174,7 +176,7 @@ class CallPathChatModel(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        target = self._target(run_manager.metadata if run_manager else None)
+        target = self._target(*call_site(run_manager))
         async for chunk in self._chunks(target, messages, self._call_settings(stop, kwargs)):
             if run_manager is not None:
                 await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
@@ -187,7 +189,7 @@ class CallPathChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        target = self._target(run_manager.metadata if run_manager else None)
+        target = self._target(*call_site(run_manager))
         chunks = self._chunks(target, messages, self._call_settings(stop, kwargs))
         for chunk in iterate_on(target.loop, chunks):
             if run_manager is not None:
@@ -318,6 +320,18 @@ async def _memoised(
     if on_delta is not None:
         await deliver(on_delta, Delta(again.text, whole_calls(again.tool_calls)))
     return again
+
+
+def call_site(run_manager: Any) -> tuple[dict[str, Any], UUID | None]:
+    """The metadata (LangGraph's node among it) and parent run of a call: its run manager's, else the runnable
+    config's in context. langchain-core calls `_stream` / `_astream` without a run manager (`model.stream()` in a
+    node), where only the config LangGraph set around the node tells where the call is."""
+    if run_manager is not None:
+        return dict(run_manager.metadata or {}), run_manager.parent_run_id
+    from langchain_core.runnables.config import var_child_runnable_config
+
+    config = var_child_runnable_config.get() or {}
+    return dict(config.get("metadata") or {}), getattr(config.get("callbacks"), "parent_run_id", None)
 
 
 def run_on(loop: asyncio.AbstractEventLoop | None, coro: Any) -> Any:
@@ -497,6 +511,6 @@ class LiteLLMChatModel(CallPathChatModel):
         except PoolError as err:
             raise ValueError(str(err)) from None
 
-    def _target(self, metadata: dict[str, Any] | None) -> Target:
+    def _target(self, metadata: dict[str, Any] | None, parent: UUID | None = None) -> Target:
         node = (metadata or {}).get("langgraph_node")
         return Target(self.client or default_client(), self.member(), node=node)

@@ -9,10 +9,17 @@ from __future__ import annotations
 
 import threading
 from typing import Any
+from uuid import UUID
 
 from pydantic import Field
 
-from colab_graphs.langchain.binding import AbsentRule, MemberAbsent, current_binding, plays_running
+from colab_graphs.langchain.binding import (
+    AbsentRule,
+    MemberAbsent,
+    MemberBinding,
+    current_binding,
+    plays_running,
+)
 from colab_graphs.langchain.chat_model import CallPathChatModel, Target
 from colab_graphs.models.client import ModelClient, default_client
 from colab_graphs.pool import Pool
@@ -52,7 +59,7 @@ class MemberChatModel(CallPathChatModel):
         params["ls_provider"] = "colab_graphs"
         return params
 
-    def _target(self, metadata: dict[str, Any] | None) -> Target:
+    def _target(self, metadata: dict[str, Any] | None, parent: UUID | None = None) -> Target:
         binding = current_binding()
         if binding is None and plays_running():
             # Fail closed: called outside every play's context while an audit plays (a thread started without
@@ -70,7 +77,7 @@ class MemberChatModel(CallPathChatModel):
                 f"member_chat_model({self.member_name!r}) has no pool: run the app through "
                 "colab_graphs.run_audit(app, pool, data), or give one: member_chat_model(NAME, pool=...)"
             )
-        node = (metadata or {}).get("langgraph_node")
+        node = call_node(metadata, parent, binding)
         coalition = binding.coalition if binding is not None else None
         try:
             name = self._answering(pool, coalition, node)
@@ -106,6 +113,26 @@ class MemberChatModel(CallPathChatModel):
                 if present:
                     return present[0]
         raise MemberAbsent(self.member_name, coalition, node)
+
+
+AGENT_NODES = frozenset({"agent", "model"})
+"""The node a prebuilt agent calls its model in: `create_react_agent`'s "agent", LangChain's `create_agent`'s
+"model" (also inside langgraph-supervisor's and langgraph-swarm's agents)."""
+
+
+def call_node(
+    metadata: dict[str, Any] | None, parent: UUID | None, binding: MemberBinding | None
+) -> str | None:
+    """The node a call is reported under: LangGraph's node that made it, except in a prebuilt agent (its
+    "agent" / "model" node, the same in every agent), where it is the agent's name: the name of the graph that
+    node ran in (`create_react_agent(name=...)`, an agent of a supervisor or swarm), read from the play's runs
+    (`MemberBinding.graph_of`), else the ``lc_agent_name`` LangChain's `create_agent` sets."""
+    node = (metadata or {}).get("langgraph_node")
+    if node not in AGENT_NODES:
+        return node
+    graph = binding.graph_of(parent) if binding is not None and binding.graph_of is not None else None
+    agent = graph or (metadata or {}).get("lc_agent_name")
+    return str(agent) if agent else node
 
 
 def note_absence(

@@ -146,12 +146,45 @@ class _Job(concurrent.futures.Future[T]):
 
 def run_loop(coro: Coroutine[Any, Any, T]) -> T:
     """`asyncio.run(coro)` on a loop whose default executor is a `DaemonThreads` (the CLI's commands)."""
+    with CommandLoop() as loop:
+        return loop.run(coro)
 
-    async def main() -> T:
-        asyncio.get_running_loop().set_default_executor(DaemonThreads())
-        return await coro
 
-    return asyncio.run(main())
+async def _daemon_threads() -> None:
+    asyncio.get_running_loop().set_default_executor(DaemonThreads())
+
+
+class CommandLoop:
+    """One event loop for a command's several steps, in this thread (`asyncio.Runner`: Ctrl-C cancels the step
+    running): what `enter` opens on it (an app's async factory, whose resources are bound to the loop they were
+    made on) stays open for the steps that `run` then plays, and is closed on it when the command ends, before
+    the loop is. Its default executor is a `DaemonThreads`, as `run_loop`'s."""
+
+    def __init__(self) -> None:
+        self._runner = asyncio.Runner()
+        self._opened = contextlib.AsyncExitStack()
+        self._runner.run(_daemon_threads())
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run `coro` on the loop until it is done."""
+        return self._runner.run(coro)
+
+    def enter(self, context: contextlib.AbstractAsyncContextManager[T]) -> T:
+        """Enter an async context manager on the loop; it is exited by `close`."""
+        return self._runner.run(self._opened.enter_async_context(context))
+
+    def close(self) -> None:
+        """Exit what was entered (last first), then close the loop."""
+        try:
+            self._runner.run(self._opened.aclose())
+        finally:
+            self._runner.close()
+
+    def __enter__(self) -> CommandLoop:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def new_loop_thread(name: str, executor: concurrent.futures.Executor) -> asyncio.AbstractEventLoop:
