@@ -110,13 +110,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict, TypeVar
 
-from colab_graphs.sandbox import backends
+from colab_graphs.sandbox import backends, visible
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +177,7 @@ def run_code(
     stdin: str | None = None,
     backend: str | None = None,
     python: str | None = None,
+    packages: Iterable[str] | None = None,
 ) -> SandboxResult:
     """Run Python source in the sandbox and wait for it (at most `timeout_s` of wall clock).
 
@@ -194,10 +195,13 @@ def run_code(
         stdin: text fed to the program's standard input (empty when None).
         backend: the sandbox setting (`colab_graphs.sandbox.backends`; None: env, else ``auto``).
         python: the interpreter that runs the code (None: `sandbox_python()`, the caller's own environment).
+        packages: the packages the code may import and read (`colab_graphs.sandbox.visible`; None: the default
+            allow-list as env `COLAB_GRAPHS_SANDBOX_PACKAGES` changes it); nothing else of the environment is
+            visible.
 
     Raises:
         SandboxUnavailable: no backend meets `backend` here, or the sandbox could not start the code (the
-            interpreter cannot be run inside it): nothing was judged.
+            interpreter cannot be run inside it, an allowed package is not installed): nothing was judged.
 
     Returns:
         A `SandboxResult`; the run never raises for anything the code does.
@@ -217,6 +221,7 @@ def run_code(
         disk_mb,
         roles=("candidate",),
         python=python or sandbox_python(),
+        packages=packages,
     )
     with run:
         out = run.start(
@@ -256,6 +261,7 @@ def run_judged(
     network: bool = False,
     backend: str | None = None,
     python: str | None = None,
+    packages: Iterable[str] | None = None,
 ) -> JudgedRun:
     """Run `code` as the candidate and `harness`'s `judge(reply_fd, request_fd, request)` as its judge.
 
@@ -271,7 +277,7 @@ def run_judged(
     files: dict[str, str | bytes] = {"solution.py": code, "harness.code": _compiled(harness, python)}
     run = _Run(
         _isolation_plan(network, chosen), timeout_s + _JUDGE_GRACE_S, memory_mb, cpu_s or int(timeout_s) + 1,
-        max_procs, disk_mb, roles=("candidate", "judge"), python=python,
+        max_procs, disk_mb, roles=("candidate", "judge"), python=python, packages=packages,
     )  # fmt: skip
     with run:
         out = run.start(
@@ -461,6 +467,8 @@ class LaunchPlan(TypedDict):
         bool  # confine both processes with Landlock and seccomp, and sweep the run's processes at the end
     )
     network: bool  # the run may use the network (no netns; under landlock: sockets and TCP allowed)
+    view: visible.View  # what the run sees of its interpreter (the private root binds it)
+    landlock_rules: list[tuple[str, str]]  # the view and the system directories as Landlock rules
 
 
 @dataclass(frozen=True)
@@ -488,6 +496,9 @@ class _Outcome:
     )
 
 
+_NO_VIEW: visible.View = {"links": [], "files": [], "trees": [], "listed": [], "hidden": [], "packages": []}
+
+
 class _Run:
     """One sandbox run's resources (uids, a fallback work directory) and the launcher that uses them."""
 
@@ -501,8 +512,11 @@ class _Run:
         disk_mb: int,
         roles: tuple[str, ...],
         python: str,
+        packages: Iterable[str] | None = None,
     ) -> None:
         self.plan, self.timeout_s, self.roles, self.python = plan, timeout_s, roles, python
+        # Resolved before anything is held: an allowed package that is not installed refuses the run.
+        self.view = visible.view(python, packages) if plan.private_root or plan.landlock else None
         self.memory, self.cpu_s, self.max_procs, self.disk_mb = memory_mb * 1024**2, cpu_s, max_procs, disk_mb
         self.uids: dict[str, int | None] = dict.fromkeys(roles)
         self.workdir: str | None = None
@@ -568,6 +582,10 @@ class _Run:
             "fds": {name: pipes[name][1] for name in ("status", "verdict", "judge_log")},
             "landlock": self.plan.landlock,
             "network": self.plan.network,
+            "view": self.view or _NO_VIEW,
+            "landlock_rules": visible.landlock_rules(self.view, visible.SYSTEM)
+            if self.view and self.plan.landlock
+            else [],
         }
         child_fds = (pipes["config"][0], *plan["fds"].values())
         argv_ = [*self.plan.prefix, plan["python"], "-I", "-S", _LAUNCHER, str(pipes["config"][0])]
