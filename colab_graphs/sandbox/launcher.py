@@ -53,7 +53,7 @@ _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
 _MNT_DETACH = 2
 _CLONE_NEWNS, _CLONE_NEWPID = 0x00020000, 0x20000000
 _PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT = 4, 24, 38, 47
-_PR_SET_KEEPCAPS, _PR_SET_SECCOMP, _PR_SET_CHILD_SUBREAPER = 8, 22, 36
+_PR_SET_KEEPCAPS, _PR_SET_SECCOMP, _PR_SET_CHILD_SUBREAPER, _PR_SET_PDEATHSIG = 8, 22, 36, 1
 _CAP_DAC_READ_SEARCH = 2
 _PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
 # statvfs flags of a bind's source that an unprivileged remount must keep (the kernel locks them).
@@ -90,6 +90,10 @@ def main(config_fd: int) -> None:
             os._exit(_FAILED)
 
         signal.signal(signal.SIGTERM, on_term)
+        # A scorer killed mid-run (SIGKILL) cannot time the run out: its death ends the run the same way.
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != plan["host"]:
+            on_term()
         applied += ["own_session", "sweep"]
     if plan["private_root"]:
         files_dir, workdir = _build_private_root(plan)

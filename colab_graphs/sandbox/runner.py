@@ -101,6 +101,7 @@ import logging
 import marshal
 import os
 import pwd
+import re
 import secrets
 import shutil
 import signal
@@ -412,11 +413,13 @@ def _namespaces_missing() -> str | None:
     return None
 
 
-# The Landlock ABI the landlock backend needs: as root, 1 (the filesystem; the dropped uid keeps the run from
-# signalling others, and the seccomp filter refuses sockets); for a non-root caller, whose uid the code then
-# shares, 6: ABI 3's truncate right (else it could truncate the caller's files) and ABI 6's signal scoping
-# (else it could kill the caller's processes, the scorer included).
-_LANDLOCK_MIN_ABI = {True: 1, False: 6}
+# The Landlock ABI the landlock backend needs: as root, 3 (the filesystem with truncation: below ABI 3 Landlock
+# does not govern truncate(), so the code could empty a world-writable file anywhere; the dropped uid keeps
+# the run from signalling others, and the seccomp filter refuses sockets); for a non-root caller, whose uid
+# the code then shares, 6: also ABI 6's signal scoping (else it could kill the caller's processes, the
+# scorer included).
+_LANDLOCK_MIN_ABI = {True: 3, False: 6}
+_LANDLOCK_KERNEL = {1: "5.13", 2: "5.19", 3: "6.2", 4: "6.7", 5: "6.10", 6: "6.12", 7: "6.15"}
 
 
 def _landlock_missing() -> str | None:
@@ -425,7 +428,11 @@ def _landlock_missing() -> str | None:
     if abi < needed:
         found = f"ABI {abi}" if abi else "none (kernel older than 5.13, or the landlock system calls refused)"
         who = "root" if os.geteuid() == 0 else "a non-root caller"
-        return f"Landlock ABI {needed} or newer is needed for {who}; this kernel offers {found}"
+        why = "truncation" if needed == 3 else "truncation and signal scoping"
+        return (
+            f"Landlock ABI {needed} (Linux {_LANDLOCK_KERNEL[needed]}) or newer is needed for {who} "
+            f"({why}); this kernel offers {found}"
+        )
     return _probe_problem(_Plan([], [], private_root=False, landlock=True))
 
 
@@ -467,6 +474,7 @@ class LaunchPlan(TypedDict):
         bool  # confine both processes with Landlock and seccomp, and sweep the run's processes at the end
     )
     network: bool  # the run may use the network (no netns; under landlock: sockets and TCP allowed)
+    host: int  # the scorer's PID: the landlock launcher ends (and sweeps) when it dies
     view: visible.View  # what the run sees of its interpreter (the private root binds it)
     landlock_rules: list[tuple[str, str]]  # the view and the system directories as Landlock rules
 
@@ -526,7 +534,9 @@ class _Run:
             for role in self.roles:
                 self.uids[role] = _UIDS.acquire()
         if not self.plan.private_root:
-            self.workdir = tempfile.mkdtemp(prefix="cg_sandbox_", dir=_workdir_parent())
+            parent = _workdir_parent() or tempfile.gettempdir()
+            _sweep_workdirs(parent, os.getpid())
+            self.workdir = tempfile.mkdtemp(prefix=f"cg_sandbox_{_owner_tag()}_", dir=parent)
             if self.uids["candidate"] is not None:
                 os.chown(self.workdir, self.uids["candidate"], self.uids["candidate"])
             os.chmod(self.workdir, 0o700)
@@ -582,6 +592,7 @@ class _Run:
             "fds": {name: pipes[name][1] for name in ("status", "verdict", "judge_log")},
             "landlock": self.plan.landlock,
             "network": self.plan.network,
+            "host": os.getpid(),
             "view": self.view or _NO_VIEW,
             "landlock_rules": visible.landlock_rules(self.view, visible.SYSTEM)
             if self.view and self.plan.landlock
@@ -993,6 +1004,47 @@ def _uid_exists(uid: int) -> bool:
 
 
 _UIDS = _UidPool()
+
+
+# A work directory's name says which process made it (`_owner_tag`): a scorer killed mid-run (SIGKILL, the
+# OOM killer) cannot remove its own, so the next one to start removes those whose maker is gone.
+_WORKDIR_NAME = re.compile(r"cg_sandbox_(\d+)-(\d+)-(\d+)_")
+
+
+def _owner_tag(pid: int | None = None) -> str:
+    """``PIDNS-PID-START``: this process (or `pid`) as no other process, now or later, is: its PID namespace
+    (a /tmp shared across containers holds other namespaces' PIDs), its PID and its start time (PIDs are
+    reused). Empty when the process is gone."""
+    where = f"/proc/{pid or 'self'}"
+    try:
+        namespace = os.stat(f"{where}/ns/pid").st_ino
+        with open(f"{where}/stat") as fh:
+            start = fh.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+    return f"{namespace}-{pid or os.getpid()}-{start}"
+
+
+@functools.cache
+def _sweep_workdirs(parent: str, _pid: int) -> None:
+    """Remove the work directories in `parent` whose maker is gone (once per process and directory; `_pid`
+    makes a forked child sweep again). Only directories of this PID namespace, and of the uids a run of
+    this caller gives them (the run uids as root, this uid otherwise), are considered."""
+    ours = _owner_tag().split("-")[0]
+    uids = (
+        range(_UID_BASE, _UID_BASE + _UID_COUNT) if os.geteuid() == 0 else range(os.getuid(), os.getuid() + 1)
+    )
+    with contextlib.suppress(OSError), os.scandir(parent) as entries:
+        for entry in entries:
+            found = _WORKDIR_NAME.match(entry.name)
+            if found is None or found.group(1) != ours:
+                continue
+            with contextlib.suppress(OSError):
+                info = entry.stat(follow_symlinks=False)
+                if not stat.S_ISDIR(info.st_mode) or info.st_uid not in uids:
+                    continue
+                if _owner_tag(int(found.group(2))) != "-".join(found.groups()):
+                    shutil.rmtree(entry.path, onerror=_force_remove)
 
 
 def _force_remove(func: object, path: str, _exc: object) -> None:
