@@ -21,8 +21,8 @@ The **namespaces** backend (`unshare`; as root, or any user where user namespace
   even ones that called `setsid`; ``nested_pidns``: the candidate runs in a PID namespace of its own inside it,
   so it cannot signal, trace or even see the judge (or anything but its own processes) in its `/proc`.
 - ``mountns`` + ``private_root`` + ``readonly_fs``: the sandbox's root is a fresh read-only tree holding only
-  `/usr`, `/bin`, `/sbin`, `/lib*`, `/etc` and the interpreter's prefixes (a venv's and its base install's,
-  bound read-only, without the mounts below them), a minimal `/dev`, its own `/proc`. The host's `/tmp`,
+  `/usr`, `/bin`, `/sbin`, `/lib*`, `/etc` (bound read-only, without the mounts below them) and the view of
+  the interpreter (``package_allow_list``: `colab_graphs.sandbox.visible`), a minimal `/dev`, its own `/proc`. The host's `/tmp`,
   `/run`, `/var`, `/home`, `/root`, `/work`... are not in it, so no Unix socket there (a mode-666 one in /tmp,
   Docker's) can be reached, and no file there read.
 - ``disk_cap``: the work directory is a tmpfs of `disk_mb` MiB (`/tmp` inside, also `HOME` and `TMPDIR`), the
@@ -32,8 +32,9 @@ The **landlock** backend (no namespaces: where `unshare` is refused, as in a con
 seccomp profile; `launcher` has the details):
 
 - ``landlock_fs`` (``landlock_abi_N`` names the kernel's ABI): reading only the system directories, the files
-  of `/etc` that the C library and Python read, and the interpreter's prefixes; writing only the work
-  directory (a fresh `cg_sandbox_*` directory of the run's uid); no `/proc` at all. ``landlock_tcp`` (ABI 4):
+  of `/etc` that the C library and Python read, and the view of the interpreter (``package_allow_list``);
+  writing only the work directory (a fresh `cg_sandbox_*` directory of the run's uid, named by its scorer,
+  which the next scorer removes if this one was killed); no `/proc` at all. ``landlock_tcp`` (ABI 4):
   no TCP bind or connect. ``landlock_scopes`` (ABI 6): no signal to, and no abstract Unix socket of, any
   process outside the run's Landlock domain.
 - ``seccomp``: no `socket()` (Landlock does not cover connecting to a Unix socket by path), only connected
