@@ -243,6 +243,7 @@ def _run(tmp: Path, records: list[dict], replies: dict[str, str], sandbox: str |
     return {row["id"]: row["score"] for row in rows}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(SANDBOX_REFUSAL is not None, reason=f"no safe sandbox backend here: {SANDBOX_REFUSAL}")
 def test_no_answer_key_is_readable_and_the_allowed_packages_still_import(tmp_path):
     records, replies = [], {}
@@ -259,6 +260,7 @@ def test_no_answer_key_is_readable_and_the_allowed_packages_still_import(tmp_pat
     assert scores == expected
 
 
+@pytest.mark.slow
 def test_the_same_probes_unconfined_find_each_key(tmp_path):
     """The control: without containment each probe finds its source's key file and scores 1."""
     records, replies = [], {}

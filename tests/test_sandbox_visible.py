@@ -34,6 +34,7 @@ from tests.test_sandbox import (
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not SOURCES, reason="no benchmark source is installed")
 @pytest.mark.parametrize("backend", SAFE_BACKENDS)
 def test_the_probe_walks_the_sandbox_and_finds_no_key(backend):
@@ -211,6 +212,7 @@ def _workdirs_of(pid: int) -> list[Path]:
     return [p for p in parent.glob(f"cg_sandbox_*-{pid}-*_*")]
 
 
+@pytest.mark.slow
 @requires_landlock
 def test_work_directories_of_a_killed_scorer_are_removed_by_the_next_one():
     marker = f"cg-orphan-{uuid.uuid4().hex}"
