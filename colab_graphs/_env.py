@@ -14,7 +14,10 @@ index, with `HF_HUB_OFFLINE` left unset (tests/test_env.py checks both); a user 
 sets `HF_HUB_OFFLINE=1` themselves. Users who set any of the variables above themselves win.
 """
 
+import ast
 import os
+import sys
+import threading
 
 _DEFAULTS = {
     "LITELLM_LOCAL_MODEL_COST_MAP": "True",
@@ -30,4 +33,24 @@ def apply_defaults() -> None:
         os.environ.setdefault(key, value)
 
 
+def _serialize_ast_parse() -> None:
+    """CPython 3.11 keeps the recursion guard of its AST-to-object conversion in interpreter-wide state
+    (gh-106905), so two threads parsing at once can fail with "SystemError: AST constructor recursion depth
+    mismatch" (seen here on 3.11.7, ending a whole `colab-graphs run`: the code scorer parses tests and reads
+    the sandbox's reports with `ast.literal_eval` on its pool threads while the event loop extracts code). One
+    lock around `ast.parse`, which `ast.literal_eval` calls, serializes every parse that goes through it."""
+    if sys.version_info >= (3, 12) or getattr(ast.parse, "_serialized", False):
+        return
+    parse, lock = ast.parse, threading.RLock()
+
+    def serialized(*args, **kwargs):  # type: ignore[no-untyped-def]  # ast.parse's own overloads
+        with lock:
+            return parse(*args, **kwargs)
+
+    serialized._serialized = True  # type: ignore[attr-defined]
+    serialized.__doc__ = parse.__doc__
+    ast.parse = serialized
+
+
 apply_defaults()
+_serialize_ast_parse()

@@ -66,8 +66,8 @@ def _landlock_abi() -> int:
 
 
 LANDLOCK_ABI = _landlock_abi()
-# The landlock backend's minimum: ABI 1 as root, 6 for a non-root caller (see `runner._LANDLOCK_MIN_ABI`).
-LANDLOCK_USABLE = (1 if os.geteuid() == 0 else 6) <= LANDLOCK_ABI
+# The landlock backend's minimum: ABI 3 as root, 6 for a non-root caller (see `runner._LANDLOCK_MIN_ABI`).
+LANDLOCK_USABLE = (3 if os.geteuid() == 0 else 6) <= LANDLOCK_ABI
 requires_landlock = pytest.mark.skipif(
     not LANDLOCK_USABLE, reason=f"this kernel's Landlock ABI is {LANDLOCK_ABI}"
 )

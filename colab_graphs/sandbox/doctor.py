@@ -8,6 +8,7 @@
 - ``setting``: env `COLAB_GRAPHS_SANDBOX` (what a command uses without ``--sandbox``) and the backend it gets;
 - ``interpreter``: the Python the sandboxed code runs, whether it is this environment's (its packages) and
   whether the sandbox's uid can run it (tried as that uid, not decided from permission bits);
+- ``packages``: the allow-list of packages the code sees (`colab_graphs.sandbox.visible`), or why it is refused;
 - ``landlock_abi``: the kernel's Landlock ABI version (None with the reason);
 - ``user_namespaces``: the kernel's switches for them and whether this process can create one now.
 
@@ -55,6 +56,7 @@ def diagnose() -> dict[str, Any]:
         "interpreter": interpreter()
         if auto is not None
         else {"path": None, "reachable": False, "problem": None},
+        "packages": packages(),
         "landlock_abi": landlock_abi(),
         "user_namespaces": user_namespaces(),
         "euid": os.geteuid(),
@@ -114,6 +116,16 @@ def interpreter(backend: str | None = None) -> dict[str, Any]:
     else:
         result["problem"] = None
     return result
+
+
+def packages() -> dict[str, Any]:
+    """The packages sandboxed code may import and read (the rest of the environment is hidden from it)."""
+    from colab_graphs.sandbox import visible
+
+    try:
+        return {"allowed": list(visible.allowed_packages()), "env": visible.PACKAGES_ENV, "problem": None}
+    except SandboxUnavailable as err:
+        return {"allowed": [], "env": visible.PACKAGES_ENV, "problem": str(err)}
 
 
 def landlock_abi() -> dict[str, Any]:
@@ -181,6 +193,11 @@ def render(found: dict[str, Any]) -> list[str]:
     lines.append(f"interpreter: {py.get('path') or runner_python()} ({how})")
     if py.get("problem"):
         lines.append(f"  note: {py['problem']}")
+    allowed = found["packages"]
+    listed = ", ".join(allowed["allowed"]) or "none (standard library only)"
+    lines.append(f"packages the code sees: {listed} ({allowed['env']} changes it)")
+    if allowed["problem"]:
+        lines.append(f"  note: {allowed['problem']}")
     abi = found["landlock_abi"]
     lines.append(f"landlock ABI: {abi['abi']}" if abi["abi"] is not None else f"landlock: {abi['why_not']}")
     ns = found["user_namespaces"]

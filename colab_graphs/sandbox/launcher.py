@@ -7,7 +7,8 @@ what it reports back (the status and the verdict) are Python literals, one per l
 
 1. makes itself non-dumpable (its memory holds the tests: no process of its uid may read it through /proc);
 2. namespaces: builds a **private root**: a read-only tmpfs holding only the system directories Python needs
-   (`/usr`, `/bin`, `/lib*`, `/sbin`, `/etc`, the interpreter's prefixes), bound read-only, a `/dev` of
+   (`/usr`, `/bin`, `/lib*`, `/sbin`, `/etc`) and the view of the interpreter (`colab_graphs.sandbox.visible`:
+   its standard library and allowed packages, every other package directory masked), bound read-only, a `/dev` of
    null/zero/full/random/urandom, a fresh `/proc`, a size-capped tmpfs `/tmp` (the work directory and the
    only writable place) and a size-capped `/dev/shm`; then `pivot_root`s into it and detaches the host's tree.
    landlock: writes the programs into the host's per-run work directory and becomes a child subreaper;
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from typing import NoReturn, TextIO
 
     from colab_graphs.sandbox.runner import JudgePlan, LaunchPlan
+    from colab_graphs.sandbox.visible import View
 
 _FAILED = 125
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
@@ -90,6 +92,10 @@ def main(config_fd: int) -> None:
             os._exit(_FAILED)
 
         signal.signal(signal.SIGTERM, on_term)
+        # A scorer killed mid-run (SIGKILL) cannot time the run out: its death ends the run the same way.
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != plan["host"]:
+            on_term()
         applied += ["own_session", "sweep"]
     if plan["private_root"]:
         files_dir, workdir = _build_private_root(plan)
@@ -98,6 +104,8 @@ def main(config_fd: int) -> None:
         files_dir = workdir = plan["workdir"]
         for name, text in plan["files"].items():
             _write(os.path.join(files_dir, name), text, plan["uids"]["candidate"])
+        if plan["landlock"]:
+            _link_packages(plan["view"], os.path.join(workdir, _PACKAGES_DIR))
     else:
         _die("the plan has neither a private root nor a work directory")
     if plan["uids"]["candidate"] is not None:
@@ -106,6 +114,8 @@ def main(config_fd: int) -> None:
         applied += ["seccomp", *_landlock_labels(plan["network"])]
     if _keeps_read_search(plan):
         applied.append("read_search_cap")
+    if plan["private_root"] or plan["landlock"]:
+        applied.append("package_allow_list")  # the interpreter's view: `colab_graphs.sandbox.visible`
     judge_pid, rpc, judge = None, None, plan.get("judge")
     if judge:
         to_candidate, to_judge = os.pipe(), os.pipe()
@@ -143,12 +153,15 @@ def _build_private_root(plan: LaunchPlan) -> tuple[str, str]:
     directory of the programs and the work directory, as seen from inside."""
     root = "/tmp"
     os.umask(0o022)
-    # The interpreter's prefixes are held open first: one may lie under /tmp (a clone's .venv), which the
-    # private root is about to cover; they are bound last, over the work directory where they lie in it.
-    prefixes = {
-        p: os.open(p, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        for p in _interpreter_prefixes(plan["python"])
-    }
+    # What the run sees of its interpreter is held open first: it may lie under /tmp (a clone's .venv), which
+    # the private root is about to cover; it is bound last, over the work directory where it lies in it.
+    view = plan["view"]
+    sources = {}
+    for path in (*view["trees"], *view["files"]):
+        try:  # noqa: SIM105 - contextlib is one more import per scored answer
+            sources[path] = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except FileNotFoundError:  # removed since the host looked (an upgrade): not shown
+            pass
     _mount("cg-root", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=8m,mode=755")
     for name in ("proc", "dev", "tmp", "sandbox", ".old"):
         os.mkdir(f"{root}/{name}")
@@ -171,10 +184,7 @@ def _build_private_root(plan: LaunchPlan) -> tuple[str, str]:
         _MS_NOSUID | _MS_NODEV,
         f"size={plan['disk_bytes']},mode=711{owner}",
     )
-    for prefix, fd in prefixes.items():
-        os.makedirs(f"{root}{prefix}", exist_ok=True)
-        _bind_readonly(f"/proc/self/fd/{fd}", f"{root}{prefix}")
-        os.close(fd)
+    _show_interpreter(root, view, sources)
     for name, text in plan["files"].items():
         _write(f"{root}/sandbox/{name}", text, None)
     os.chdir(root)
@@ -191,18 +201,66 @@ def _build_private_root(plan: LaunchPlan) -> tuple[str, str]:
     return _FILES_DIR, _WORKDIR
 
 
-def _interpreter_prefixes(python: str, all_of_them: bool = False) -> list[str]:
+def _show_interpreter(root: str, view: View, sources: dict[str, int]) -> None:
+    """Put the view of the interpreter (`colab_graphs.sandbox.visible`) into the private root: each hidden
+    directory that the system directories bring in is covered by an empty tmpfs, the package directories are
+    made to hold only the allowed entries, each bound read-only, and the links to the interpreter are made.
+    Parents come before what lies in them (by depth), a mask before what it re-exposes."""
+    steps = [(p, 0) for p in view["hidden"]] + [(p, 1) for p in view["listed"]]
+    steps += [(p, 2) for p in view["trees"]] + [(p, 3) for p in view["files"]]
+    steps += [(p, 4) for p, _ in view["links"]]
+    masks = []
+    for path, kind in sorted(steps, key=lambda step: (step[0].count("/"), step[1], step[0])):
+        target = f"{root}{path}"
+        if kind == 0:
+            if os.path.isdir(target) and not os.path.islink(target):
+                _mount("cg-hidden", target, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=64k,mode=755")
+                masks.append(target)
+        elif kind == 1:
+            os.makedirs(target, exist_ok=True)
+        elif kind == 4:
+            if not os.path.lexists(target):
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                os.symlink(dict(view["links"])[path], target)
+        elif path in sources:
+            if not os.path.lexists(target):
+                os.makedirs(target if kind == 2 else os.path.dirname(target), exist_ok=True)
+                if kind == 3:
+                    open(target, "w").close()
+            _bind_readonly(f"/proc/self/fd/{sources[path]}", target)
+    for fd in sources.values():
+        os.close(fd)
+    for target in masks:
+        _mount(None, target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+
+
+_PACKAGES_DIR = ".packages"
+
+
+def _link_packages(view: View, where: str) -> None:
+    """The landlock backend's package directory (it has no mounts to build one): a directory of links to the
+    allowed packages' entries, first on the candidate's path (`PYTHONPATH`), and a `sitecustomize` that takes
+    the interpreter's own package directories off the path. Landlock lets the code read what the links lead
+    to, and nothing else of those directories; listing them is not granted (Python would then find every
+    installed package by name, and an optional import of one would fail with PermissionError, not ImportError)."""
+    os.mkdir(where, 0o755)
+    for entry in (*view["trees"], *view["files"]):
+        if os.path.dirname(entry) in view["listed"]:
+            os.symlink(entry, os.path.join(where, os.path.basename(entry)))
+    hide = f"import sys\nsys.path[:] = [p for p in sys.path if p not in {sorted(view['listed'])!r}]\n"
+    _write(os.path.join(where, "sitecustomize.py"), hide, None)
+
+
+def _interpreter_prefixes(python: str) -> list[str]:
     """The install prefixes of `python` (the interpreter this launcher runs on, by the path the code will run
-    it as): a venv's (where its site-packages are: found as Python finds it, by the `pyvenv.cfg` beside the
-    executable or one level up) and the base install's; without `all_of_them`, only those the system
-    directories do not already hold (a venv, a pyenv, a conda)."""
+    it as): a venv's (found as Python finds it, by the `pyvenv.cfg` beside the executable or one level up) and
+    the base install's."""
     found = set()
     here = os.path.dirname(os.path.abspath(python))
     venv = [d for d in (here, os.path.dirname(here)) if os.path.isfile(os.path.join(d, "pyvenv.cfg"))]
     for prefix in (*venv[:1], sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix):
         prefix = os.path.realpath(prefix)
-        top = prefix.strip("/").split("/")[0]
-        if prefix != "/" and (all_of_them or top not in _SYSTEM_DIRS):
+        if prefix != "/":
             found.add(prefix)
     return sorted(found)
 
@@ -261,13 +319,14 @@ def _namespace_ids() -> dict[str, str]:
 # Landlock (Documentation/userspace-api/landlock.rst): the access rights each ABI adds, by bit.
 _LL_CREATE_RULESET, _LL_ADD_RULE, _LL_RESTRICT_SELF = 444, 445, 446  # the same on every architecture
 _LL_VERSION, _LL_RULE_PATH_BENEATH, _LL_RULE_NET_PORT = 1, 1, 2
+_LL_MIN_ABI = 3  # the runner's `_LANDLOCK_MIN_ABI` for root; checked here again, where the rules are made
 _LL_EXECUTE, _LL_WRITE_FILE, _LL_READ_FILE, _LL_READ_DIR = 1, 2, 4, 8
 _LL_REFER, _LL_TRUNCATE, _LL_IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15
 _LL_FILE_RIGHTS = _LL_EXECUTE | _LL_WRITE_FILE | _LL_READ_FILE | _LL_TRUNCATE | _LL_IOCTL_DEV
 _LL_READ = _LL_EXECUTE | _LL_READ_FILE | _LL_READ_DIR
-# What a run may read besides its interpreter: the system's programs and libraries, and of /etc only what the
-# C library and Python's standard library read (not /etc/shadow, which a kept CAP_DAC_READ_SEARCH would open).
-_LL_SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# What a run may read besides the system's programs and libraries and the view of its interpreter (the host's
+# `landlock_rules`): of /etc only what the C library and Python's standard library read (not /etc/shadow,
+# which a kept CAP_DAC_READ_SEARCH would open).
 _LL_ETC = (
     "ld.so.cache", "ld.so.preload", "localtime", "timezone", "passwd", "group", "nsswitch.conf", "hosts",
     "host.conf", "mime.types", "os-release", "ssl", "ca-certificates", "pki", "python3", "fonts", "alternatives",
@@ -287,13 +346,17 @@ def landlock_abi() -> int:
     return max(int(abi), 0)
 
 
-def _landlock(python: str, writable: str | None, network: bool) -> None:
-    """Restrict this process (and all it starts) to reading the system and the interpreter, writing only
-    `writable`; with ABI 4 no TCP bind or connect (unless `network`), with ABI 6 no signal and no abstract Unix
-    socket outside this domain (`_landlock_labels` names what applies). Dies where the kernel refuses."""
+def _landlock(granted: list[tuple[str, str]], writable: str | None, network: bool) -> None:
+    """Restrict this process (and all it starts) to reading what `granted` names (the system and the view of
+    the interpreter: `colab_graphs.sandbox.visible.landlock_rules`), writing only `writable`; with ABI 4 no TCP
+    bind or connect (unless `network`), with ABI 6 no signal and no abstract Unix socket outside this domain
+    (`_landlock_labels` names what applies). Dies where the kernel refuses, or offers less than ABI 3."""
     abi = landlock_abi()
-    if abi < 1:
-        _die("Landlock is not available in this kernel")
+    if abi < _LL_MIN_ABI:
+        # Below ABI 3 truncate() is not governed: the code could empty any file it can open for writing.
+        _die(
+            f"Landlock ABI {_LL_MIN_ABI} (Linux 6.2) or newer is needed (truncation); this kernel offers {abi}"
+        )
     handled = (1 << 13) - 1 | (_LL_REFER if abi >= 2 else 0) | (_LL_TRUNCATE if abi >= 3 else 0)
     handled |= _LL_IOCTL_DEV if abi >= 5 else 0
     net = 0 if network or abi < 4 else 3  # LANDLOCK_ACCESS_NET_BIND_TCP | CONNECT_TCP
@@ -302,9 +365,9 @@ def _landlock(python: str, writable: str | None, network: bool) -> None:
     ruleset = _libc.syscall(_LL_CREATE_RULESET, attr, len(attr), 0)
     if ruleset < 0:
         _die(f"landlock_create_ruleset: errno {ctypes.get_errno()}")
-    prefixes = _interpreter_prefixes(python, all_of_them=True)
-    reads = [*_LL_SYSTEM, *(f"/etc/{name}" for name in _LL_ETC), *prefixes]
-    rules = [(path, _LL_READ) for path in reads]
+    kinds = {"read": _LL_READ, "file": _LL_EXECUTE | _LL_READ_FILE, "list": _LL_READ_DIR}
+    rules = [(path, kinds[kind]) for path, kind in granted]
+    rules += [(f"/etc/{name}", _LL_READ) for name in _LL_ETC]
     rules += [(f"/dev/{name}", _LL_READ | (_LL_WRITE_FILE if w else 0)) for name, w in _LL_DEVICES.items()]
     if writable is not None:
         rules.append((writable, handled))
@@ -313,7 +376,7 @@ def _landlock(python: str, writable: str | None, network: bool) -> None:
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         except OSError:
             continue  # not on this machine
-        if not os.path.isdir(path):
+        if os.fstat(fd).st_mode & 0o170000 != 0o040000:  # not a directory
             access &= _LL_FILE_RIGHTS
         beneath = struct.pack("=Qi", access & handled, fd)  # struct landlock_path_beneath_attr (packed)
         failed = _libc.syscall(_LL_ADD_RULE, ruleset, _LL_RULE_PATH_BENEATH, beneath, 0) != 0
@@ -506,7 +569,7 @@ def install_seccomp(program: bytes) -> None:
 
 def _confine(plan: LaunchPlan, writable: str | None) -> None:
     """The landlock backend's confinement of one process, after its privileges are dropped."""
-    _landlock(plan["python"], writable, plan["network"])
+    _landlock(plan["landlock_rules"], writable, plan["network"])
     install_seccomp(seccomp_program(plan["network"], os.getpgrp()))
 
 
@@ -534,7 +597,7 @@ def _read_search_needed(plan: LaunchPlan) -> bool:
     permissions, is then what limits reading to the system and the interpreter."""
     if plan["uids"]["candidate"] is None:
         return False
-    return not all(_open_to_others(p) for p in _interpreter_prefixes(plan["python"], all_of_them=True))
+    return not all(_open_to_others(p) for p in _interpreter_prefixes(plan["python"]))
 
 
 def _open_to_others(path: str) -> bool:
@@ -726,8 +789,12 @@ def _exec_candidate(plan: LaunchPlan, files_dir: str, workdir: str, rpc: dict[st
         if plan["landlock"]:
             _confine(plan, writable=workdir)
         python = plan["python"]
-        argv = [python, "-I", *[a.replace("{files}", files_dir) for a in plan["argv"]]]
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"}
+        flags = ["-I"]
+        if plan["landlock"]:  # the allowed packages come from the work directory's links (`_link_packages`)
+            flags = ["-s", "-P"] if sys.version_info >= (3, 11) else ["-s"]
+            env["PYTHONPATH"] = os.path.join(workdir, _PACKAGES_DIR)
+        argv = [python, *flags, *[a.replace("{files}", files_dir) for a in plan["argv"]]]
         os.execve(python, argv, env)
     except BaseException as exc:  # noqa: BLE001 - never run the code half-contained
         _die(f"{type(exc).__name__}: {exc}")

@@ -21,8 +21,8 @@ The **namespaces** backend (`unshare`; as root, or any user where user namespace
   even ones that called `setsid`; ``nested_pidns``: the candidate runs in a PID namespace of its own inside it,
   so it cannot signal, trace or even see the judge (or anything but its own processes) in its `/proc`.
 - ``mountns`` + ``private_root`` + ``readonly_fs``: the sandbox's root is a fresh read-only tree holding only
-  `/usr`, `/bin`, `/sbin`, `/lib*`, `/etc` and the interpreter's prefixes (a venv's and its base install's,
-  bound read-only, without the mounts below them), a minimal `/dev`, its own `/proc`. The host's `/tmp`,
+  `/usr`, `/bin`, `/sbin`, `/lib*`, `/etc` (bound read-only, without the mounts below them) and the view of
+  the interpreter (``package_allow_list``: `colab_graphs.sandbox.visible`), a minimal `/dev`, its own `/proc`. The host's `/tmp`,
   `/run`, `/var`, `/home`, `/root`, `/work`... are not in it, so no Unix socket there (a mode-666 one in /tmp,
   Docker's) can be reached, and no file there read.
 - ``disk_cap``: the work directory is a tmpfs of `disk_mb` MiB (`/tmp` inside, also `HOME` and `TMPDIR`), the
@@ -32,8 +32,9 @@ The **landlock** backend (no namespaces: where `unshare` is refused, as in a con
 seccomp profile; `launcher` has the details):
 
 - ``landlock_fs`` (``landlock_abi_N`` names the kernel's ABI): reading only the system directories, the files
-  of `/etc` that the C library and Python read, and the interpreter's prefixes; writing only the work
-  directory (a fresh `cg_sandbox_*` directory of the run's uid); no `/proc` at all. ``landlock_tcp`` (ABI 4):
+  of `/etc` that the C library and Python read, and the view of the interpreter (``package_allow_list``);
+  writing only the work directory (a fresh `cg_sandbox_*` directory of the run's uid, named by its scorer,
+  which the next scorer removes if this one was killed); no `/proc` at all. ``landlock_tcp`` (ABI 4):
   no TCP bind or connect. ``landlock_scopes`` (ABI 6): no signal to, and no abstract Unix socket of, any
   process outside the run's Landlock domain.
 - ``seccomp``: no `socket()` (Landlock does not cover connecting to a Unix socket by path), only connected
@@ -109,6 +110,7 @@ import logging
 import marshal
 import os
 import pwd
+import re
 import secrets
 import shutil
 import signal
@@ -118,13 +120,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict, TypeVar
 
-from colab_graphs.sandbox import backends
+from colab_graphs.sandbox import backends, visible
 
 logger = logging.getLogger(__name__)
 
@@ -185,6 +187,7 @@ def run_code(
     stdin: str | None = None,
     backend: str | None = None,
     python: str | None = None,
+    packages: Iterable[str] | None = None,
 ) -> SandboxResult:
     """Run Python source in the sandbox and wait for it (at most `timeout_s` of wall clock).
 
@@ -202,10 +205,13 @@ def run_code(
         stdin: text fed to the program's standard input (empty when None).
         backend: the sandbox setting (`colab_graphs.sandbox.backends`; None: env, else ``auto``).
         python: the interpreter that runs the code (None: `sandbox_python()`, the caller's own environment).
+        packages: the packages the code may import and read (`colab_graphs.sandbox.visible`; None: the default
+            allow-list as env `COLAB_GRAPHS_SANDBOX_PACKAGES` changes it); nothing else of the environment is
+            visible.
 
     Raises:
         SandboxUnavailable: no backend meets `backend` here, or the sandbox could not start the code (the
-            interpreter cannot be run inside it): nothing was judged.
+            interpreter cannot be run inside it, an allowed package is not installed): nothing was judged.
 
     Returns:
         A `SandboxResult`; the run never raises for anything the code does.
@@ -225,6 +231,7 @@ def run_code(
         disk_mb,
         roles=("candidate",),
         python=python or sandbox_python(),
+        packages=packages,
     )
     with run:
         out = run.start(
@@ -267,6 +274,7 @@ def run_judged(
     network: bool = False,
     backend: str | None = None,
     python: str | None = None,
+    packages: Iterable[str] | None = None,
 ) -> JudgedRun:
     """Run `code` as the candidate and `harness`'s `judge(reply_fd, request_fd, request)` as its judge.
 
@@ -282,7 +290,7 @@ def run_judged(
     files: dict[str, str | bytes] = {"solution.py": code, "harness.code": _compiled(harness, python)}
     run = _Run(
         _isolation_plan(network, chosen), timeout_s + _JUDGE_GRACE_S, memory_mb, cpu_s or int(timeout_s) + 1,
-        max_procs, disk_mb, roles=("candidate", "judge"), python=python,
+        max_procs, disk_mb, roles=("candidate", "judge"), python=python, packages=packages,
     )  # fmt: skip
     with run:
         out = run.start(
@@ -434,11 +442,13 @@ def _namespaces_missing() -> str | None:
     return None
 
 
-# The Landlock ABI the landlock backend needs: as root, 1 (the filesystem; the dropped uid keeps the run from
-# signalling others, and the seccomp filter refuses sockets); for a non-root caller, whose uid the code then
-# shares, 6: ABI 3's truncate right (else it could truncate the caller's files) and ABI 6's signal scoping
-# (else it could kill the caller's processes, the scorer included).
-_LANDLOCK_MIN_ABI = {True: 1, False: 6}
+# The Landlock ABI the landlock backend needs: as root, 3 (the filesystem with truncation: below ABI 3 Landlock
+# does not govern truncate(), so the code could empty a world-writable file anywhere; the dropped uid keeps
+# the run from signalling others, and the seccomp filter refuses sockets); for a non-root caller, whose uid
+# the code then shares, 6: also ABI 6's signal scoping (else it could kill the caller's processes, the
+# scorer included).
+_LANDLOCK_MIN_ABI = {True: 3, False: 6}
+_LANDLOCK_KERNEL = {1: "5.13", 2: "5.19", 3: "6.2", 4: "6.7", 5: "6.10", 6: "6.12", 7: "6.15"}
 
 
 def _landlock_missing() -> str | None:
@@ -447,7 +457,11 @@ def _landlock_missing() -> str | None:
     if abi < needed:
         found = f"ABI {abi}" if abi else "none (kernel older than 5.13, or the landlock system calls refused)"
         who = "root" if os.geteuid() == 0 else "a non-root caller"
-        return f"Landlock ABI {needed} or newer is needed for {who}; this kernel offers {found}"
+        why = "truncation" if needed == 3 else "truncation and signal scoping"
+        return (
+            f"Landlock ABI {needed} (Linux {_LANDLOCK_KERNEL[needed]}) or newer is needed for {who} "
+            f"({why}); this kernel offers {found}"
+        )
     return _probe_problem(_Plan([], [], private_root=False, landlock=True))
 
 
@@ -489,6 +503,9 @@ class LaunchPlan(TypedDict):
         bool  # confine both processes with Landlock and seccomp, and sweep the run's processes at the end
     )
     network: bool  # the run may use the network (no netns; under landlock: sockets and TCP allowed)
+    host: int  # the scorer's PID: the landlock launcher ends (and sweeps) when it dies
+    view: visible.View  # what the run sees of its interpreter (the private root binds it)
+    landlock_rules: list[tuple[str, str]]  # the view and the system directories as Landlock rules
 
 
 @dataclass(frozen=True)
@@ -516,6 +533,9 @@ class _Outcome:
     )
 
 
+_NO_VIEW: visible.View = {"links": [], "files": [], "trees": [], "listed": [], "hidden": [], "packages": []}
+
+
 class _Run:
     """One sandbox run's resources (uids, a fallback work directory) and the launcher that uses them."""
 
@@ -529,8 +549,11 @@ class _Run:
         disk_mb: int,
         roles: tuple[str, ...],
         python: str,
+        packages: Iterable[str] | None = None,
     ) -> None:
         self.plan, self.timeout_s, self.roles, self.python = plan, timeout_s, roles, python
+        # Resolved before anything is held: an allowed package that is not installed refuses the run.
+        self.view = visible.view(python, packages) if plan.private_root or plan.landlock else None
         self.memory, self.cpu_s, self.max_procs, self.disk_mb = memory_mb * 1024**2, cpu_s, max_procs, disk_mb
         self.uids: dict[str, int | None] = dict.fromkeys(roles)
         self.workdir: str | None = None
@@ -540,7 +563,9 @@ class _Run:
             for role in self.roles:
                 self.uids[role] = _UIDS.acquire()
         if not self.plan.private_root:
-            self.workdir = tempfile.mkdtemp(prefix="cg_sandbox_", dir=_workdir_parent())
+            parent = _workdir_parent() or tempfile.gettempdir()
+            _sweep_workdirs(parent, os.getpid())
+            self.workdir = tempfile.mkdtemp(prefix=f"cg_sandbox_{_owner_tag()}_", dir=parent)
             if self.uids["candidate"] is not None:
                 os.chown(self.workdir, self.uids["candidate"], self.uids["candidate"])
             os.chmod(self.workdir, 0o700)
@@ -596,6 +621,11 @@ class _Run:
             "fds": {name: pipes[name][1] for name in ("status", "verdict", "judge_log")},
             "landlock": self.plan.landlock,
             "network": self.plan.network,
+            "host": os.getpid(),
+            "view": self.view or _NO_VIEW,
+            "landlock_rules": visible.landlock_rules(self.view, visible.SYSTEM)
+            if self.view and self.plan.landlock
+            else [],
         }
         child_fds = (pipes["config"][0], *plan["fds"].values())
         argv_ = [*self.plan.prefix, plan["python"], "-I", "-S", _LAUNCHER, str(pipes["config"][0])]
@@ -1015,6 +1045,47 @@ def _uid_exists(uid: int) -> bool:
 
 
 _UIDS = _UidPool()
+
+
+# A work directory's name says which process made it (`_owner_tag`): a scorer killed mid-run (SIGKILL, the
+# OOM killer) cannot remove its own, so the next one to start removes those whose maker is gone.
+_WORKDIR_NAME = re.compile(r"cg_sandbox_(\d+)-(\d+)-(\d+)_")
+
+
+def _owner_tag(pid: int | None = None) -> str:
+    """``PIDNS-PID-START``: this process (or `pid`) as no other process, now or later, is: its PID namespace
+    (a /tmp shared across containers holds other namespaces' PIDs), its PID and its start time (PIDs are
+    reused). Empty when the process is gone."""
+    where = f"/proc/{pid or 'self'}"
+    try:
+        namespace = os.stat(f"{where}/ns/pid").st_ino
+        with open(f"{where}/stat") as fh:
+            start = fh.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+    return f"{namespace}-{pid or os.getpid()}-{start}"
+
+
+@functools.cache
+def _sweep_workdirs(parent: str, _pid: int) -> None:
+    """Remove the work directories in `parent` whose maker is gone (once per process and directory; `_pid`
+    makes a forked child sweep again). Only directories of this PID namespace, and of the uids a run of
+    this caller gives them (the run uids as root, this uid otherwise), are considered."""
+    ours = _owner_tag().split("-")[0]
+    uids = (
+        range(_UID_BASE, _UID_BASE + _UID_COUNT) if os.geteuid() == 0 else range(os.getuid(), os.getuid() + 1)
+    )
+    with contextlib.suppress(OSError), os.scandir(parent) as entries:
+        for entry in entries:
+            found = _WORKDIR_NAME.match(entry.name)
+            if found is None or found.group(1) != ours:
+                continue
+            with contextlib.suppress(OSError):
+                info = entry.stat(follow_symlinks=False)
+                if not stat.S_ISDIR(info.st_mode) or info.st_uid not in uids:
+                    continue
+                if _owner_tag(int(found.group(2))) != "-".join(found.groups()):
+                    shutil.rmtree(entry.path, onerror=_force_remove)
 
 
 def _force_remove(func: object, path: str, _exc: object) -> None:
