@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from colab_graphs.files import holding
+from colab_graphs.files import empty_folder, holding
 from colab_graphs.langchain.binding import AbsentRule
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient, background_loop
 from colab_graphs.pool import Pool
-from colab_graphs.runner import ExampleOutcome
+from colab_graphs.runner import RESULT_COLUMNS, ExampleOutcome
 from colab_graphs.spec import GraphSpec
 from colab_graphs.tables import html_table, to_dataset, to_pandas
 from colab_graphs.tasks.checks import check_examples
@@ -51,7 +51,6 @@ T = TypeVar("T")
 P = ParamSpec("P")
 PoolLike = Pool | str | os.PathLike[str] | Mapping[str, Mapping[str, Any]]
 DataLike = str | os.PathLike[str] | Sequence[Example | Mapping[str, Any]]
-RESULT_COLUMNS = ("id", "answer", "score", "failed", "error", "output")
 
 
 @dataclass
@@ -66,7 +65,8 @@ class RunResult:
         return self.summary["score"]
 
     def rows(self) -> list[dict[str, Any]]:
-        """One row per example: id, answer, score, failed, error, output (`results.jsonl`'s lines)."""
+        """One row per example: id, input, gold, prediction, score, failed, error, output, and `answer` (the
+        prediction's deprecated name) (`results.jsonl`'s lines; `colab_graphs.runner.RESULT_COLUMNS`)."""
         return [o.result_line() for o in self.outcomes]
 
     def to_pandas(self) -> Any:
@@ -202,18 +202,32 @@ def as_pool(pool: PoolLike | None) -> Pool:
 
 
 def as_examples(
-    data: DataLike | None, limit: int | None = None, seed: int | None = None, scorer: Any = None
+    data: DataLike | None,
+    limit: int | None = None,
+    seed: int | None = None,
+    scorer: Any = None,
+    *,
+    fields: Mapping[str, str] | None = None,
+    split: str | None = None,
 ) -> list[Example]:
-    """Examples from a source name or file, or a list of examples or mappings (None: the embedded default),
+    """Examples from a source name or file (JSONL, JSON, CSV, ``hf:``), a `datasets.Dataset` / `DatasetDict`
+    (`split` picks one), a pandas `DataFrame`, or a list of examples or mappings (None: the embedded default),
     checked for what `scorer` (a name; None: each example's default) needs before any call is made.
-    `limit` keeps the first `limit` (>= 1; None: all)."""
+    `limit` keeps the first `limit` (>= 1; None: all). `fields` maps an Example field to the records' field
+    (``{"input": "question", "answer": "label", "id": "uid"}``, as inspect_ai's `FieldSpec`); see
+    `colab_graphs.tasks.loaders.load_examples`."""
     named = scorer if isinstance(scorer, str) else None
+    field_map = _field_map(fields)
     if data is None:
         from colab_graphs.defaults import DEFAULT_DATA, DEFAULT_LIMIT
 
         return load_examples(DEFAULT_DATA, limit=limit or DEFAULT_LIMIT, shuffle_seed=seed, scorer=named)
-    if isinstance(data, str | os.PathLike):
-        return load_examples(data, limit=limit, shuffle_seed=seed, scorer=named)
+    if isinstance(data, str | os.PathLike) or not isinstance(data, list | tuple) or field_map:
+        # (A Dataset and a DataFrame iterate as records and column names: they go to the loader, as files do.)
+        rows = list(data) if isinstance(data, list | tuple) else data
+        return load_examples(
+            rows, split=split, limit=limit, shuffle_seed=seed, field_map=field_map, scorer=named
+        )
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         from colab_graphs.tasks.example import DatasetError
 
@@ -223,6 +237,20 @@ def as_examples(
     if scorer is None or named is not None:
         check_examples(examples, named, "examples given in Python")
     return examples
+
+
+def _field_map(fields: Any) -> dict[str, str] | None:
+    """`fields` as an Example field -> record field mapping: a mapping, or an object with such attributes
+    (inspect_ai's `FieldSpec`: `target` is the answer); None when nothing is mapped."""
+    if fields is None:
+        return None
+    if not isinstance(fields, Mapping):
+        names = {"input": "input", "answer": "target", "id": "id", "choices": "choices"}
+        fields = {
+            k: getattr(fields, a) for k, a in names.items() if isinstance(getattr(fields, a, None), str)
+        }
+    out = {"answer" if k == "target" else str(k): str(v) for k, v in fields.items() if v is not None}
+    return out or None
 
 
 def as_spec(
@@ -282,8 +310,11 @@ async def arun(
     params: Mapping[str, Any] | None = None,
     scorer: str | None = None,
     out: str | os.PathLike[str] | None = None,
+    overwrite: bool = False,
     limit: int | None = None,
     seed: int | None = None,
+    fields: Mapping[str, str] | Any | None = None,
+    split: str | None = None,
     client: ModelClient | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     max_concurrency: int = 16,
@@ -302,6 +333,10 @@ async def arun(
     code-scored answers run (`colab_graphs.sandbox.scope`: auto | namespaces | landlock | unsafe-local; None:
     env, else auto); checked before any call (`SandboxUnavailable`). `example_timeout`, `stall_after`: each
     example's deadline and the stall watchdog's time, as `arun_audit`'s (an app's default deadline: 600 s).
+    `data`: see `as_examples` (a source or file, a `datasets.Dataset` / `DatasetDict` with `split`, a pandas
+    `DataFrame`, a list); `fields` maps Example fields to the records' (``{"input": "question", "answer":
+    "label"}``). `overwrite`: discard an earlier run in `out` (else a run of the same protocol, pool and data
+    resumes it, and a different one is refused).
     """
     from colab_graphs.audit.app import run_app
     from colab_graphs.fitting import run_fitted
@@ -311,7 +346,7 @@ async def arun(
     the_pool = as_pool(pool)
     the_app = _app_of(protocol, app, the_pool, input_key, answer_key, mode)
     spec = the_app[1] if the_app is not None else as_spec(protocol, the_pool, params)
-    examples = as_examples(data, limit, seed, scorer)  # checked before any call, a fit's included
+    examples = as_examples(data, limit, seed, scorer, fields=fields, split=split)  # before any call
     require_sandbox(examples, scorer, sandbox)  # code scores: before any call, a fit's included
     the_client = as_client(client, cache_dir, max_concurrency)
     with (
@@ -324,6 +359,7 @@ async def arun(
             "client": the_client,
             "scorer": scorer,
             "out": out,
+            "overwrite": overwrite,
             "on_progress": lambda outcome: report.advance(calls=outcome.trace.calls),
             "example_timeout": example_timeout,
             "stall_after": stall_after,
@@ -352,8 +388,11 @@ async def arun_audit(
     params: Mapping[str, Any] | None = None,
     scorer: str | None = None,
     out: str | os.PathLike[str] | None = None,
+    overwrite: bool = False,
     limit: int | None = None,
     seed: int = 0,
+    fields: Mapping[str, str] | Any | None = None,
+    split: str | None = None,
     individual: bool = True,
     plots: bool | None = None,
     force: bool = False,
@@ -382,29 +421,37 @@ async def arun_audit(
     deadline in seconds, after which it fails saying what
     it waited for (None: 600 for an app, none for a protocol; 0: none); `stall_after`: log what every play
     waits for when no call and no node has finished for that long (None: 60; 0: never). Writes report.json,
-    report.md and plots under `out` when given.
+    report.md and plots under `out` when given; `overwrite` discards an earlier audit there first. `data`,
+    `fields`, `split`: as `arun`'s.
     """
     from colab_graphs.audit.run import play_audit
 
     the_pool = as_pool(pool)
     the_client = as_client(client, cache_dir, max_concurrency)
-    examples = as_examples(data, limit, seed or None, scorer)
+    examples = as_examples(data, limit, seed or None, scorer, fields=fields, split=split)
     dataset = data if isinstance(data, str) else None
     game = None
     the_app = _app_of(protocol, app, the_pool, input_key, answer_key, mode)
-    if the_app is not None:
-        from colab_graphs.audit.app import AppGame
-
-        spec = the_app[1]
-        game = AppGame(
-            the_app[0], spec, the_pool, examples, client=the_client, scorer=scorer, store=out, dataset=dataset
-        )
-    else:
-        spec = as_spec(protocol, the_pool, params)
+    spec = the_app[1] if the_app is not None else as_spec(protocol, the_pool, params)
     with (
         holding(out, "colab_graphs.run_audit"),
         _Reporter(Progress(f"audit {spec.name}", "play"), on_progress, progress) as report,
     ):
+        if overwrite and out is not None:
+            empty_folder(out)
+        if the_app is not None:  # (made in the held folder: an app's game opens its log)
+            from colab_graphs.audit.app import AppGame
+
+            game = AppGame(
+                the_app[0],
+                spec,
+                the_pool,
+                examples,
+                client=the_client,
+                scorer=scorer,
+                store=out,
+                dataset=dataset,
+            )
         return await play_audit(
             spec,  # type: ignore[arg-type]
             the_pool,

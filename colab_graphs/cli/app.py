@@ -22,6 +22,7 @@ from colab_graphs.cli.common import (
     resolve_protocol,
 )
 from colab_graphs.cli.options import (
+    AnswerFieldOpt,
     AnswerKeyOpt,
     AppModeOpt,
     AppOpt,
@@ -30,6 +31,8 @@ from colab_graphs.cli.options import (
     DataOpt,
     ExampleTimeoutOpt,
     GraphOpt,
+    IdFieldOpt,
+    InputFieldOpt,
     InputKeyOpt,
     LimitOpt,
     NoCacheOpt,
@@ -43,7 +46,10 @@ from colab_graphs.cli.options import (
     SandboxOpt,
     ScorerOpt,
     SeedOpt,
+    SplitOpt,
     StallAfterOpt,
+    TestFieldOpt,
+    field_map,
     progress_bar,
     resolve_play,
 )
@@ -89,6 +95,11 @@ def run(
     mode: AppModeOpt = "auto",
     pool: PoolOpt = None,
     data: DataOpt = None,
+    split: SplitOpt = None,
+    input_field: InputFieldOpt = None,
+    answer_field: AnswerFieldOpt = None,
+    id_field: IdFieldOpt = None,
+    test_field: TestFieldOpt = None,
     scorer: ScorerOpt = None,
     out: OutOpt = None,
     max_concurrency: ConcOpt = 16,
@@ -115,7 +126,22 @@ def run(
     from colab_graphs.spec import SpecError
 
     play = resolve_play(
-        PlayOptions(protocol, graph, app, input_key, answer_key, mode, pool, data, scorer, limit, seed, param)
+        PlayOptions(
+            protocol,
+            graph,
+            app,
+            input_key,
+            answer_key,
+            mode,
+            pool,
+            data,
+            scorer,
+            limit,
+            seed,
+            param,
+            fields=field_map(input_field, answer_field, id_field, test_field),
+            split=split,
+        )  # fmt: skip
     )
     the_pool, examples, spec = play.pool, play.examples, play.spec
     check_sandbox(examples, scorer, sandbox)  # code scores: before the first call
@@ -131,8 +157,9 @@ def run(
             failed += 1
         elif o.score is not None:
             scores.append(o.score)
-        mean = sum(scores) / len(scores) if scores else 0.0
-        progress.update(task, advance=1, status=f"score {mean:.3f}  failed {failed}")
+        # No example scored yet (or every one failed): no score, not 0.000.
+        mean = f"{sum(scores) / len(scores):.3f}" if scores else "none"
+        progress.update(task, advance=1, status=f"score {mean}  failed {failed}")
 
     from colab_graphs.audit.app import run_app
     from colab_graphs.fitting import run_fitted
@@ -164,7 +191,7 @@ def run(
     score = summary["score"]
     calls = summary["calls"]
     console.print(
-        f"[bold]{spec.name}[/]: score {score if score is None else f'{score:.3f}'} over {summary['scored']} "
+        f"[bold]{spec.name}[/]: score {'none' if score is None else f'{score:.3f}'} over {summary['scored']} "
         f"example(s); failed {summary['failed']}; calls made {calls['made']}, cached "
         f"{calls['cached']}; {summary['wall_s']:.1f}s -> {out}"
     )
