@@ -368,7 +368,17 @@ async def arun(
             outcomes, summary = await run_app(the_app[0], spec, the_pool, examples, **options)
         else:
             outcomes, summary = await run_fitted(spec, the_pool, examples, **options)
+    _warn(summary.get("warnings", []))
     return RunResult(outcomes, summary)
+
+
+def _warn(texts: Sequence[str]) -> None:
+    """Say a result's warnings (`colab_graphs.mechanism`) on the "colab_graphs" logger: a value to distrust
+    is never returned in silence (the CLI prints them itself)."""
+    import logging
+
+    for text in texts:
+        logging.getLogger("colab_graphs").warning("%s", text)
 
 
 async def arun_audit(
@@ -452,7 +462,7 @@ async def arun_audit(
                 store=out,
                 dataset=dataset,
             )
-        return await play_audit(
+        audited = await play_audit(
             spec,  # type: ignore[arg-type]
             the_pool,
             examples,
@@ -479,6 +489,8 @@ async def arun_audit(
             example_timeout=example_timeout,
             stall_after=stall_after,
         )
+    _warn(audited.warnings)
+    return audited
 
 
 async def arun_study(
@@ -493,10 +505,12 @@ async def arun_study(
     on_progress: Callable[[Progress], None] | None = None,
     progress: bool | None = None,
     sandbox: str | None = None,
+    stall_after: float | None = None,
 ) -> StudyReport:
     """Run a study (pools x protocols x datasets; what `colab-graphs study` does); `ray`: a cluster address.
 
-    `sandbox`: where code-scored answers run (as `arun`; default: the study file's `sandbox:`)."""
+    `sandbox`: where code-scored answers run (as `arun`; default: the study file's `sandbox:`); `stall_after`:
+    the stall watchdog's time, as `arun_audit`'s."""
     import dataclasses
 
     from colab_graphs.sandbox.scope import normalize
@@ -506,6 +520,8 @@ async def arun_study(
     the_config = config if isinstance(config, StudyConfig) else load_study_config(config)
     if sandbox is not None:
         the_config = dataclasses.replace(the_config, sandbox=normalize(sandbox))
+    if stall_after is not None:
+        the_config = dataclasses.replace(the_config, stall_after=stall_after)
     the_client = as_client(client, cache_dir, max_concurrency)
     # The study reports finished plays by number only (they may run on Ray workers): no call counts.
     counting = Progress("study", "setting play", calls_made=None, calls_cached=None)

@@ -31,6 +31,7 @@ from colab_graphs.compile import RunContext, TemplateError, compile_graph
 from colab_graphs.files import atomic_file, atomic_write_text
 from colab_graphs.log import ExampleRecord, Header, LogWriter, PlayRecord, read_records
 from colab_graphs.log.diff import refusal
+from colab_graphs.mechanism import mechanism_notes, warnings
 from colab_graphs.models.client import CallError, ModelClient
 from colab_graphs.models.flight import Memo
 from colab_graphs.pool import Pool
@@ -202,6 +203,10 @@ def summarize(
     }
     if sandbox is not None:
         summary["sandbox"] = sandbox
+    notes = mechanism_notes(o.trace for o in outcomes)
+    if notes:  # (a run whose protocol found what it decides from everywhere has no `notes`)
+        summary["notes"] = notes
+        summary["warnings"] = warnings(spec.name, notes)
     return summary
 
 

@@ -52,7 +52,11 @@ def test_a_member_share_counts_only_the_calls_made():
 
 def test_a_failed_call_counts_as_failed_not_made_and_costs_nothing():
     acct = account([play("run", ["a"], call("k", error="boom", cost=None)), play("run", ["a"], call("j"))])
-    assert (acct.made, acct.failed, acct.cost_usd) == (1, 1, 0.25)  # the failed one made nothing, cost nothing
+    assert (acct.made, acct.failed, acct.cost_usd) == (
+        1,
+        1,
+        0.25,
+    )  # the failed one made nothing, cost nothing
     assert {m: s.calls for m, s in acct.per_member.items()} == {"a": 1}
 
 

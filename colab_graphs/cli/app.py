@@ -201,6 +201,8 @@ def run(
     )
     if summary.get("sandbox"):
         console.print(f"code scored in the sandbox: {scope.describe(summary['sandbox'])}", highlight=False)
+    for warning in summary.get("warnings", []):
+        console.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False)
     if summary["failed"]:
         first = next(o.error for o in outcomes if o.failed)
         console.print(

@@ -270,6 +270,7 @@ def _app_game(play, client, scorer: str | None, out: Path, data: str | None):
 
 def _print_report(report, out: Path) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from colab_graphs.audit.report import cost_sentence, describe_sampling
@@ -347,6 +348,8 @@ def _print_report(report, out: Path) -> None:
             "MemberAbsent; scored as empty answers)[/]",
             highlight=False,
         )
+    for warning in report.warnings:
+        console.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False)
     if report.failed_examples:
         console.print(f"[yellow]{len(report.failed_examples)} example(s) failed and were left out[/]")
         for example, error in list(report.errors.items())[:3]:

@@ -99,6 +99,8 @@ class StudyConfig:
     target_error: float | None = None
     # Code scores' sandbox setting (`colab_graphs.sandbox.scope`); None: env, else auto.
     sandbox: str | None = None
+    # The stall watchdog's time in seconds (`--stall-after`; None: `colab_graphs.watch.STALL_S`; 0: none).
+    stall_after: float | None = None
 
 
 def load_study_config(path: str | Path) -> StudyConfig:

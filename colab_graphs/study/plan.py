@@ -78,6 +78,8 @@ class StudyPlan:
     datasets: dict[str, DatasetEntry]
     source: str = "study"
     sandbox: str | None = None  # code scores' sandbox setting: every worker plays under it
+    # The stall watchdog's time for every worker's plays (`colab_graphs.watch`; None: its default; 0: none).
+    stall_after: float | None = None
 
     @property
     def settings(self) -> list[Setting]:
