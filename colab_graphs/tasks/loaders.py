@@ -468,8 +468,9 @@ def _records(
         if not isinstance(record, dict):
             read.problems.append(f"{where}: expected an object, got {type(record).__name__}")
             continue
-        if record.get("id") is not None:
-            where = f"{where} (id {str(record['id'])!r})"
+        record_id = record.get((field_map or {}).get("id", "id"))
+        if record_id is not None:
+            where = f"{where} (id {str(record_id)!r})"
         try:
             example = _record_example(record, where, index, split, field_map)
         except DatasetError as err:
