@@ -481,7 +481,10 @@ def _route_fn(
         # A router that fell back for want of what it decides from says so in `view["lacking"]`
         # (`colab_graphs.mechanism`): recorded on the play, so a run where it always did is reported.
         rt = getattr(runtime, "context", None) or fallback
-        decided(rt.trace if rt is not None else None, route.source, view.get("lacking"))
+        lacking = view.get("lacking")
+        decided(
+            rt.trace if rt is not None else None, route.source, lacking if isinstance(lacking, str) else None
+        )
         return _target(route.path_map.get(choice, route.default))
 
     return choose

@@ -187,7 +187,7 @@ def summarize(
     code scores the sandbox record (`colab_graphs.tasks.scoring.require_sandbox`)."""
     acct = account(o.trace for o in outcomes)
     scored = [o.score for o in outcomes if not o.failed and o.score is not None]
-    summary = {
+    summary: dict[str, Any] = {
         "protocol": spec.name,
         "params": spec.params,
         "members": spec.members,

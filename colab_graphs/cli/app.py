@@ -1,4 +1,5 @@
-"""`colab-graphs`: run | audit | study | train | serve | view | protocols | show | models | cache | doctor.
+"""`colab-graphs`: run | audit | study | train | serve | view | compare | protocols | show | models | cache |
+doctor.
 
 Heavy modules (litellm, torch, transformers, trl) are imported inside the commands, so `--help` is instant.
 """
@@ -341,9 +342,17 @@ def _register_optional_commands() -> None:
     # Registering twice would list every command twice: a second call does nothing.
     if any(c.name == "study" for c in app.registered_commands):
         return
-    from colab_graphs.cli import audit_cmd, doctor_cmd, models_cmd, study_cmd, train_cmd, view_cmd
+    from colab_graphs.cli import (
+        audit_cmd,
+        compare_cmd,
+        doctor_cmd,
+        models_cmd,
+        study_cmd,
+        train_cmd,
+        view_cmd,
+    )
 
-    for commands in (audit_cmd, models_cmd, train_cmd, study_cmd, view_cmd, doctor_cmd):
+    for commands in (audit_cmd, models_cmd, train_cmd, study_cmd, view_cmd, compare_cmd, doctor_cmd):
         commands.register(app)
 
 
