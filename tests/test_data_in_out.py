@@ -303,3 +303,41 @@ def test_a_dataframe_with_a_missing_gold_names_its_row():
 def test_an_object_that_is_no_dataset_is_refused_with_what_is_accepted():
     with pytest.raises(DatasetError, match="cannot load examples from a set: pass a datasets.Dataset"):
         cg.run("solo", {"a": {"model": "openai/a", "api_base": "http://127.0.0.1:9"}}, {"What is 2 + 2?"})
+
+
+def test_a_study_reads_a_csv_beside_its_file_with_fields(server, tmp_path):
+    _frame().to_csv(tmp_path / "gsm8k.csv", index=False)
+    models = {
+        m: {"model": f"openai/{m}", "api_base": server.base_url, "api_key": "sk-test"}
+        for m in ("right", "half")
+    }
+    (tmp_path / "study.yaml").write_text(
+        json.dumps(
+            {
+                "pools": {"P": {"models": models}},
+                "protocols": ["majority_vote"],
+                "datasets": [{"source": "gsm8k.csv", "fields": FIELDS}],
+            }
+        )
+    )
+    done = cli_in_process(
+        "study",
+        "--config",
+        tmp_path / "study.yaml",
+        "--out",
+        tmp_path / "out",
+        "--no-plots",
+        "--no-preflight",
+    )
+    assert done.returncode == 0, done.stderr
+    study = json.loads((tmp_path / "out" / "study.json").read_text())
+    assert study["datasets"][0]["n_examples"] == 4 and study["settings"][0]["individual"] == {
+        "right": 1.0,
+        "half": 0.5,
+    }
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((tmp_path / "study.yaml").read_text().replace('"uid"', '"nope"'))
+    refused = cli_in_process("study", "--config", bad, "--out", tmp_path / "bad", "--no-preflight")
+    assert refused.returncode == 2 and "no such field: 'id' is mapped to 'nope'" in " ".join(
+        refused.stderr.split()
+    )

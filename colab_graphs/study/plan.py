@@ -190,6 +190,7 @@ def _load(entry: DatasetEntry, seed: int | None, where: str) -> list[Example]:
             split=entry.split,
             limit=entry.limit,
             shuffle_seed=seed,
+            field_map=entry.fields,
             scorer=entry.scorer,
         )
     except (ValueError, FileNotFoundError, ImportError, KeyError) as err:
