@@ -141,6 +141,13 @@ def account(plays: Iterable[Trace], made_before: Set[str] = frozenset()) -> Acco
     return acct
 
 
+def count_calls(calls: Iterable[Call]) -> tuple[int, int]:
+    """(made, cached) of one play's calls as progress counts them: a failed call is neither (see `account`)."""
+    calls = list(calls)
+    cached = sum(c.cached for c in calls if c.error is None)
+    return sum(not c.cached for c in calls if c.error is None), cached
+
+
 class WriteTimes(Protocol):
     """What `made_since` asks of a call cache (`colab_graphs.models.cache.CallCache`)."""
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
+from colab_graphs.accounting import count_calls
 from colab_graphs.files import empty_folder, holding
 from colab_graphs.langchain.binding import AbsentRule
 from colab_graphs.models.cache import CallCache
@@ -144,11 +145,8 @@ class _Reporter:
         p = self.progress
         p.done += n
         if calls is not None:
-            cached = sum(c.cached for c in calls)
-            p.calls_made, p.calls_cached = (
-                (p.calls_made or 0) + len(calls) - cached,
-                (p.calls_cached or 0) + cached,
-            )
+            made, cached = count_calls(calls)
+            p.calls_made, p.calls_cached = (p.calls_made or 0) + made, (p.calls_cached or 0) + cached
         self._emit()
 
     def _emit(self) -> None:

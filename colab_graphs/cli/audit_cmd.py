@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from colab_graphs.accounting import count_calls
 from colab_graphs.cli.common import check_sandbox, fail, holding_out, make_client
 from colab_graphs.cli.options import (
     AnswerFieldOpt,
@@ -196,8 +197,8 @@ def audit(
     }  # as the report counts them: another coalition's identical call is cached
 
     def on_progress(play) -> None:
-        cached = sum(c.cached for c in play.calls)
-        calls["made"] += len(play.calls) - cached
+        made, cached = count_calls(play.calls)
+        calls["made"] += made
         calls["cached"] += cached
         progress.update(task, advance=1, status=f"calls {calls['made']} made, {calls['cached']} cached")
 
