@@ -237,6 +237,17 @@ def as_examples(
     return examples
 
 
+def _data_name(data: Any) -> str | None:
+    """How a report names the data: the source or file, or the kind of object ("pandas.DataFrame",
+    "datasets.Dataset"); None for a list of examples."""
+    if data is None or isinstance(data, list | tuple):
+        return None
+    if isinstance(data, str | os.PathLike):
+        return os.fspath(data)
+    kind = type(data)
+    return f"{kind.__module__.split('.')[0]}.{kind.__name__}"
+
+
 def _field_map(fields: Any) -> dict[str, str] | None:
     """`fields` as an Example field -> record field mapping: a mapping, or an object with such attributes
     (inspect_ai's `FieldSpec`: `target` is the answer); None when nothing is mapped."""
@@ -437,7 +448,7 @@ async def arun_audit(
     the_pool = as_pool(pool)
     the_client = as_client(client, cache_dir, max_concurrency)
     examples = as_examples(data, limit, seed or None, scorer, fields=fields, split=split)
-    dataset = data if isinstance(data, str) else None
+    dataset = _data_name(data)
     game = None
     the_app = _app_of(protocol, app, the_pool, input_key, answer_key, mode)
     spec = the_app[1] if the_app is not None else as_spec(protocol, the_pool, params)

@@ -139,7 +139,7 @@ def test_an_audit_takes_a_dataframe_and_overwrite_discards_the_earlier_one(pool,
         progress=False,
         plots=False,
     )
-    assert first.individual == {"right": 1.0, "half": 0.5}
+    assert first.individual == {"right": 1.0, "half": 0.5} and first.dataset == "pandas.DataFrame"
     assert (
         first.scored_by == ["numeric"]
         and "Scorer | numeric (the records' default" in (out / "report.md").read_text()
