@@ -341,3 +341,28 @@ def test_a_study_reads_a_csv_beside_its_file_with_fields(server, tmp_path):
     assert refused.returncode == 2 and "no such field: 'id' is mapped to 'nope'" in " ".join(
         refused.stderr.split()
     )
+
+
+def test_fields_take_an_inspect_ai_style_field_spec(pool):
+    # inspect_ai's FieldSpec has these attributes (inspect_ai is not installed here: an object of its shape).
+    from dataclasses import dataclass
+
+    @dataclass
+    class FieldSpec:
+        input: str = "input"
+        target: str = "target"
+        choices: str | None = None
+        id: str | None = None
+        metadata: list[str] | None = None
+
+    spec = FieldSpec(input="question", target="label", id="uid")
+    result = cg.run(
+        "solo",
+        pool,
+        _frame(),
+        params={"member": "right"},
+        fields=spec,
+        client=ModelClient(None),
+        progress=False,
+    )
+    assert [(r["id"], r["gold"]) for r in result.rows()] == list(GOLD.items()) and result.score == 1.0
