@@ -204,6 +204,12 @@ def test_the_compare_page_in_a_browser(outputs, browser):  # noqa: F811
         changed = tab.query_selector_all("#compare-changed tr[data-example]")
         assert {row.get_attribute("data-example") for row in changed} == WRONG
 
+        # An audit's page names the scorer the records called for (report.json's scored_by), not "n/a".
+        tab.goto(server.url + "?path=audit-pair")
+        tab.wait_for_selector("body[data-ready]")
+        assert tab.inner_text("#scorer").strip() == "multiple_choice (the records' default)"
+        assert not tab.query_selector("#warnings")
+
         tab.goto(server.url + "?a=run-right&b=audit-pair")
         tab.wait_for_selector("body[data-ready]")
         assert "measure different things" in tab.inner_text("#error")

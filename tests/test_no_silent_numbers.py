@@ -17,7 +17,9 @@ import colab_graphs as cg
 from colab_graphs.audit.estimators import rank_correlation, ranks
 from colab_graphs.models.client import ModelClient
 from colab_graphs.testing import arithmetic_solver
+from colab_graphs.viewer import ViewerServer
 from colab_graphs.watch import PlayWatch, Watchdog
+from tests.test_viewer import browser  # noqa: F401  (the viewer's Chromium, skipped with the reason where none)
 
 DATA = "builtin:arithmetic"
 # Replies as models write them: working, then the answer; the confident ones state a confidence after it.
@@ -171,3 +173,38 @@ def test_a_study_on_one_busy_endpoint_reports_no_stall_while_calls_finish(script
     study = json.loads((tmp_path / "study" / "study.json").read_text())
     assert study["calls"]["made"] >= 16 and study["wall_s"] > 1.6  # seconds of queued calls
     assert "stalled" not in caplog.text + done.stderr + done.stdout
+
+
+# --- in the browser (last: once Playwright's loop runs in this thread, the CLI's asyncio.run cannot) ---------
+
+
+@pytest.fixture(scope="module")
+def cascade_run(tmp_path_factory):
+    """A cascade run whose members state no confidence (module scope: made before the browser starts, whose
+    event loop would refuse the CLI's)."""
+    from colab_graphs.testing import ScriptedServer
+
+    root = tmp_path_factory.mktemp("cascade")
+    with ScriptedServer(_members(PLAIN)) as server:
+        pool = write_pool_file(root / "pool.yaml", server, ["small", "large"])
+        done = cli_in_process(
+            "run", "--protocol", "cascade", "--pool", pool, "--data", DATA, "--limit", "2", "--out",
+            root / "run", "--no-preflight", "--no-cache",
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return root
+
+
+def test_the_viewer_shows_a_runs_warning(cascade_run, browser):  # noqa: F811
+    viewer = ViewerServer(cascade_run).start()
+    tab = browser.new_page()
+    try:
+        tab.goto(viewer.url + "?path=run")
+        tab.wait_for_selector("body[data-ready]")
+        shown = tab.inner_text("#warnings")
+        assert "cascade: node 'stage0_small' found no confidence statement" in shown
+        assert "in every one of its 2 decision(s)" in shown
+    finally:
+        tab.close()
+        viewer.shutdown()
+        viewer.server_close()

@@ -206,6 +206,10 @@ function grandValue(d) {
   return c ? c.value : null;
 }
 
+// A report's warnings (colab_graphs.mechanism): a mechanism that found nothing to work on, every time.
+const warningsRow = (r) => (r && r.warnings && r.warnings.length
+  ? ["Warnings", h("ul", { id: "warnings" }, r.warnings.map((w) => h("li", { class: "error" }, w)))] : null);
+
 function auditMeta(d) {
   const hd = d.header, r = d.report;
   const params = Object.entries(hd.protocol_params || {}).filter(([k]) => !k.endsWith("prompt"));
@@ -213,7 +217,8 @@ function auditMeta(d) {
     ["Members", d.members.join(", ")],
     ["Protocol parameters", params.length ? params.map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(", ") : "defaults"],
     ["Dataset", hd.dataset || "n/a"],
-    ["Scorer", hd.scorer || "from each example"],
+    ["Scorer", h("span", { id: "scorer" }, hd.scorer || (r && r.scored_by && r.scored_by.length ? `${r.scored_by.join(", ")} (the records' default)` : "from each example"))],
+    warningsRow(r),
     r && r.sandbox ? ["Sandbox", h("span", { id: "sandbox" }, sandboxText(r.sandbox))] : null,
     r ? ["Method", `${r.method}${r.shapley_method ? "" : " (leave-one-out only)"}, ${r.coalitions.length} coalitions`] : null,
     ["Examples", r ? `${r.n_examples}${r.failed_examples.length ? ` (${r.failed_examples.length} failed)` : ""}` : String(d.examples.length)],
@@ -444,6 +449,7 @@ async function renderRun(d) {
       ["Score", h("span", { id: "run-score" }, fmt(sm ? sm.score : d.progress.score))],
       ["Examples", sm ? `${sm.n} (${sm.failed} failed)` : `${d.progress.plays}${d.progress.planned ? " of " + d.progress.planned : ""} so far`],
       sm && sm.sandbox ? ["Sandbox", h("span", { id: "sandbox" }, sandboxText(sm.sandbox))] : null,
+      warningsRow(sm),
       sm ? ["Calls", `${fmtInt(sm.calls.made)} made, ${fmtInt(sm.calls.cached)} cached, ${fmtInt(sm.calls.failed)} failed`] : null,
       sm ? ["Tokens, cost, time", `${fmtInt(sm.tokens.prompt + sm.tokens.completion)} tokens, ${costText(sm.cost_usd, sm.calls.made, sm.cost_saved_usd, sm.calls.cached)}, ${Number(sm.wall_s).toFixed(1)} s`] : null,
     ])];
