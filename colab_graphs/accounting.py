@@ -59,10 +59,12 @@ class Accounting:
     """The calls of a set of plays: counts, the tokens and price of the calls made, and their shares.
 
     Attributes:
-        made: Calls sent to a model, failed ones included (retries of one request count once).
+        made: Calls sent to a model that answered (retries of one request count once); failed calls are not
+            among them (a failed call is neither an answer nor a cost: a run whose every call failed made 0).
         unique: Distinct requests, the least any evaluation can make.
         cached: Calls served without a call of their own.
-        failed: Calls that failed after retries.
+        failed: Calls sent that failed after retries (counted apart from `made`; the calls attempted are
+            `made + failed`).
         naive: Every use of a call: what playing each play alone, with no cache, would make.
         prompt_tokens, completion_tokens, cost_usd: Of the calls made.
         cost_saved_usd: What the cached calls cost when they were made.
@@ -135,9 +137,15 @@ def account(plays: Iterable[Trace], made_before: Set[str] = frozenset()) -> Acco
     for share in (spent, saved, *acct.per_member.values(), *acct.per_coalition.values()):
         share.settle()
     acct.cost_usd, acct.cost_saved_usd = spent.cost_usd, saved.cost_usd
-    acct.made += acct.failed  # failed calls were attempted
     acct.unique = len(keys)
     return acct
+
+
+def count_calls(calls: Iterable[Call]) -> tuple[int, int]:
+    """(made, cached) of one play's calls as progress counts them: a failed call is neither (see `account`)."""
+    calls = list(calls)
+    cached = sum(c.cached for c in calls if c.error is None)
+    return sum(not c.cached for c in calls if c.error is None), cached
 
 
 class WriteTimes(Protocol):

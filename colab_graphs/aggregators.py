@@ -85,13 +85,16 @@ def extract(inputs: dict[str, Any], *, task: TaskView, **_: Any) -> str:
 
 @router("match_name")
 def match_name(view: dict[str, Any], path_map: dict[str, str], **_: Any) -> str:
-    """The path_map key mentioned earliest in the routed text (case-insensitive, whole word)."""
+    """The path_map key mentioned earliest in the routed text (case-insensitive, whole word); none: "" (the
+    route's default), noted as lacking (`colab_graphs.mechanism`)."""
     text = str(view.get("text") or "")
     best: tuple[int, str] | None = None
     for key in path_map:
         m = re.search(rf"(?<![A-Za-z0-9_]){re.escape(key)}(?![A-Za-z0-9_])", text, re.IGNORECASE)
         if m and (best is None or m.start() < best[0]):
             best = (m.start(), key)
+    if best is None:
+        view["lacking"] = "found no route's name in the reply, so it took its default route"
     return best[1] if best else ""
 
 
@@ -118,7 +121,8 @@ def confidence(
     `signal` says what confidence is read from: "logprob" (the mean token probability the seat recorded),
     "self_reported" (a "Confidence: 0.8" statement in the text; local models always record logprobs, so a
     self-reporting protocol must say so), or "auto" (logprob when recorded, else self-reported). No signal
-    at all defers.
+    at all defers, and is noted as lacking (`colab_graphs.mechanism`: a cascade that always defers is
+    reported).
     """
     import math
 
@@ -132,4 +136,9 @@ def confidence(
         score = self_reported_confidence(str(view.get("text") or ""))
     task = view.get("task")
     answered = task is None or task.extract(str(view.get("text") or "")) is not None
+    if score is None and answered:
+        source = (
+            "no confidence statement ('Confidence: 0.8')" if signal == "self_reported" else "no confidence"
+        )
+        view["lacking"] = f"found {source} in the reply, so it deferred"
     return "accept" if answered and score is not None and score >= threshold else "defer"

@@ -31,12 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from colab_graphs.files import holding
+from colab_graphs.accounting import count_calls
+from colab_graphs.files import empty_folder, holding
 from colab_graphs.langchain.binding import AbsentRule
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient, background_loop
 from colab_graphs.pool import Pool
-from colab_graphs.runner import ExampleOutcome
+from colab_graphs.runner import RESULT_COLUMNS, ExampleOutcome
 from colab_graphs.spec import GraphSpec
 from colab_graphs.tables import html_table, to_dataset, to_pandas
 from colab_graphs.tasks.checks import check_examples
@@ -53,7 +54,6 @@ T = TypeVar("T")
 P = ParamSpec("P")
 PoolLike = Pool | str | os.PathLike[str] | Mapping[str, Mapping[str, Any]]
 DataLike = str | os.PathLike[str] | Sequence[Example | Mapping[str, Any]]
-RESULT_COLUMNS = ("id", "answer", "score", "failed", "error", "output")
 
 
 @dataclass
@@ -68,7 +68,8 @@ class RunResult:
         return self.summary["score"]
 
     def rows(self) -> list[dict[str, Any]]:
-        """One row per example: id, answer, score, failed, error, output (`results.jsonl`'s lines)."""
+        """One row per example: id, input, gold, prediction, score, failed, error, output, and `answer` (the
+        prediction's deprecated name) (`results.jsonl`'s lines; `colab_graphs.runner.RESULT_COLUMNS`)."""
         return [o.result_line() for o in self.outcomes]
 
     def to_pandas(self) -> Any:
@@ -146,11 +147,8 @@ class _Reporter:
         p = self.progress
         p.done += n
         if calls is not None:
-            cached = sum(c.cached for c in calls)
-            p.calls_made, p.calls_cached = (
-                (p.calls_made or 0) + len(calls) - cached,
-                (p.calls_cached or 0) + cached,
-            )
+            made, cached = count_calls(calls)
+            p.calls_made, p.calls_cached = (p.calls_made or 0) + made, (p.calls_cached or 0) + cached
         self._emit()
 
     def _emit(self) -> None:
@@ -204,18 +202,32 @@ def as_pool(pool: PoolLike | None) -> Pool:
 
 
 def as_examples(
-    data: DataLike | None, limit: int | None = None, seed: int | None = None, scorer: Any = None
+    data: DataLike | None,
+    limit: int | None = None,
+    seed: int | None = None,
+    scorer: Any = None,
+    *,
+    fields: Mapping[str, str] | None = None,
+    split: str | None = None,
 ) -> list[Example]:
-    """Examples from a source name or file, or a list of examples or mappings (None: the embedded default),
+    """Examples from a source name or file (JSONL, JSON, CSV, ``hf:``), a `datasets.Dataset` / `DatasetDict`
+    (`split` picks one), a pandas `DataFrame`, or a list of examples or mappings (None: the embedded default),
     checked for what `scorer` (a name; None: each example's default) needs before any call is made.
-    `limit` keeps the first `limit` (>= 1; None: all)."""
+    `limit` keeps the first `limit` (>= 1; None: all). `fields` maps an Example field to the records' field
+    (``{"input": "question", "answer": "label", "id": "uid"}``, as inspect_ai's `FieldSpec`); see
+    `colab_graphs.tasks.loaders.load_examples`."""
     named = scorer if isinstance(scorer, str) else None
+    field_map = _field_map(fields)
     if data is None:
         from colab_graphs.defaults import DEFAULT_DATA, DEFAULT_LIMIT
 
         return load_examples(DEFAULT_DATA, limit=limit or DEFAULT_LIMIT, shuffle_seed=seed, scorer=named)
-    if isinstance(data, str | os.PathLike):
-        return load_examples(data, limit=limit, shuffle_seed=seed, scorer=named)
+    if isinstance(data, str | os.PathLike) or not isinstance(data, list | tuple) or field_map:
+        # (A Dataset and a DataFrame iterate as records and column names: they go to the loader, as files do.)
+        rows = list(data) if isinstance(data, list | tuple) else data
+        return load_examples(
+            rows, split=split, limit=limit, shuffle_seed=seed, field_map=field_map, scorer=named
+        )
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         from colab_graphs.tasks.example import DatasetError
 
@@ -225,6 +237,31 @@ def as_examples(
     if scorer is None or named is not None:
         check_examples(examples, named, "examples given in Python")
     return examples
+
+
+def _data_name(data: Any) -> str | None:
+    """How a report names the data: the source or file, or the kind of object ("pandas.DataFrame",
+    "datasets.Dataset"); None for a list of examples."""
+    if data is None or isinstance(data, list | tuple):
+        return None
+    if isinstance(data, str | os.PathLike):
+        return os.fspath(data)
+    kind = type(data)
+    return f"{kind.__module__.split('.')[0]}.{kind.__name__}"
+
+
+def _field_map(fields: Any) -> dict[str, str] | None:
+    """`fields` as an Example field -> record field mapping: a mapping, or an object with such attributes
+    (inspect_ai's `FieldSpec`: `target` is the answer); None when nothing is mapped."""
+    if fields is None:
+        return None
+    if not isinstance(fields, Mapping):
+        names = {"input": "input", "answer": "target", "id": "id", "choices": "choices"}
+        fields = {
+            k: getattr(fields, a) for k, a in names.items() if isinstance(getattr(fields, a, None), str)
+        }
+    out = {"answer" if k == "target" else str(k): str(v) for k, v in fields.items() if v is not None}
+    return out or None
 
 
 def as_spec(
@@ -288,8 +325,11 @@ async def arun(
     params: Mapping[str, Any] | None = None,
     scorer: str | None = None,
     out: str | os.PathLike[str] | None = None,
+    overwrite: bool = False,
     limit: int | None = None,
     seed: int | None = None,
+    fields: Mapping[str, str] | Any | None = None,
+    split: str | None = None,
     client: ModelClient | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     max_concurrency: int = 16,
@@ -308,6 +348,10 @@ async def arun(
     code-scored answers run (`colab_graphs.sandbox.scope`: auto | namespaces | landlock | unsafe-local; None:
     env, else auto); checked before any call (`SandboxUnavailable`). `example_timeout`, `stall_after`: each
     example's deadline and the stall watchdog's time, as `arun_audit`'s (an app's default deadline: 600 s).
+    `data`: see `as_examples` (a source or file, a `datasets.Dataset` / `DatasetDict` with `split`, a pandas
+    `DataFrame`, a list); `fields` maps Example fields to the records' (``{"input": "question", "answer":
+    "label"}``). `overwrite`: discard an earlier run in `out` (else a run of the same protocol, pool and data
+    resumes it, and a different one is refused).
     """
     from colab_graphs.audit.app import run_app
     from colab_graphs.fitting import run_fitted
@@ -317,7 +361,7 @@ async def arun(
     the_pool = as_pool(pool)
     async with _app_of(protocol, app, the_pool, input_key, answer_key, mode) as the_app:
         spec = the_app[1] if the_app is not None else as_spec(protocol, the_pool, params)
-        examples = as_examples(data, limit, seed, scorer)  # checked before any call, a fit's included
+        examples = as_examples(data, limit, seed, scorer, fields=fields, split=split)  # before any call
         require_sandbox(examples, scorer, sandbox)  # code scores: before any call, a fit's included
         the_client = as_client(client, cache_dir, max_concurrency)
         with (
@@ -330,6 +374,7 @@ async def arun(
                 "client": the_client,
                 "scorer": scorer,
                 "out": out,
+                "overwrite": overwrite,
                 "on_progress": lambda outcome: report.advance(calls=outcome.trace.calls),
                 "example_timeout": example_timeout,
                 "stall_after": stall_after,
@@ -338,7 +383,17 @@ async def arun(
                 outcomes, summary = await run_app(the_app[0], spec, the_pool, examples, **options)
             else:
                 outcomes, summary = await run_fitted(spec, the_pool, examples, **options)
-        return RunResult(outcomes, summary)
+    _warn(summary.get("warnings", []))
+    return RunResult(outcomes, summary)
+
+
+def _warn(texts: Sequence[str]) -> None:
+    """Say a result's warnings (`colab_graphs.mechanism`) on the "colab_graphs" logger: a value to distrust
+    is never returned in silence (the CLI prints them itself)."""
+    import logging
+
+    for text in texts:
+        logging.getLogger("colab_graphs").warning("%s", text)
 
 
 async def arun_audit(
@@ -358,8 +413,11 @@ async def arun_audit(
     params: Mapping[str, Any] | None = None,
     scorer: str | None = None,
     out: str | os.PathLike[str] | None = None,
+    overwrite: bool = False,
     limit: int | None = None,
     seed: int = 0,
+    fields: Mapping[str, str] | Any | None = None,
+    split: str | None = None,
     individual: bool = True,
     plots: bool | None = None,
     force: bool = False,
@@ -388,37 +446,38 @@ async def arun_audit(
     deadline in seconds, after which it fails saying what
     it waited for (None: 600 for an app, none for a protocol; 0: none); `stall_after`: log what every play
     waits for when no call and no node has finished for that long (None: 60; 0: never). Writes report.json,
-    report.md and plots under `out` when given.
+    report.md and plots under `out` when given; `overwrite` discards an earlier audit there first. `data`,
+    `fields`, `split`: as `arun`'s.
     """
     from colab_graphs.audit.run import play_audit
 
     the_pool = as_pool(pool)
     the_client = as_client(client, cache_dir, max_concurrency)
-    examples = as_examples(data, limit, seed or None, scorer)
-    dataset = data if isinstance(data, str) else None
+    examples = as_examples(data, limit, seed or None, scorer, fields=fields, split=split)
+    dataset = _data_name(data)
     game = None
     async with _app_of(protocol, app, the_pool, input_key, answer_key, mode) as the_app:
-        if the_app is not None:
-            from colab_graphs.audit.app import AppGame
-
-            spec = the_app[1]
-            game = AppGame(
-                the_app[0],
-                spec,
-                the_pool,
-                examples,
-                client=the_client,
-                scorer=scorer,
-                store=out,
-                dataset=dataset,
-            )
-        else:
-            spec = as_spec(protocol, the_pool, params)
+        spec = the_app[1] if the_app is not None else as_spec(protocol, the_pool, params)
         with (
             holding(out, "colab_graphs.run_audit"),
             _Reporter(Progress(f"audit {spec.name}", "play"), on_progress, progress) as report,
         ):
-            return await play_audit(
+            if overwrite and out is not None:
+                empty_folder(out)
+            if the_app is not None:  # (made in the held folder: an app's game opens its log)
+                from colab_graphs.audit.app import AppGame
+
+                game = AppGame(
+                    the_app[0],
+                    spec,
+                    the_pool,
+                    examples,
+                    client=the_client,
+                    scorer=scorer,
+                    store=out,
+                    dataset=dataset,
+                )
+            audited = await play_audit(
                 spec,  # type: ignore[arg-type]
                 the_pool,
                 examples,
@@ -445,6 +504,8 @@ async def arun_audit(
                 example_timeout=example_timeout,
                 stall_after=stall_after,
             )
+    _warn(audited.warnings)
+    return audited
 
 
 async def arun_study(
@@ -459,10 +520,12 @@ async def arun_study(
     on_progress: Callable[[Progress], None] | None = None,
     progress: bool | None = None,
     sandbox: str | None = None,
+    stall_after: float | None = None,
 ) -> StudyReport:
     """Run a study (pools x protocols x datasets; what `colab-graphs study` does); `ray`: a cluster address.
 
-    `sandbox`: where code-scored answers run (as `arun`; default: the study file's `sandbox:`)."""
+    `sandbox`: where code-scored answers run (as `arun`; default: the study file's `sandbox:`); `stall_after`:
+    the stall watchdog's time, as `arun_audit`'s."""
     import dataclasses
 
     from colab_graphs.sandbox.scope import normalize
@@ -472,6 +535,8 @@ async def arun_study(
     the_config = config if isinstance(config, StudyConfig) else load_study_config(config)
     if sandbox is not None:
         the_config = dataclasses.replace(the_config, sandbox=normalize(sandbox))
+    if stall_after is not None:
+        the_config = dataclasses.replace(the_config, stall_after=stall_after)
     the_client = as_client(client, cache_dir, max_concurrency)
     # The study reports finished plays by number only (they may run on Ray workers): no call counts.
     counting = Progress("study", "setting play", calls_made=None, calls_cached=None)

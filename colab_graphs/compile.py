@@ -18,6 +18,7 @@ from typing_extensions import TypedDict  # pydantic builds JSON schemas from it 
 
 from colab_graphs.langchain.lc import ChatRun
 from colab_graphs.logit_pool import check_pool_supports, check_seat_supports
+from colab_graphs.mechanism import decided
 from colab_graphs.models.client import ModelClient, background_loop, default_client
 from colab_graphs.models.flight import Memo
 from colab_graphs.models.spend import CapReached
@@ -477,6 +478,13 @@ def _route_fn(
             "task": task_view(state, runtime, fallback),
         }
         choice = fn(view, route.path_map, **params)
+        # A router that fell back for want of what it decides from says so in `view["lacking"]`
+        # (`colab_graphs.mechanism`): recorded on the play, so a run where it always did is reported.
+        rt = getattr(runtime, "context", None) or fallback
+        lacking = view.get("lacking")
+        decided(
+            rt.trace if rt is not None else None, route.source, lacking if isinstance(lacking, str) else None
+        )
         return _target(route.path_map.get(choice, route.default))
 
     return choose

@@ -191,6 +191,23 @@ class OutLock:
         self._file = None
 
 
+def empty_folder(folder: str | os.PathLike[str]) -> None:
+    """Discard what an earlier job wrote in `folder` (`--overwrite`), keeping the folder and its lock (held by
+    the caller)."""
+    import shutil
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    for entry in folder.iterdir():
+        if entry.name == LOCK_FILE:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
 def holding(folder: str | os.PathLike[str] | None, command: str | None = None) -> AbstractContextManager[Any]:
     """`OutLock(folder)`, or nothing to hold when there is no folder (work kept in memory)."""
     return contextlib.nullcontext() if folder is None else OutLock(folder, command)

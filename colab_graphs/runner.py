@@ -1,6 +1,7 @@
 """Run a graph over a dataset: one event loop, bounded concurrency, progress, resume, traces.
 
-Outputs (`--out DIR`): `results.jsonl` (one line per example: id, output, answer, score, failed, error),
+Outputs (`--out DIR`): `results.jsonl` (one line per example: id, input, gold, prediction, score, failed, error,
+output; see `RESULT_COLUMNS`),
 `traces.jsonl` (every call), `summary.json`, and the run's log (`log.jsonl`, see `colab_graphs.log`: header,
 examples, each distinct call once, one play per example). Each example's lines are appended the moment it
 finishes, so a killed run loses nothing; running the same command again skips finished examples (their calls
@@ -30,6 +31,7 @@ from colab_graphs.compile import RunContext, TemplateError, compile_graph
 from colab_graphs.files import atomic_file, atomic_write_text
 from colab_graphs.log import ExampleRecord, Header, LogWriter, PlayRecord, read_records
 from colab_graphs.log.diff import refusal
+from colab_graphs.mechanism import mechanism_notes, warnings
 from colab_graphs.models.client import CallError, ModelClient
 from colab_graphs.models.flight import Memo
 from colab_graphs.pool import Pool
@@ -47,11 +49,20 @@ class RunError(RuntimeError):
     pass
 
 
+RESULT_COLUMNS = ("id", "input", "gold", "prediction", "score", "failed", "error", "output", "answer")
+"""`results.jsonl`'s fields (and `RunResult.to_pandas()`'s columns): `input` the question, `gold` the record's
+gold answer (None for a coding record, scored by its test), `prediction` the answer the task extracted from the
+system's `output`. `answer` is `prediction` under its old name, kept for one release for readers written
+before `prediction` existed (deprecated: it is not the dataset's `answer`, which is `gold`)."""
+
+
 @dataclass
 class ExampleOutcome:
-    """One example's run: its play (the `Trace`: calls, output, answer, score), read through."""
+    """One example's run: its play (the `Trace`: calls, output, answer, score), read through, and the example
+    it played (None where only the trace is known)."""
 
     trace: Trace
+    example: Example | None = None
 
     @property
     def example_id(self) -> str:
@@ -78,14 +89,18 @@ class ExampleOutcome:
         return self.trace.error
 
     def result_line(self) -> dict[str, Any]:
-        """The example's line of `results.jsonl` (`sandbox` only where code was scored)."""
+        """The example's line of `results.jsonl` (`RESULT_COLUMNS`; `sandbox` only where code was scored)."""
+        example = self.example
         line: dict[str, Any] = {
             "id": self.example_id,
-            "output": self.output,
-            "answer": self.answer,
+            "input": example.input if example is not None else None,
+            "gold": example.answer if example is not None else None,
+            "prediction": self.answer,
             "score": self.score,
             "failed": self.failed,
             "error": self.error,
+            "output": self.output,
+            "answer": self.answer,  # deprecated: `prediction` (see RESULT_COLUMNS)
         }
         if self.trace.sandbox is not None:
             line["sandbox"] = self.trace.sandbox
@@ -120,6 +135,7 @@ async def run_example(
     """
     view = view or view_for(example, scorer)
     trace = Trace(example_id=example.id, protocol=spec.name, coalition=list(spec.members))
+    outcome = ExampleOutcome(trace, example)
     context = RunContext(client, pool, trace, view, memo)
     watch = PlayWatch(f"example {example.id!r} with {', '.join(spec.members) or 'nobody'}", watchdog)
     try:
@@ -128,19 +144,19 @@ async def run_example(
             state = await within(timeout_s, watch, run)
     except CallError as err:
         trace.failed, trace.error = True, str(err)
-        return ExampleOutcome(trace)
+        return outcome
     except DeadlinePassed as passed:
         trace.failed, trace.error = True, f"{spec.name!r} {passed}"
-        return ExampleOutcome(trace)
+        return outcome
     trace.output = str(state.get("answer", ""))
     try:
         verdict = await view.score(trace.output)
     except CallError as err:  # an LLM judge that failed: the example is failed, not wrong
         trace.failed, trace.error = True, str(err)
-        return ExampleOutcome(trace)
+        return outcome
     trace.answer, trace.score, trace.sandbox = verdict.extracted, verdict.value, verdict.sandbox
     trace.state = dict(state.get("values") or {})
-    return ExampleOutcome(trace)
+    return outcome
 
 
 def run_fingerprint(spec: GraphSpec, pool: Pool, examples: Sequence[Example], scorer: str | None) -> str:
@@ -171,7 +187,7 @@ def summarize(
     code scores the sandbox record (`colab_graphs.tasks.scoring.require_sandbox`)."""
     acct = account(o.trace for o in outcomes)
     scored = [o.score for o in outcomes if not o.failed and o.score is not None]
-    summary = {
+    summary: dict[str, Any] = {
         "protocol": spec.name,
         "params": spec.params,
         "members": spec.members,
@@ -187,6 +203,10 @@ def summarize(
     }
     if sandbox is not None:
         summary["sandbox"] = sandbox
+    notes = mechanism_notes(o.trace for o in outcomes)
+    if notes:  # (a run whose protocol found what it decides from everywhere has no `notes`)
+        summary["notes"] = notes
+        summary["warnings"] = warnings(spec.name, notes)
     return summary
 
 
@@ -217,9 +237,10 @@ def _load_finished(out: Path, header: Header, examples: Sequence[Example]) -> di
     traces_path = out / "traces.jsonl"
     if traces_path.exists():
         try:
+            by_id = {e.id: e for e in examples}
             for t in read_traces(traces_path):
                 if not t.failed:
-                    finished[t.example_id] = ExampleOutcome(t)
+                    finished[t.example_id] = ExampleOutcome(t, by_id.get(t.example_id))
         except ValueError:
             pass  # a torn last line from a kill: whatever parsed before it stands, the rest is recomputed
     return finished

@@ -10,9 +10,12 @@
   as failed, not scored. A sync node that never returns cannot be stopped (Python cannot stop a thread): it
   is abandoned to its thread (see `colab_graphs.models.loops.DaemonThreads`), the audit goes on.
 - `Watchdog`: a thread that watches every play of an audit in flight; when no call and no node has finished
-  for `stall_s` seconds it logs (logger "colab_graphs", so stderr by default) what each play waits for,
-  again every `stall_s` while the stall lasts. Being a thread it reports even when the event loop itself is
-  blocked (an async node doing blocking work), and says so.
+  for `stall_s` seconds it logs (logger "colab_graphs", so stderr by default) what each play waits for, and
+  again while the stall lasts at doubling intervals (`stall_s`, 2x, 4x, ... capped at 16x): a long stall is
+  a few reports, not a flood. Progress is the process's: a call or node that finishes in any play (another
+  audit's, in a study that plays its settings side by side on one endpoint) is progress for every watchdog,
+  so plays queued behind others' calls are not reported as stalled while calls go on. Being a thread it
+  reports even when the event loop itself is blocked (an async node doing blocking work), and says so.
 """
 
 from __future__ import annotations
@@ -37,6 +40,14 @@ STALL_S = 60.0
 """The watchdog's default: report when no call and no node has finished for this long."""
 
 
+_progress_at = [time.monotonic()]
+"""When a call or a node last finished in any watched play of this process (see `Watchdog`)."""
+
+
+def _progressed() -> None:
+    _progress_at[0] = time.monotonic()
+
+
 class PlayWatch:
     """What one play is doing: its running nodes and pending calls (thread-safe: sync nodes report too)."""
 
@@ -56,8 +67,10 @@ class PlayWatch:
     def node_finished(self, key: Any) -> None:
         with self._lock:
             found = self._nodes.pop(key, None)
-        if found is not None and self.watchdog is not None:
-            self.watchdog.progress()
+        if found is not None:
+            _progressed()
+            if self.watchdog is not None:
+                self.watchdog.progress()
 
     def call_started(self, node: str | None, member: str) -> int:
         key = next(self._ids)
@@ -68,6 +81,7 @@ class PlayWatch:
     def call_finished(self, key: int) -> None:
         with self._lock:
             self._calls.pop(key, None)
+        _progressed()
         if self.watchdog is not None:
             self.watchdog.progress()
 
@@ -265,17 +279,26 @@ class Watchdog:
         if not self._stop.is_set() and self.loop is not None:
             self.loop.call_later(min(1.0, self.stall_s / 4), self._heartbeat)
 
+    MAX_BACKOFF = 16
+    """Repeated reports of one stall wait `stall_s` times 1, 2, 4, ... up to this factor."""
+
     def _watch(self) -> None:
         reported = 0.0
+        wait = self.stall_s  # until the next report of this stall
         while not self._stop.wait(min(1.0, self.stall_s / 4)):
             now = time.monotonic()
-            idle = now - self._last
-            if idle < self.stall_s or now - reported < self.stall_s:
+            idle = now - max(self._last, _progress_at[0])
+            if idle < self.stall_s:
+                wait = self.stall_s  # progress: a new stall is reported after stall_s again
+                continue
+            if now - reported < wait:
                 continue
             with self._lock:
                 plays = sorted(self._plays, key=lambda w: w.started)
             if not plays:
                 continue
+            if reported and now - reported < 2 * wait:  # the same stall, reported before: back off
+                wait = min(wait * 2, self.stall_s * self.MAX_BACKOFF)
             reported = now
             self.reports += 1
             self.report(self.describe(plays, idle, now))

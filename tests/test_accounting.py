@@ -50,10 +50,14 @@ def test_a_member_share_counts_only_the_calls_made():
     assert {m: s.calls for m, s in acct.per_member.items()} == {"a": 1, "b": 1}
 
 
-def test_a_failed_call_counts_as_made_and_failed_and_costs_nothing():
-    acct = account([play("run", ["a"], call("k", error="boom", cost=None))])
-    assert (acct.made, acct.failed, acct.cost_usd) == (1, 1, 0.0)
-    assert acct.per_member == {}
+def test_a_failed_call_counts_as_failed_not_made_and_costs_nothing():
+    acct = account([play("run", ["a"], call("k", error="boom", cost=None)), play("run", ["a"], call("j"))])
+    assert (acct.made, acct.failed, acct.cost_usd) == (
+        1,
+        1,
+        0.25,
+    )  # the failed one made nothing, cost nothing
+    assert {m: s.calls for m, s in acct.per_member.items()} == {"a": 1}
 
 
 def test_one_unknown_price_makes_the_total_unknown():

@@ -53,11 +53,14 @@ def test_solo_run_writes_results_traces_and_summary(scripted_server, pool_for, a
     assert [r["id"] for r in results] == ["q0", "q1", "q2", "q3"]
     assert results[1] == {
         "id": "q1",
-        "output": "11",
-        "answer": "11",
+        "input": "What is 1 + 10?",
+        "gold": "11",
+        "prediction": "11",
         "score": 1.0,
         "failed": False,
         "error": None,
+        "output": "11",
+        "answer": "11",  # deprecated: the prediction's old name, kept for one release
     }
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk == summary

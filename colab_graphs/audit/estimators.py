@@ -512,17 +512,27 @@ def estimates_from(
     )  # fmt: skip
 
 
+TIE_TOL = 1e-9
+"""Scores closer than this are equal when ranked: a mean over examples, or a Shapley value summed in another
+order, differs from an equal one by float noise (1e-16), which must not rank two equal members apart."""
+
+
 def ranks(scores: Mapping[str, float]) -> dict[str, int]:
-    """Rank members by score, 1 = best; tied members share the best rank of their group (1, 2, 2, 4).
+    """Rank members by score, 1 = best; tied members (within `TIE_TOL`) share the best rank of their group
+    (1, 2, 2, 4).
 
     Args:
         scores: Member -> score; higher is better.
 
     Returns:
         Member -> rank, in the order of `scores`.
+
+    Example:
+        >>> ranks({"a": 0.1 + 0.2, "b": 0.3, "c": 0.1})
+        {'a': 1, 'b': 1, 'c': 3}
     """
     values = list(scores.values())
-    return {name: 1 + sum(other > value for other in values) for name, value in scores.items()}
+    return {name: 1 + sum(other > value + TIE_TOL for other in values) for name, value in scores.items()}
 
 
 def _average_ranks(values: Sequence[float]) -> np.ndarray:
@@ -532,7 +542,7 @@ def _average_ranks(values: Sequence[float]) -> np.ndarray:
     start = 0
     while start < len(order):
         end = start
-        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+        while end + 1 < len(order) and values[order[end + 1]] - values[order[start]] <= TIE_TOL:
             end += 1
         result[order[start : end + 1]] = (start + end) / 2.0 + 1.0
         start = end + 1
@@ -546,12 +556,16 @@ def _spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
     return float(dx @ dy) / denominator if denominator > 0 else None
 
 
+def _order(u: float, v: float) -> int:
+    """1, -1, or 0 for a tie (within `TIE_TOL`)."""
+    return 0 if abs(u - v) <= TIE_TOL else (1 if u > v else -1)
+
+
 def _kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float | None:
     concordant_minus_discordant = 0
     pairs_untied_x = pairs_untied_y = 0
     for i, j in itertools.combinations(range(len(x)), 2):
-        sx = (x[i] > x[j]) - (x[i] < x[j])
-        sy = (y[i] > y[j]) - (y[i] < y[j])
+        sx, sy = _order(x[i], x[j]), _order(y[i], y[j])
         concordant_minus_discordant += sx * sy
         pairs_untied_x += sx != 0
         pairs_untied_y += sy != 0

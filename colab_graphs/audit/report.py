@@ -128,12 +128,25 @@ class AuditReport(BaseModel):
     protocol: str
     protocol_params: dict[str, Any] = Field(default_factory=dict)
     players: list[str]
-    scorer: str | None = None
+    scorer: str | None = Field(None, description="the scorer named (--scorer); None: each record's default")
+    scored_by: list[str] = Field(
+        default_factory=list,
+        description="the scorers the examples were scored by (the named one, or defaults)",
+    )
     dataset: str | None = None
     n_examples: int
     failed_examples: list[str] = Field(default_factory=list)
     errors: dict[str, str] = Field(
         default_factory=dict, description="failed example -> the error of its first failed play"
+    )
+    notes: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="a routing node that fell back for want of what it decides from (a cascade's stated "
+        "confidence): {node, note, decisions, of} over the coalitions' plays (`colab_graphs.mechanism`)",
+    )
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="the notes that fired on every decision, in words: values to distrust",
     )
     ended_by_absent: list[dict[str, Any]] = Field(
         default_factory=list,
@@ -411,6 +424,23 @@ def _cell(text: object) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _rank(by_member: dict[str, int], member: str) -> str:
+    """A member's rank, "2=" where another member shares it (a tie, within `estimators.TIE_TOL`)."""
+    rank = by_member.get(member)
+    if rank is None:
+        return "n/a"
+    return f"{rank}=" if list(by_member.values()).count(rank) > 1 else str(rank)
+
+
+def _scorer(r: AuditReport) -> str:
+    """The scorer named, else the records' defaults (a report from before `scored_by` says n/a)."""
+    if r.scorer:
+        return r.scorer
+    if r.scored_by:
+        return f"{', '.join(r.scored_by)} (the records' default, from their fields)"
+    return "n/a"
+
+
 def _score(value: float | None, interval: tuple[float, float] | None = None, signed: bool = False) -> str:
     if value is None:
         return "n/a"
@@ -490,7 +520,7 @@ def render_markdown(report: AuditReport, images: Mapping[str, str] | None = None
             ["Protocol parameters", params],
             ["Examples", f"{r.n_examples}{failed}"],
             ["Dataset", r.dataset or "n/a"],
-            ["Scorer", r.scorer or "n/a"],
+            ["Scorer", _scorer(r)],
             *([["Sandbox", describe(r.sandbox)]] if r.sandbox else []),
             ["Method", f"{method}, {len(r.coalitions)} coalitions evaluated"],
             ["System score v(all members)", _score(grand)],
@@ -498,11 +528,14 @@ def render_markdown(report: AuditReport, images: Mapping[str, str] | None = None
         ],
     )
 
+    if r.warnings:
+        lines += ["", "## Warnings", ""]
+        lines += [f"- **{w}**" for w in r.warnings]
     lines += ["", "## Members", ""]
     lines.append(
         f"Intervals are {r.confidence:.0%} percentile bootstrap intervals over examples ({r.n_boot} resamples). "
         "LOO is v(all) - v(all without the member); Shapley averages the member's marginal contribution over "
-        "all orders of joining. Ranks: 1 = best."
+        'all orders of joining. Ranks: 1 = best; "2=" marks a tie (values equal within 1e-9).'
     )
     lines.append("")
     # (key, column title, signed): contributions can be negative, strengths cannot.
@@ -523,7 +556,7 @@ def render_markdown(report: AuditReport, images: Mapping[str, str] | None = None
         [
             m,
             *(_score(scores[key].get(m), r.ci.get(m, {}).get(key), signed) for key, _, signed in measures),
-            *(str(r.ranks.get(key, {}).get(m, "n/a")) for key, _, _ in measures),
+            *(_rank(r.ranks.get(key, {}), m) for key, _, _ in measures),
             *([f"{r.sampling_error[m]:.3f}"] if r.sampling_error is not None else []),
         ]
         for m in r.players

@@ -54,6 +54,7 @@ from colab_graphs.audit.stratified import (
     stratified_shapley,
 )
 from colab_graphs.fitting import fitting_summary
+from colab_graphs.mechanism import mechanism_notes, warnings
 from colab_graphs.models.client import ModelClient
 from colab_graphs.models.pricing import member_price
 from colab_graphs.models.spend import CapReached, SpendCap
@@ -61,7 +62,7 @@ from colab_graphs.pool import Pool
 from colab_graphs.sandbox import scope
 from colab_graphs.spec import GraphSpec, Seat
 from colab_graphs.tasks.example import Example
-from colab_graphs.tasks.scoring import require_sandbox, view_for
+from colab_graphs.tasks.scoring import require_sandbox, task_for, view_for
 
 LISTED_COALITIONS = 4096  # a report lists every coalition valued up to this many (2^12)
 
@@ -456,11 +457,15 @@ def _report(
     ]
     # Protocols whose coalitions are fitted first (weight merges, searches on dev) report what that cost.
     fitting = {"fitting": fitting_summary(f.record for f in game.fits.values())} if game.fits else {}
+    notes = mechanism_notes(p for p in game.plays.values() if p.game == "coalition")
     return AuditReport(
         protocol=spec.name,
         protocol_params=spec.params,
         players=list(spec.members),
         scorer=scorer,
+        scored_by=sorted({task_for(e, scorer).name for e in game.examples}),
+        notes=notes,
+        warnings=warnings(spec.name, notes),
         dataset=dataset,
         failed_examples=game.failed_examples(),
         errors=_errors(game),

@@ -1,4 +1,5 @@
-"""`colab-graphs`: run | audit | study | train | serve | view | protocols | show | models | cache | doctor.
+"""`colab-graphs`: run | audit | study | train | serve | view | compare | protocols | show | models | cache |
+doctor.
 
 Heavy modules (litellm, torch, transformers, trl) are imported inside the commands, so `--help` is instant.
 """
@@ -22,6 +23,7 @@ from colab_graphs.cli.common import (
     resolve_protocol,
 )
 from colab_graphs.cli.options import (
+    AnswerFieldOpt,
     AnswerKeyOpt,
     AppModeOpt,
     AppOpt,
@@ -30,6 +32,8 @@ from colab_graphs.cli.options import (
     DataOpt,
     ExampleTimeoutOpt,
     GraphOpt,
+    IdFieldOpt,
+    InputFieldOpt,
     InputKeyOpt,
     LimitOpt,
     NoCacheOpt,
@@ -43,8 +47,11 @@ from colab_graphs.cli.options import (
     SandboxOpt,
     ScorerOpt,
     SeedOpt,
+    SplitOpt,
     StallAfterOpt,
+    TestFieldOpt,
     close_apps,
+    field_map,
     progress_bar,
     resolve_play,
 )
@@ -92,6 +99,11 @@ def run(
     mode: AppModeOpt = "auto",
     pool: PoolOpt = None,
     data: DataOpt = None,
+    split: SplitOpt = None,
+    input_field: InputFieldOpt = None,
+    answer_field: AnswerFieldOpt = None,
+    id_field: IdFieldOpt = None,
+    test_field: TestFieldOpt = None,
     scorer: ScorerOpt = None,
     out: OutOpt = None,
     max_concurrency: ConcOpt = 16,
@@ -118,7 +130,22 @@ def run(
     from colab_graphs.spec import SpecError
 
     play = resolve_play(
-        PlayOptions(protocol, graph, app, input_key, answer_key, mode, pool, data, scorer, limit, seed, param)
+        PlayOptions(
+            protocol,
+            graph,
+            app,
+            input_key,
+            answer_key,
+            mode,
+            pool,
+            data,
+            scorer,
+            limit,
+            seed,
+            param,
+            fields=field_map(input_field, answer_field, id_field, test_field),
+            split=split,
+        )  # fmt: skip
     )
     the_pool, examples, spec = play.pool, play.examples, play.spec
     check_sandbox(examples, scorer, sandbox)  # code scores: before the first call
@@ -134,8 +161,9 @@ def run(
             failed += 1
         elif o.score is not None:
             scores.append(o.score)
-        mean = sum(scores) / len(scores) if scores else 0.0
-        progress.update(task, advance=1, status=f"score {mean:.3f}  failed {failed}")
+        # No example scored yet (or every one failed): no score, not 0.000.
+        mean = f"{sum(scores) / len(scores):.3f}" if scores else "none"
+        progress.update(task, advance=1, status=f"score {mean}  failed {failed}")
 
     from colab_graphs.audit.app import run_app
     from colab_graphs.fitting import run_fitted
@@ -166,7 +194,7 @@ def run(
     score = summary["score"]
     calls = summary["calls"]
     console.print(
-        f"[bold]{spec.name}[/]: score {score if score is None else f'{score:.3f}'} over {summary['scored']} "
+        f"[bold]{spec.name}[/]: score {'none' if score is None else f'{score:.3f}'} over {summary['scored']} "
         f"example(s); failed {summary['failed']}; calls made {calls['made']}, cached "
         f"{calls['cached']}; {summary['wall_s']:.1f}s -> {out}"
     )
@@ -176,6 +204,8 @@ def run(
     )
     if summary.get("sandbox"):
         console.print(f"code scored in the sandbox: {scope.describe(summary['sandbox'])}", highlight=False)
+    for warning in summary.get("warnings", []):
+        console.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False)
     if summary["failed"]:
         first = next(o.error for o in outcomes if o.failed)
         console.print(
@@ -314,9 +344,17 @@ def _register_optional_commands() -> None:
     # Registering twice would list every command twice: a second call does nothing.
     if any(c.name == "study" for c in app.registered_commands):
         return
-    from colab_graphs.cli import audit_cmd, doctor_cmd, models_cmd, study_cmd, train_cmd, view_cmd
+    from colab_graphs.cli import (
+        audit_cmd,
+        compare_cmd,
+        doctor_cmd,
+        models_cmd,
+        study_cmd,
+        train_cmd,
+        view_cmd,
+    )
 
-    for commands in (audit_cmd, models_cmd, train_cmd, study_cmd, view_cmd, doctor_cmd):
+    for commands in (audit_cmd, models_cmd, train_cmd, study_cmd, view_cmd, compare_cmd, doctor_cmd):
         commands.register(app)
 
 

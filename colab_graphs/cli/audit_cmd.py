@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from colab_graphs.accounting import count_calls
 from colab_graphs.cli.common import check_sandbox, fail, holding_out, make_client
 from colab_graphs.cli.options import (
+    AnswerFieldOpt,
     AnswerKeyOpt,
     AppModeOpt,
     AppOpt,
@@ -18,6 +19,8 @@ from colab_graphs.cli.options import (
     DataOpt,
     ExampleTimeoutOpt,
     GraphOpt,
+    IdFieldOpt,
+    InputFieldOpt,
     InputKeyOpt,
     LimitOpt,
     NoCacheOpt,
@@ -31,10 +34,14 @@ from colab_graphs.cli.options import (
     SandboxOpt,
     ScorerOpt,
     SeedOpt,
+    SplitOpt,
     StallAfterOpt,
+    TestFieldOpt,
+    field_map,
     progress_bar,
     resolve_play,
 )
+from colab_graphs.files import empty_folder
 
 
 def audit(
@@ -46,6 +53,11 @@ def audit(
     mode: AppModeOpt = "auto",
     pool: PoolOpt = None,
     data: DataOpt = None,
+    split: SplitOpt = None,
+    input_field: InputFieldOpt = None,
+    answer_field: AnswerFieldOpt = None,
+    id_field: IdFieldOpt = None,
+    test_field: TestFieldOpt = None,
     method: Annotated[str, typer.Option("--method", help="loo | exact | sampled")] = "loo",
     budget: Annotated[
         int | None, typer.Option("--budget", help="For --method sampled: distinct calls (see --budget-unit).")
@@ -127,7 +139,22 @@ def audit(
         if cap is not None and cap < 0:
             fail(f"{name} must not be negative, got {cap}")
     play = resolve_play(
-        PlayOptions(protocol, graph, app, input_key, answer_key, mode, pool, data, scorer, limit, seed, param)
+        PlayOptions(
+            protocol,
+            graph,
+            app,
+            input_key,
+            answer_key,
+            mode,
+            pool,
+            data,
+            scorer,
+            limit,
+            seed,
+            param,
+            fields=field_map(input_field, answer_field, id_field, test_field),
+            split=split,
+        )  # fmt: skip
     )
     the_pool, examples, spec = play.pool, play.examples, play.spec
     if not dry_run:  # (a plan calls nothing)
@@ -169,15 +196,15 @@ def audit(
     }  # as the report counts them: another coalition's identical call is cached
 
     def on_progress(play) -> None:
-        cached = sum(c.cached for c in play.calls)
-        calls["made"] += len(play.calls) - cached
+        made, cached = count_calls(play.calls)
+        calls["made"] += made
         calls["cached"] += cached
         progress.update(task, advance=1, status=f"calls {calls['made']} made, {calls['cached']} cached")
 
     try:
         with holding_out(out):
             if overwrite:
-                _empty(out)
+                empty_folder(out)
             with progress:
                 report = play.run(
                     play_audit(
@@ -241,23 +268,9 @@ def _app_game(play, client, scorer: str | None, out: Path, data: str | None):
     return make_game
 
 
-def _empty(out: Path) -> None:
-    """Discard an earlier audit in `out`, keeping the folder and its lock (held by this command)."""
-    from colab_graphs.files import LOCK_FILE
-
-    if not out.is_dir():
-        return
-    for entry in out.iterdir():
-        if entry.name == LOCK_FILE:
-            continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
-
-
 def _print_report(report, out: Path) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from colab_graphs.audit.report import cost_sentence, describe_sampling
@@ -335,6 +348,8 @@ def _print_report(report, out: Path) -> None:
             "MemberAbsent; scored as empty answers)[/]",
             highlight=False,
         )
+    for warning in report.warnings:
+        console.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False)
     if report.failed_examples:
         console.print(f"[yellow]{len(report.failed_examples)} example(s) failed and were left out[/]")
         for example, error in list(report.errors.items())[:3]:

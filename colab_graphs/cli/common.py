@@ -80,14 +80,24 @@ def load_pool(path: Path | None) -> Pool:
         fail(str(err))
 
 
-def load_data(source: str | None, limit: int | None, seed: int | None = None, scorer: str | None = None):
-    """The examples of `source` (None: the embedded default), as `colab_graphs.api.as_examples` reads them; a
-    problem (file:line where a record is wrong) is a usage error, and so is a source with no examples."""
+def load_data(
+    source: str | None,
+    limit: int | None,
+    seed: int | None = None,
+    scorer: str | None = None,
+    fields: dict[str, str] | None = None,
+    split: str | None = None,
+):
+    """The examples of `source` (None: the embedded default), as `colab_graphs.api.as_examples` reads them
+    (`fields`: Example field -> record field; `split`); a problem (file:line where a record is wrong) is a
+    usage error, and so is a source with no examples."""
     from colab_graphs.api import as_examples
     from colab_graphs.defaults import DEFAULT_DATA
 
+    if source is None and (fields or split):
+        fail("--split and --*-field options map the records of --data: give --data")
     try:
-        examples = as_examples(source, limit=limit, seed=seed, scorer=scorer)
+        examples = as_examples(source, limit=limit, seed=seed, scorer=scorer, fields=fields, split=split)
     except (ValueError, FileNotFoundError, ImportError, KeyError) as err:
         fail(str(err))
     if not examples:

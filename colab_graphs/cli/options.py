@@ -17,7 +17,39 @@ T = TypeVar("T")
 PoolOpt = Annotated[Path | None, typer.Option("--pool", help="Pool YAML (default: the embedded local pool).")]
 DataOpt = Annotated[
     str | None,
-    typer.Option("--data", help="JSONL/JSON file or a named source (gsm8k, builtin:arithmetic, ...)."),
+    typer.Option(
+        "--data",
+        help="JSONL, JSON or CSV file, hf:NAME[:CONFIG] or hf:PATH (save_to_disk folder or data file), or a "
+        "named source (gsm8k, builtin:arithmetic, ...); see docs/data.md.",
+    ),
+]
+SplitOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--split", help="The split to read, for data with several (default: test, else the only one)."
+    ),
+]
+InputFieldOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--input-field",
+        help="The records' field holding the question (default: input, "
+        "question, prompt, problem, query or text).",
+    ),
+]
+AnswerFieldOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--answer-field",
+        help="The records' field holding the gold answer (default: answer, output, target or label).",
+    ),
+]
+IdFieldOpt = Annotated[
+    str | None,
+    typer.Option("--id-field", help="The records' field holding the id (default: id, else SPLIT-INDEX)."),
+]
+TestFieldOpt = Annotated[
+    str | None, typer.Option("--test-field", help="The records' field holding a coding record's test.")
 ]
 ProtocolOpt = Annotated[
     str | None, typer.Option("--protocol", help="Built-in protocol name (see `protocols`).")
@@ -142,6 +174,8 @@ class PlayOptions:
     limit: int | None
     seed: int | None
     param: list[str] | None
+    fields: dict[str, str] | None = None
+    split: str | None = None
 
 
 @dataclass(frozen=True)
@@ -168,7 +202,14 @@ def resolve_play(options: PlayOptions) -> Play:
     any problem is a usage error (exit 2) naming it, before a call or a client is made."""
     pool = load_pool(options.pool)
     app = _app(options, pool) if options.app else None
-    examples = load_data(options.data, options.limit, options.seed, scorer=options.scorer)
+    examples = load_data(
+        options.data,
+        options.limit,
+        options.seed,
+        scorer=options.scorer,
+        fields=options.fields,
+        split=options.split,
+    )
     if app is not None:
         return Play(pool, examples, app[1], app[0], app[2])
     if options.input_key is not None or options.answer_key is not None or options.mode != "auto":
@@ -212,6 +253,14 @@ def close_apps() -> None:
     callback has it called when the command ends."""
     while _opened:
         _opened.pop().close()
+
+
+def field_map(
+    input_field: str | None, answer_field: str | None, id_field: str | None, test_field: str | None
+) -> dict[str, str] | None:
+    """The `--*-field` options as an Example field -> record field mapping (None: nothing mapped)."""
+    given = {"input": input_field, "answer": answer_field, "id": id_field, "test": test_field}
+    return {k: v for k, v in given.items() if v} or None
 
 
 def progress_bar(total: int, description: str):

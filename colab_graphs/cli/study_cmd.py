@@ -16,6 +16,7 @@ from colab_graphs.cli.options import (
     OutOpt,
     RetriesOpt,
     SandboxOpt,
+    StallAfterOpt,
     progress_bar,
 )
 
@@ -58,6 +59,7 @@ def study(
         typer.Option("--dry-run", help="Print and write OUT/plan.json (calls, tokens, cost); call nothing."),
     ] = False,
     sandbox: SandboxOpt = None,
+    stall_after: StallAfterOpt = None,
 ) -> None:
     """Audit every protocol over every pool on every dataset; correlate individual and compositional strength.
 
@@ -71,6 +73,7 @@ def study(
     except StudyConfigError as err:
         fail(str(err))
     the_config.sandbox = sandbox or the_config.sandbox  # (the study checks it before its first call)
+    the_config.stall_after = stall_after
     out = out or Path("studies") / config.stem
     client = make_client(
         cache_dir,

@@ -70,7 +70,8 @@ DeltaHandler = Callable[[Delta], Any]
 
 @dataclass
 class CallStats:
-    """Counts over a client's life. `made` = upstream calls; `cached` = served from cache or a shared flight."""
+    """Counts over a client's life. `made` = upstream calls answered; `failed` = upstream calls that failed after
+    retries (not in `made`); `cached` = served from cache or a shared flight; `attempts` = requests sent."""
 
     made: int = 0
     cached: int = 0
@@ -656,7 +657,6 @@ class ModelClient:
         attempts = 0
         # Asked here, after the cache and the single flight: only a call that would really be sent counts.
         reserved = self.cap.reserve(member, kwargs["messages"], request["settings"]) if self.cap else 0.0
-        self.stats.made += 1
         if self.preflight:
             unreachable = await self._unreachable(member)
             if unreachable is not None:
@@ -690,6 +690,7 @@ class ModelClient:
                     kind, redact(f"{type(exc).__name__}: {exc}", secrets)[:2000], member.name, attempts
                 ) from None
             break
+        self.stats.made += 1  # (a call that failed is counted in `failed`, not here)
         if on_delta is not None and streamed is None:
             await deliver(on_delta, Delta(answer.text, whole_calls(answer.tool_calls)))
         if self.cap is not None:

@@ -6,7 +6,7 @@
     protocols:                              # names, or {name, params, label}
       - majority_vote
       - {name: debate, params: {rounds: 2}}
-    datasets:                               # sources, or {source, limit, split, scorer, label}
+    datasets:                               # sources, or {source, limit, split, scorer, label, fields}
       - builtin:arithmetic
       - {source: arc_challenge, limit: 20, scorer: multiple_choice}
     method: loo                             # loo | exact | sampled (sampled needs budget or target_error)
@@ -49,7 +49,7 @@ STUDY_KEYS = (
     "sandbox",
 )
 PROTOCOL_KEYS = ("name", "params", "label")
-DATASET_KEYS = ("source", "limit", "split", "scorer", "label")
+DATASET_KEYS = ("source", "limit", "split", "scorer", "label", "fields")
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
 
@@ -79,6 +79,8 @@ class DatasetEntry:
     split: str | None = None
     scorer: str | None = None
     location: str = ""
+    # Example field -> the records' field (`load_examples`'s `field_map`: {input: question, answer: label}).
+    fields: dict[str, str] | None = None
 
 
 @dataclass
@@ -99,6 +101,8 @@ class StudyConfig:
     target_error: float | None = None
     # Code scores' sandbox setting (`colab_graphs.sandbox.scope`); None: env, else auto.
     sandbox: str | None = None
+    # The stall watchdog's time in seconds (`--stall-after`; None: `colab_graphs.watch.STALL_S`; 0: none).
+    stall_after: float | None = None
 
 
 def load_study_config(path: str | Path) -> StudyConfig:
@@ -265,7 +269,7 @@ def _entries(raw: Any, name: str, known: tuple[str, ...], fail) -> Iterator[tupl
 
 
 def _source_label(source: str) -> str:
-    if source.endswith((".jsonl", ".json")):
+    if source.endswith((".jsonl", ".json", ".csv")):
         source = Path(source).stem
     return re.sub(r"[^A-Za-z0-9_.\-]+", "-", source).strip("-") or "data"
 
@@ -274,7 +278,7 @@ def _datasets(raw: Any, path: Path, default_limit: int | None, fail) -> list[Dat
     entries: list[DatasetEntry] = []
     for key, item in _entries(raw, "datasets", DATASET_KEYS, fail):
         source = location = item["source"]
-        if source.endswith((".jsonl", ".json")) and not Path(source).is_absolute():
+        if source.endswith((".jsonl", ".json", ".csv")) and not Path(source).is_absolute():
             location = str(path.parent / source)
         limit = _optional_int(item, "limit", lambda k, m, at=key: fail(f"{at}.{k}", m), minimum=1)
         for text_key in ("split", "scorer"):
@@ -287,11 +291,22 @@ def _datasets(raw: Any, path: Path, default_limit: int | None, fail) -> list[Dat
                 get_scorer(item["scorer"])
             except (KeyError, ValueError) as err:
                 raise fail(f"{key}.scorer", str(err.args[0])) from None
+        fields = item.get("fields")
+        if fields is not None and not (
+            isinstance(fields, Mapping) and all(isinstance(v, str) for v in [*fields, *fields.values()])
+        ):
+            raise fail(f"{key}.fields", f"must map Example fields to the records' fields, got {fields!r}")
         label = _label(item.get("label", _source_label(source)), f"{key}.label", fail)
         entries.append(
             DatasetEntry(
-                source, label, limit or default_limit, item.get("split"), item.get("scorer"), location
-            )
+                source,
+                label,
+                limit or default_limit,
+                item.get("split"),
+                item.get("scorer"),
+                location,
+                dict(fields) if fields else None,
+            )  # fmt: skip
         )
     _unique([e.label for e in entries], "datasets", "label", fail)
     return entries

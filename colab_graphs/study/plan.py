@@ -78,6 +78,8 @@ class StudyPlan:
     datasets: dict[str, DatasetEntry]
     source: str = "study"
     sandbox: str | None = None  # code scores' sandbox setting: every worker plays under it
+    # The stall watchdog's time for every worker's plays (`colab_graphs.watch`; None: its default; 0: none).
+    stall_after: float | None = None
 
     @property
     def settings(self) -> list[Setting]:
@@ -188,6 +190,7 @@ def _load(entry: DatasetEntry, seed: int | None, where: str) -> list[Example]:
             split=entry.split,
             limit=entry.limit,
             shuffle_seed=seed,
+            field_map=entry.fields,
             scorer=entry.scorer,
         )
     except (ValueError, FileNotFoundError, ImportError, KeyError) as err:

@@ -211,6 +211,7 @@ async def _play_study(
     plan = build_plan(config)
     sandbox = code_sandbox(plan)  # fail closed, before the first call
     plan.sandbox = scope.current()  # Ray workers play under the driver's setting, whatever their env says
+    plan.stall_after = config.stall_after
     if overwrite:
         _discard(out)
     out.mkdir(parents=True, exist_ok=True)

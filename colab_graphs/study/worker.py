@@ -87,6 +87,7 @@ class ShardRunner:
         if game is None:
             pool = self.plan.pools[setting.pool]
             game = CoalitionGame(setting.spec, pool, [], client=self.client, scorer=setting.scorer)
+            game.watch_plays(None, self.plan.stall_after)
             self._games[setting.key] = game
         return game
 

@@ -317,6 +317,26 @@ def _play_json(log: Log, play: Trace, order: dict[str, int] | None) -> dict[str,
     }
 
 
+def compare_payload(root: Path, a: str, b: str, cache: LogCache) -> dict[str, Any]:
+    """Two runs or two audits under the served folder side by side (`colab_graphs.compare`); folders that
+    cannot be compared are a 422 naming why."""
+    from colab_graphs.compare import COMPARABLE, CompareError, compare_logs
+
+    logs = []
+    for rel in (a, b):
+        folder = resolve(root, rel)
+        kind = find_kind(folder)
+        if kind not in COMPARABLE:
+            raise ViewerError(422, f"{rel or '.'} holds {f'a {kind}' if kind else 'no run or audit'}; compare "
+                              "compares two runs or two audits")  # fmt: skip
+        logs.append(cache.get(folder))
+    try:
+        result = compare_logs(logs[0], logs[1], a or ".", b or ".")
+    except CompareError as err:
+        raise ViewerError(422, str(err)) from None
+    return result.model_dump(mode="json")
+
+
 def example_payload(root: Path, rel: str, example_id: str, cache: LogCache) -> dict[str, Any]:
     folder = resolve(root, rel)
     if find_kind(folder) not in ("audit", "run"):

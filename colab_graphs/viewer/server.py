@@ -23,6 +23,7 @@ from colab_graphs.log import LogError, LogVersionError
 from colab_graphs.viewer.payload import (
     LogCache,
     ViewerError,
+    compare_payload,
     example_payload,
     folder_payload,
     regular_file_inside,
@@ -79,6 +80,10 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             if url.path == "/api/log":
                 data = folder_payload(self.server.root, query.get("path", ""), self.server.cache)
+            elif url.path == "/api/compare":
+                if "a" not in query or "b" not in query:
+                    raise ViewerError(400, "api/compare needs ?a=FOLDER&b=FOLDER")
+                data = compare_payload(self.server.root, query["a"], query["b"], self.server.cache)
             elif url.path == "/api/example":
                 if "id" not in query:
                     raise ViewerError(400, "api/example needs ?id=EXAMPLE")

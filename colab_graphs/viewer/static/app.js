@@ -1,7 +1,8 @@
 // colab-graphs view: one page for audits, runs, studies and training runs. Plain JavaScript, no dependencies.
-// The page reads its state from the URL (?path=FOLDER&example=ID&coalition=a,b&member=NAME&step=N), so every
-// view is a link; it asks the server for JSON (/api/log, /api/example) and builds the DOM from it (text is
-// always set as text, never parsed as HTML).
+// The page reads its state from the URL (?path=FOLDER&example=ID&coalition=a,b&member=NAME&step=N, or
+// ?a=FOLDER&b=FOLDER to compare two runs or two audits), so every view is a link; it asks the server for JSON
+// (/api/log, /api/example, /api/compare) and builds the DOM from it (text is always set as text, never parsed
+// as HTML).
 "use strict";
 
 const Q = new URLSearchParams(location.search);
@@ -205,6 +206,10 @@ function grandValue(d) {
   return c ? c.value : null;
 }
 
+// A report's warnings (colab_graphs.mechanism): a mechanism that found nothing to work on, every time.
+const warningsRow = (r) => (r && r.warnings && r.warnings.length
+  ? ["Warnings", h("ul", { id: "warnings" }, r.warnings.map((w) => h("li", { class: "error" }, w)))] : null);
+
 function auditMeta(d) {
   const hd = d.header, r = d.report;
   const params = Object.entries(hd.protocol_params || {}).filter(([k]) => !k.endsWith("prompt"));
@@ -212,7 +217,8 @@ function auditMeta(d) {
     ["Members", d.members.join(", ")],
     ["Protocol parameters", params.length ? params.map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(", ") : "defaults"],
     ["Dataset", hd.dataset || "n/a"],
-    ["Scorer", hd.scorer || "from each example"],
+    ["Scorer", h("span", { id: "scorer" }, hd.scorer || (r && r.scored_by && r.scored_by.length ? `${r.scored_by.join(", ")} (the records' default)` : "from each example"))],
+    warningsRow(r),
     r && r.sandbox ? ["Sandbox", h("span", { id: "sandbox" }, sandboxText(r.sandbox))] : null,
     r ? ["Method", `${r.method}${r.shapley_method ? "" : " (leave-one-out only)"}, ${r.coalitions.length} coalitions`] : null,
     ["Examples", r ? `${r.n_examples}${r.failed_examples.length ? ` (${r.failed_examples.length} failed)` : ""}` : String(d.examples.length)],
@@ -443,6 +449,7 @@ async function renderRun(d) {
       ["Score", h("span", { id: "run-score" }, fmt(sm ? sm.score : d.progress.score))],
       ["Examples", sm ? `${sm.n} (${sm.failed} failed)` : `${d.progress.plays}${d.progress.planned ? " of " + d.progress.planned : ""} so far`],
       sm && sm.sandbox ? ["Sandbox", h("span", { id: "sandbox" }, sandboxText(sm.sandbox))] : null,
+      warningsRow(sm),
       sm ? ["Calls", `${fmtInt(sm.calls.made)} made, ${fmtInt(sm.calls.cached)} cached, ${fmtInt(sm.calls.failed)} failed`] : null,
       sm ? ["Tokens, cost, time", `${fmtInt(sm.tokens.prompt + sm.tokens.completion)} tokens, ${costText(sm.cost_usd, sm.calls.made, sm.cost_saved_usd, sm.calls.cached)}, ${Number(sm.wall_s).toFixed(1)} s`] : null,
     ])];
@@ -453,7 +460,7 @@ async function renderRun(d) {
     td(e.answer !== undefined && e.answer !== null ? h("code", {}, e.answer) : "–"),
     td(e.system_answer !== undefined && e.system_answer !== null ? h("code", {}, e.system_answer) : "–"),
     num(e.failed ? "failed" : fmt(e.score))));
-  out.push(section("examples", "Examples", table(["Example", "Question", "Gold", "Answer", h("th", { class: "num" }, "Score")], rows)));
+  out.push(section("examples", "Examples", table(["Example", "Question", "Gold", "Prediction", h("th", { class: "num" }, "Score")], rows)));
   return out;
 }
 
@@ -584,7 +591,69 @@ async function renderIndex(d) {
   document.getElementById("status").textContent = "";
   const rows = d.outputs.map((o) => h("tr", {}, td(link({ path: o.path }, o.path)), td(o.kind)));
   return [h("h1", {}, "Outputs under ", h("code", {}, d.path || ".")),
-    rows.length ? table(["Folder", "Kind"], rows) : h("p", { class: "note" }, "No colab-graphs output (run, audit, study, training run) in this folder.")];
+    rows.length ? table(["Folder", "Kind"], rows) : h("p", { class: "note" }, "No colab-graphs output (run, audit, study, training run) in this folder."),
+    compareForm(d.outputs)];
+}
+
+// --- compare ---------------------------------------------------------------------------------------------------
+
+function delta(x, y) {
+  return x === null || x === undefined || y === null || y === undefined ? null : y - x;
+}
+
+function renderCompare(d) {
+  const a = d.a, b = d.b;
+  const side = (x) => link({ path: x.path, a: null, b: null }, x.path);
+  const row = (name, x, y, show, signed, id) => h("tr", id ? { id } : {},
+    td(name), num(show(x)), num(show(y)),
+    num(h("b", { class: sign(delta(x, y) || 0) }, typeof x === "number" && typeof y === "number" ? (show === fmtInt ? (y - x >= 0 ? "+" : "") + fmtInt(y - x) : show === fmtCost ? fmtCost(y - x) : fmt(y - x, true)) : "–")));
+  const score = d.kind === "run" ? "Score" : "v(all members)";
+  const out = [
+    h("h1", {}, `Compare ${d.kind}s`),
+    meta([["A", side(a)], ["B", side(b)], ["Protocols", `${a.protocol || "?"} · ${b.protocol || "?"}`], ["Data", `${a.dataset || "n/a"} · ${b.dataset || "n/a"}`]]),
+    section("compare-summary", "Side by side",
+      table(["", h("th", { class: "num" }, "A"), h("th", { class: "num" }, "B"), h("th", { class: "num" }, "B − A")], [
+        row(score, a.score, b.score, fmt, false, "compare-score"),
+        row("Examples", a.n_examples, b.n_examples, fmtInt),
+        row("Failed examples", a.failed, b.failed, fmtInt),
+        row("Calls made", a.calls.made, b.calls.made, fmtInt, false, "compare-calls"),
+        row("Calls cached", a.calls.cached, b.calls.cached, fmtInt),
+        row("Calls failed", a.calls.failed, b.calls.failed, fmtInt),
+        row("Cost", a.cost_usd, b.cost_usd, fmtCost),
+      ])),
+  ];
+  if (d.notes.length) out.push(h("ul", { class: "note", id: "compare-notes" }, d.notes.map((n) => h("li", {}, n))));
+  if (d.members.length) {
+    const measures = [["individual", "Individual", false], ["loo", "LOO", true], ["shapley", "Shapley", true], ["calls", "Calls made", false]];
+    const head = ["Member", ...measures.flatMap(([, t]) => [h("th", { class: "num" }, `${t} A`), h("th", { class: "num" }, `${t} B`), h("th", { class: "num" }, "Δ")])];
+    const rows = d.members.map((r) => h("tr", { "data-member": r.member }, td(r.member),
+      measures.flatMap(([k, , signed]) => [
+        num(k === "calls" ? fmtInt(r.a[k]) : fmt(r.a[k], signed), { "data-measure": `${k}-a` }),
+        num(k === "calls" ? fmtInt(r.b[k]) : fmt(r.b[k], signed), { "data-measure": `${k}-b` }),
+        num(h("b", { class: sign(r.delta[k] || 0) }, k === "calls" ? fmtInt(r.delta[k]) : fmt(r.delta[k], true)), { "data-measure": `${k}-delta` }),
+      ])));
+    out.push(section("compare-members", "Members", table(head, rows)));
+  }
+  const outcomeText = (o) => (o.failed ? "failed" : fmt(o.score)) + (o.prediction !== null && o.prediction !== undefined ? ` (${o.prediction})` : "");
+  const changed = d.changed.map((c) => h("tr", { "data-example": c.id },
+    td(link({ path: a.path, a: null, b: null, example: c.id }, c.id)), td((c.input || "").slice(0, 120)),
+    td(c.gold !== null && c.gold !== undefined ? h("code", {}, c.gold) : "–"),
+    num(outcomeText(c.a)), num(outcomeText(c.b))));
+  const others = [d.only_in_a.length ? `${d.only_in_a.length} only in A` : null, d.only_in_b.length ? `${d.only_in_b.length} only in B` : null].filter((x) => x);
+  out.push(section("compare-changed", `Examples that changed (${d.changed.length} of ${d.shared_examples} shared${others.length ? "; " + others.join(", ") : ""})`,
+    changed.length ? table(["Example", "Question", "Gold", h("th", { class: "num" }, "A (prediction)"), h("th", { class: "num" }, "B (prediction)")], changed)
+      : h("p", { class: "note" }, "No shared example changed score.")));
+  return out;
+}
+
+function compareForm(outputs) {
+  // Two outputs of one kind (runs or audits) to compare: the form goes to ?a=...&b=...
+  const options = outputs.filter((o) => o.kind === "run" || o.kind === "audit");
+  if (options.length < 2) return null;
+  const select = (name, chosen) => h("select", { name, id: `compare-${name}` },
+    options.map((o, i) => h("option", { value: o.path, selected: i === chosen }, `${o.path} (${o.kind})`)));
+  return section("compare", "Compare two runs or two audits",
+    h("form", { method: "get", action: "" }, "A ", select("a", 0), " B ", select("b", 1), " ", h("button", { type: "submit" }, "Compare")));
 }
 
 // --- main ------------------------------------------------------------------------------------------------------
@@ -593,6 +662,14 @@ async function main() {
   crumbs();
   const app = document.getElementById("app");
   try {
+    if (Q.get("a") !== null && Q.get("b") !== null) {
+      const d = await getJSON(`/api/compare?a=${encodeURIComponent(Q.get("a"))}&b=${encodeURIComponent(Q.get("b"))}`);
+      document.title = `compare ${Q.get("a")} with ${Q.get("b")} · colab-graphs view`;
+      document.getElementById("status").textContent = d.a.complete && d.b.complete ? "finished" : "running (reload to update)";
+      app.replaceChildren(...renderCompare(d));
+      document.body.dataset.ready = "1";
+      return;
+    }
     const d = await getJSON(`/api/log?path=${encodeURIComponent(PATH)}`);
     const render = { audit: renderAudit, run: renderRun, study: renderStudy, train: renderTrain, index: renderIndex }[d.kind];
     document.title = `${d.kind} ${PATH || "."} · colab-graphs view`;
