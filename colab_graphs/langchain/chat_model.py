@@ -37,6 +37,7 @@ from langchain_core.runnables import Runnable
 from pydantic import ConfigDict, Field, SecretStr, model_validator
 
 import colab_graphs._env  # noqa: F401  (offline settings before litellm loads)
+from colab_graphs import otel
 from colab_graphs.langchain.lc import ai_message, last_chunk, message_chunk, openai_messages
 from colab_graphs.models.cache import request_key
 from colab_graphs.models.client import (
@@ -111,7 +112,8 @@ class CallPathChatModel(BaseChatModel):
             return None
         sent = openai_messages(messages)
         options: dict[str, Any] = {"overrides": overrides or None, "node": target.node, "seat": member.name}
-        with pending_call(target.node, member.name):  # (a call another run makes counts as this one's)
+        # (A call another run makes counts as this one's; the node that called is the seat of the trace.)
+        with pending_call(target.node, member.name), otel.seat_span(target.node, member.name):
             if target.memo is None:
                 return await target.client.complete(
                     member, sent, trace=target.trace, on_delta=on_delta, **options
@@ -315,6 +317,7 @@ async def _memoised(
     again = call.served_again(node=target.node)
     if target.trace is not None:
         target.trace.calls.append(again)
+    otel.replayed_call(again)
     if on_delta is not None:
         await deliver(on_delta, Delta(again.text, whole_calls(again.tool_calls)))
     return again

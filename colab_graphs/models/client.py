@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from colab_graphs import otel
 from colab_graphs.models import direct
 from colab_graphs.models.cache import CallCache, request_key
 from colab_graphs.models.direct import direct_enabled
@@ -441,14 +442,19 @@ class ModelClient:
             sample=sample,
             key=key,
         )
-        try:
-            with pending_call(node or seat, member.name):
-                call = await self._served(asked, member, request, kwargs, on_delta)
-        except CallError as err:
-            if trace is not None:
-                failed = {"error": err.detail, "error_type": err.kind, "attempts": err.attempts}
-                trace.calls.append(asked.model_copy(update=failed))
-            raise
+        with otel.call_span(asked, member.settings) as span:
+            try:
+                with pending_call(node or seat, member.name):
+                    call = await self._served(asked, member, request, kwargs, on_delta, span)
+            except CallError as err:
+                if span is not None:
+                    span.failed(err.kind, err.detail, err.attempts)
+                if trace is not None:
+                    failed = {"error": err.detail, "error_type": err.kind, "attempts": err.attempts}
+                    trace.calls.append(asked.model_copy(update=failed))
+                raise
+            if span is not None:
+                span.done(call)
         if on_delta is not None and call.cached:
             await deliver(on_delta, Delta(call.text, whole_calls(call.tool_calls)))
         if trace is not None:
@@ -483,18 +489,22 @@ class ModelClient:
         request: dict[str, Any],
         kwargs: dict[str, Any],
         on_delta: DeltaHandler | None,
+        span: otel.CallSpan | None = None,
     ) -> Call:
-        """The call `asked` answered: from the cache, from an identical call in flight, or upstream."""
+        """The call `asked` answered: from the cache, from an identical call in flight, or upstream (`span`,
+        its trace span when tracing, is told which)."""
         if self.cache is not None:
             reply = self.cache.reply(asked.key)
             if reply is not None:
                 self.stats.cached += 1
+                otel.served(span, "cache")
                 return asked.answered(reply, cached=True)
         call, shared = await self._flights.run(
             asked.key, lambda: self._call_upstream(asked, member, request, kwargs, on_delta)
         )
         if shared:
             self.stats.cached += 1
+            otel.served(span, "single_flight")
             return asked.answered(call, cached=True, attempts=call.attempts)
         return call
 
@@ -563,7 +573,9 @@ class ModelClient:
             request = direct.direct_request(member, kwargs) if self._direct_now() else None
             if request is not None:
                 return await on_call_loop(_direct_answer(request))
+            kwargs = otel.litellm_parented(kwargs)  # (LiteLLM's own spans nest under this call's)
             return _litellm_answer(await on_call_loop(self._send(member, kwargs)))
+        kwargs = otel.litellm_parented(kwargs)
         # The stream is read on the call loop; its pieces come back here, in order, then None.
         here = asyncio.get_running_loop()
         pieces: asyncio.Queue[Delta | None] = asyncio.Queue()
