@@ -87,7 +87,7 @@ _REQUEST_SETTINGS = {
 }
 
 
-class TracingUnavailable(RuntimeError):
+class TracingUnavailable(ValueError):
     """Tracing was asked for and cannot be given (the `otel` extra missing, an unknown exporter): said before
     any call, never skipped in silence."""
 
@@ -101,6 +101,7 @@ class _Tracing:
 
 _state: _Tracing | None = None
 _env_read = False
+_content_asked = False  # `capture_content()`: prompts and replies on, whenever tracing is
 # The play being run (example id, coalition, game): what each call span under it repeats, so that a collector
 # can filter calls by example and coalition without walking up the tree.
 _play: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
@@ -137,6 +138,7 @@ def enable_tracing(
     _env_read = True  # an explicit setting wins over the environment's
     if content is None:
         content = _truthy(os.environ.get(ENV_CONTENT)) or _truthy(os.environ.get(SEMCONV_CONTENT))
+    content = content or _content_asked
     try:
         from opentelemetry import trace
     except ImportError:
@@ -156,6 +158,14 @@ def enable_tracing(
             )
     disable_tracing()
     _state = _Tracing(provider.get_tracer(TRACER_NAME), owned, bool(content))
+
+
+def capture_content() -> None:
+    """Record prompts and replies on call spans (the CLI's ``--trace-content``), now or once tracing is on."""
+    global _content_asked
+    _content_asked = True
+    if _state is not None:
+        _state.content = True
 
 
 def disable_tracing() -> None:
@@ -203,100 +213,18 @@ def _global_set(trace: Any) -> bool:
 
 
 def _make_provider(exporter: str) -> Any:
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+    from colab_graphs.otel_export import make_provider
 
-    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or "colab-graphs"})
-    provider = TracerProvider(resource=resource)
-    if exporter == "console":
-        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
-
-        provider.add_span_processor(SimpleSpanProcessor(RedactingExporter(ConsoleSpanExporter())))
-    else:
-        provider.add_span_processor(BatchSpanProcessor(RedactingExporter(_otlp_exporter())))
-    return provider
+    return make_provider(exporter)
 
 
-def _otlp_exporter() -> Any:
-    """The OTLP exporter the standard variables ask for (HTTP/protobuf unless ``OTEL_EXPORTER_OTLP_PROTOCOL`` or
-    ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` says grpc); it reads its endpoint and headers from them itself."""
-    protocol = (
-        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-        or ""
-    ).strip()
-    if protocol == "grpc":
-        try:
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-        except ImportError:
-            raise TracingUnavailable(
-                "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs opentelemetry-exporter-otlp-proto-grpc "
-                "(pip install opentelemetry-exporter-otlp); unset it for OTLP over HTTP"
-            ) from None
-        return OTLPSpanExporter()
-    if protocol not in ("", "http/protobuf"):
-        raise TracingUnavailable(
-            f"OTLP protocol {protocol!r} is not supported here; use http/protobuf or grpc"
-        )
-    try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HTTPExporter
-    except ImportError:
-        raise TracingUnavailable(f"the OTLP exporter is not installed: {INSTALL_HINT}") from None
-    return HTTPExporter()
-
-
-def _clean(value: Any) -> Any:
+def clean(value: Any) -> Any:
+    """An attribute value as a span may carry it: strings (alone or in a list) without registered secrets."""
     if isinstance(value, str):
         return hide_secrets(value)
     if isinstance(value, tuple | list):
         return tuple(hide_secrets(v) if isinstance(v, str) else v for v in value)
     return value
-
-
-class RedactingExporter:
-    """A span exporter that hands `inner` each span with every string attribute (of the span and of its
-    events) and its status passed through `hide_secrets`: what another library writes on a span (LiteLLM's
-    callback) is cleaned as surely as what this module writes."""
-
-    def __init__(self, inner: Any):
-        self.inner = inner
-
-    def export(self, spans: Sequence[Any]) -> Any:
-        return self.inner.export([_redacted(s) for s in spans])
-
-    def shutdown(self) -> None:
-        self.inner.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        flush = getattr(self.inner, "force_flush", None)
-        return bool(flush(timeout_millis)) if flush is not None else True
-
-
-def _redacted(span: Any) -> Any:
-    from opentelemetry.sdk.trace import Event, ReadableSpan
-    from opentelemetry.trace import Status
-
-    status = span.status
-    if status.description:
-        status = Status(status.status_code, redact(status.description))
-    return ReadableSpan(
-        name=span.name,
-        context=span.context,
-        parent=span.parent,
-        resource=span.resource,
-        attributes={k: _clean(v) for k, v in (span.attributes or {}).items()},
-        events=[
-            Event(e.name, {k: _clean(v) for k, v in (e.attributes or {}).items()}, e.timestamp)
-            for e in span.events
-        ],
-        links=span.links,
-        kind=span.kind,
-        status=status,
-        start_time=span.start_time,
-        end_time=span.end_time,
-        instrumentation_scope=span.instrumentation_scope,
-    )
 
 
 # --- spans ---------------------------------------------------------------------------------------------------
@@ -305,8 +233,8 @@ def _redacted(span: Any) -> Any:
 def _span(name: str, attributes: Mapping[str, Any], kind: Any = None) -> Any:
     assert _state is not None
     options = {"kind": kind} if kind is not None else {}
-    clean = {k: _clean(v) for k, v in attributes.items() if v is not None}
-    return _state.tracer.start_as_current_span(name, attributes=clean, **options)
+    clean_values = {k: clean(v) for k, v in attributes.items() if v is not None}
+    return _state.tracer.start_as_current_span(name, attributes=clean_values, **options)
 
 
 def root_span(kind: str, protocol: str, members: Sequence[str], n_examples: int) -> Any:

@@ -32,6 +32,7 @@ from colab_graphs.cli.options import (
     GraphOpt,
     InputKeyOpt,
     LimitOpt,
+    LiteLLMCallbacksOpt,
     NoCacheOpt,
     NoPreflightOpt,
     OutOpt,
@@ -44,6 +45,8 @@ from colab_graphs.cli.options import (
     ScorerOpt,
     SeedOpt,
     StallAfterOpt,
+    TraceContentOpt,
+    TraceOpt,
     progress_bar,
     resolve_play,
 )
@@ -103,6 +106,9 @@ def run(
     sandbox: SandboxOpt = None,
     example_timeout: ExampleTimeoutOpt = None,
     stall_after: StallAfterOpt = None,
+    trace: TraceOpt = None,
+    trace_content: TraceContentOpt = False,
+    litellm_callbacks: LiteLLMCallbacksOpt = None,
 ) -> None:
     """Run a protocol (or score your LangGraph app, --app) over a dataset; write results.jsonl, traces.jsonl,
     summary.json and log.jsonl."""

@@ -20,6 +20,7 @@ from colab_graphs.cli.options import (
     GraphOpt,
     InputKeyOpt,
     LimitOpt,
+    LiteLLMCallbacksOpt,
     NoCacheOpt,
     NoPreflightOpt,
     OutOpt,
@@ -32,6 +33,8 @@ from colab_graphs.cli.options import (
     ScorerOpt,
     SeedOpt,
     StallAfterOpt,
+    TraceContentOpt,
+    TraceOpt,
     progress_bar,
     resolve_play,
 )
@@ -108,6 +111,9 @@ def audit(
         ),
     ] = False,
     sandbox: SandboxOpt = None,
+    trace: TraceOpt = None,
+    trace_content: TraceContentOpt = False,
+    litellm_callbacks: LiteLLMCallbacksOpt = None,
 ) -> None:
     """Audit how much each member adds to a protocol: writes report.json, report.md and PNG plots."""
     from colab_graphs.audit.run import AuditError, play_audit

@@ -11,11 +11,14 @@ import typer
 from colab_graphs.cli.common import fail, holding_out, make_client
 from colab_graphs.cli.options import (
     CacheDirOpt,
+    LiteLLMCallbacksOpt,
     NoCacheOpt,
     NoPreflightOpt,
     OutOpt,
     RetriesOpt,
     SandboxOpt,
+    TraceContentOpt,
+    TraceOpt,
     progress_bar,
 )
 
@@ -58,6 +61,9 @@ def study(
         typer.Option("--dry-run", help="Print and write OUT/plan.json (calls, tokens, cost); call nothing."),
     ] = False,
     sandbox: SandboxOpt = None,
+    trace: TraceOpt = None,
+    trace_content: TraceContentOpt = False,
+    litellm_callbacks: LiteLLMCallbacksOpt = None,
 ) -> None:
     """Audit every protocol over every pool on every dataset; correlate individual and compositional strength.
 

@@ -175,6 +175,22 @@ def _litellm():
     return litellm
 
 
+def use_litellm_callbacks(names: Iterable[str]) -> None:
+    """Register LiteLLM's callbacks by name (``otel``, ``langfuse_otel``, ...: what `litellm.callbacks` takes),
+    once each. Calls then go through LiteLLM, never the direct lane, so that each callback sees every call.
+
+    Raises:
+        ValueError: a name LiteLLM does not know.
+    """
+    litellm = _litellm()
+    known = set(getattr(litellm, "_known_custom_logger_compatible_callbacks", ()))
+    for name in names:
+        if known and name not in known:
+            raise ValueError(f"LiteLLM has no callback named {name!r}; known: {', '.join(sorted(known))}")
+        if name not in litellm.callbacks:
+            litellm.callbacks.append(name)
+
+
 async def _load_litellm() -> None:
     """Import LiteLLM in the running loop's executor (seconds of import that must not hold the loop)."""
     await asyncio.get_running_loop().run_in_executor(None, _litellm)
