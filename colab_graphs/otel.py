@@ -100,7 +100,8 @@ class _Tracing:
 
 
 _state: _Tracing | None = None
-_env_read = False
+_explicit = False  # enable_tracing / disable_tracing called: the environment is no longer read
+_env_value = ""  # COLAB_GRAPHS_TRACE as last read
 _content_asked = False  # `capture_content()`: prompts and replies on, whenever tracing is
 # The play being run (example id, coalition, game): what each call span under it repeats, so that a collector
 # can filter calls by example and coalition without walking up the tree.
@@ -134,17 +135,19 @@ def enable_tracing(
     Raises:
         TracingUnavailable: the ``otel`` extra is not installed, or `exporter` is not one of the above.
     """
-    global _state, _env_read
-    _env_read = True  # an explicit setting wins over the environment's
+    global _explicit
+    _set(_tracing(exporter, content, tracer_provider))
+    _explicit = True
+
+
+def _tracing(exporter: str, content: bool | None, tracer_provider: Any) -> _Tracing:
     if content is None:
         content = _truthy(os.environ.get(ENV_CONTENT)) or _truthy(os.environ.get(SEMCONV_CONTENT))
-    content = content or _content_asked
     try:
         from opentelemetry import trace
     except ImportError:
         raise TracingUnavailable(f"tracing needs the OpenTelemetry SDK: {INSTALL_HINT}") from None
-    provider = tracer_provider
-    owned = None
+    provider, owned = tracer_provider, None
     if provider is None:
         if exporter == "global":
             provider = trace.get_tracer_provider()
@@ -156,8 +159,20 @@ def enable_tracing(
             raise TracingUnavailable(
                 f"unknown trace exporter {exporter!r}; use one of {', '.join(EXPORTERS)}"
             )
-    disable_tracing()
-    _state = _Tracing(provider.get_tracer(TRACER_NAME), owned, bool(content))
+    return _Tracing(provider.get_tracer(TRACER_NAME), owned, bool(content or _content_asked))
+
+
+def _set(tracing: _Tracing | None) -> None:
+    """`tracing` in force (None: off); the one it replaces is flushed, and shut down if made here."""
+    global _state
+    old, _state = _state, tracing
+    provider: Any = old.provider if old is not None else None
+    if provider is not None:
+        from opentelemetry import trace
+
+        # The global provider stays usable (LiteLLM's callback may hold it); one of ours alone is shut down.
+        global_one = provider is trace.get_tracer_provider()
+        provider.force_flush() if global_one else provider.shutdown()
 
 
 def capture_content() -> None:
@@ -169,11 +184,11 @@ def capture_content() -> None:
 
 
 def disable_tracing() -> None:
-    """Turn tracing off (what was recorded is flushed; a provider made here is shut down)."""
-    global _state
-    state, _state = _state, None
-    if state is not None and state.provider is not None:
-        state.provider.shutdown()
+    """Turn tracing off (what was recorded is flushed; a provider made here is shut down); the environment's
+    ``COLAB_GRAPHS_TRACE`` is then not read either."""
+    global _explicit
+    _set(None)
+    _explicit = True
 
 
 def tracing_enabled() -> bool:
@@ -196,16 +211,22 @@ def flush_tracing(timeout_ms: int = 30_000) -> None:
 
 
 def tracing_from_env() -> None:
-    """Turn tracing on as ``COLAB_GRAPHS_TRACE`` says (once per process; an explicit setting wins). "1" /
-    "true" / "on" means "otlp"; ``OTEL_SDK_DISABLED=true`` keeps it off."""
-    global _env_read
-    if _env_read:
+    """Tracing as ``COLAB_GRAPHS_TRACE`` says now ("1" / "true" / "on" mean "otlp"; ``OTEL_SDK_DISABLED=true``
+    keeps it off), unless `enable_tracing` or `disable_tracing` was called: an explicit setting wins. Read at
+    the start of each run, audit and study (one lookup), so a notebook that sets the variable is heard."""
+    global _env_value
+    if _explicit:
         return
-    _env_read = True
     value = (os.environ.get(ENV_SWITCH) or "").strip().lower()
-    if value in OFF or (os.environ.get("OTEL_SDK_DISABLED") or "").strip().lower() == "true":
+    if (os.environ.get("OTEL_SDK_DISABLED") or "").strip().lower() == "true":
+        value = ""
+    if value == _env_value:
         return
-    enable_tracing("otlp" if value in ("1", "true", "on", "yes") else value)
+    if value in OFF:
+        _set(None)
+    else:
+        _set(_tracing("otlp" if value in ("1", "true", "on", "yes") else value, None, None))
+    _env_value = value
 
 
 def _global_set(trace: Any) -> bool:
