@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from collections.abc import Sequence
 
 from opentelemetry.sdk.resources import Resource
@@ -26,13 +27,15 @@ from colab_graphs.redaction import redact
 
 
 def make_provider(exporter: str) -> TracerProvider:
-    """A provider exporting to "otlp" (batched) or "console" (each span as it ends). Its resource is the
+    """A provider exporting to "otlp" (batched) or "console" (each span on stderr as it ends). Its resource is the
     standard variables' (``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``), the service named "colab-graphs"
     unless they name it."""
     resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or "colab-graphs"})
     provider = TracerProvider(resource=resource)
     if exporter == "console":
-        provider.add_span_processor(SimpleSpanProcessor(RedactingExporter(ConsoleSpanExporter())))
+        provider.add_span_processor(
+            SimpleSpanProcessor(RedactingExporter(ConsoleSpanExporter(out=sys.stderr)))
+        )
     else:
         provider.add_span_processor(BatchSpanProcessor(RedactingExporter(otlp_exporter())))
     return provider
