@@ -258,14 +258,18 @@ def _span(name: str, attributes: Mapping[str, Any], kind: Any = None) -> Any:
     return _state.tracer.start_as_current_span(name, attributes=clean_values, **options)
 
 
-def root_span(kind: str, protocol: str, members: Sequence[str], n_examples: int) -> Any:
-    """The trace of one run, audit or study ("run" / "audit" / "study"); reads ``COLAB_GRAPHS_TRACE`` first.
-    Inside another span (a study's audit, the user's own span) it is that span's child."""
+def root_span(
+    kind: str, protocol: str, members: Sequence[str], n_examples: int, setting: str | None = None
+) -> Any:
+    """The trace of one run, audit or study ("run" / "audit" / "study"; a study's "setting": one protocol, pool
+    and dataset played); reads ``COLAB_GRAPHS_TRACE`` first. Inside another span (a study's audit, the user's
+    own span) it is that span's child."""
     tracing_from_env()
     if _state is None:
         return _NULL
     attributes = {
         "colab_graphs.kind": kind,
+        "colab_graphs.setting": setting,
         "colab_graphs.protocol": protocol or None,
         "colab_graphs.members": list(members) or None,
         "colab_graphs.examples": n_examples or None,

@@ -397,3 +397,31 @@ def test_cli_run_with_litellm_callback_nests_its_spans_and_leaks_nothing(
         RECORDS[0]["question"][:40] in c or RECORDS[1]["question"][:40] in c for c in content
     )
     assert all(secret.encode() not in body for body in collector.bodies for secret in SECRETS)
+
+
+def test_api_study_is_one_trace_with_its_settings_and_audits(scripted_server, memory, tmp_path) -> None:
+    server = scripted_server(members())
+    (tmp_path / "pool.yaml").write_text(yaml.safe_dump({"models": pool_dict(server, ["sage", "guess"])}))
+    study = {"pools": {"p": "pool.yaml"}, "protocols": ["majority_vote"], "datasets": [str(ARC)], "limit": 2}
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
+    cg.run_study(tmp_path / "study.yaml", tmp_path / "study", cache_dir=tmp_path / "cache", progress=False)
+    spans = as_dicts(memory)
+    assert len({s["trace"] for s in spans}) == 1
+    (root,) = [s for s in spans if s["parent"] is None]
+    assert root["name"] == "colab_graphs.study majority_vote"
+    below = children(spans, root)
+    settings = [s for s in below if s["name"].startswith("colab_graphs.setting ")]
+    audits = [s for s in below if s["name"].startswith("colab_graphs.audit ")]
+    keys = {s["attributes"]["colab_graphs.setting"] for s in settings}
+    assert keys == {"p/majority_vote/arc_challenge", "p/solo/arc_challenge"}
+    assert audits and {a["name"] for a in audits} == {"colab_graphs.audit majority_vote"}
+    for setting in settings:  # each setting's plays: example > coalition > seat > call
+        examples = children(spans, setting)
+        assert sorted(e["attributes"]["colab_graphs.example.id"] for e in examples) == sorted(
+            r["id"] for r in RECORDS[:2]
+        )
+        for example in examples:
+            for play in children(spans, example):
+                for seat in children(spans, play):
+                    assert [c["name"] for c in children(spans, seat)][0].startswith("chat openai/")
+    assert_no_secret(spans)
