@@ -207,7 +207,8 @@ def _node(afn: NodeRun, fn: SyncRun | None = None, name: str | None = None) -> "
         def sync(
             state: GraphState, runtime: Any = None, config: RunnableConfig | None = None
         ) -> dict[str, Any]:
-            return asyncio.run_coroutine_threadsafe(afn(state, runtime, config), background_loop()).result()
+            work = otel.carried(afn(state, runtime, config))  # (a trace's current span with it)
+            return asyncio.run_coroutine_threadsafe(work, background_loop()).result()
 
         fn = sync
     return RunnableCallable(fn, afn, name=name or getattr(afn, "__name__", None), trace=False)

@@ -425,3 +425,42 @@ def test_api_study_is_one_trace_with_its_settings_and_audits(scripted_server, me
                 for seat in children(spans, play):
                     assert [c["name"] for c in children(spans, seat)][0].startswith("chat openai/")
     assert_no_secret(spans)
+
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+def test_an_apps_sync_nodes_nest_under_the_users_own_span(scripted_server, memory, tmp_path) -> None:
+    # The ReAct agent + critic app of examples/ (sync nodes, LangGraph's prebuilt agent): its calls are made from
+    # executor threads through the background loop; each still lands under its play, inside the user's span.
+    import importlib.util
+
+    from colab_graphs.testing.scripts import load_members
+
+    server = scripted_server(load_members(f"{EXAMPLES}/agent_members.py:CRITIC_TEAM"))
+    pool = Pool.from_dict(pool_dict(server, ["solver", "critic"]))
+    spec = importlib.util.spec_from_file_location("react_critic_app", EXAMPLES / "react_critic_app.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    tracer = otel._state.tracer  # the provider the user gave
+    with tracer.start_as_current_span("my service"):
+        cg.run(module.app, pool, str(EXAMPLES / "calculator_questions.jsonl"), limit=2,
+               cache_dir=tmp_path / "cache", progress=False)  # fmt: skip
+    spans = as_dicts(memory)
+    assert len({s["trace"] for s in spans}) == 1
+    (mine,) = [s for s in spans if s["parent"] is None]
+    assert mine["name"] == "my service"
+    (run,) = children(spans, mine)
+    assert run["name"].startswith("colab_graphs.run ")
+    calls = [s for s in spans if s["name"].startswith("chat ")]
+    made = sum(server.request_counts().values())
+    assert len(calls) == made > 2
+    by_id = {s["id"]: s for s in spans}
+    for call in calls:  # call < seat (the node that called) < coalition < example < run
+        seat = by_id[call["parent"]]
+        assert seat["name"] == f"seat {call['attributes']['colab_graphs.node']}"
+        assert by_id[seat["parent"]]["name"].startswith("coalition ")
+        assert call["attributes"]["colab_graphs.member"] in ("solver", "critic")
+    assert "critique" in {c["attributes"]["colab_graphs.node"] for c in calls}  # the critic's node
+    assert_no_secret(spans)

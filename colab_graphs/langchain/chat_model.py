@@ -332,7 +332,8 @@ def run_on(loop: asyncio.AbstractEventLoop | None, coro: Any) -> Any:
             "a sync call (invoke, stream) from the event loop that runs the model calls would wait for itself: "
             "use ainvoke / astream in async code"
         )
-    return asyncio.run_coroutine_threadsafe(coro, target).result()
+    # (The loop's tasks do not copy this thread's context: a trace's current span is carried over.)
+    return asyncio.run_coroutine_threadsafe(otel.carried(coro), target).result()
 
 
 def iterate_on(loop: asyncio.AbstractEventLoop | None, items: AsyncIterator[Any]) -> Iterator[Any]:
@@ -351,7 +352,7 @@ def iterate_on(loop: asyncio.AbstractEventLoop | None, items: AsyncIterator[Any]
         else:
             handoff.put(("done", None))
 
-    pumping = asyncio.run_coroutine_threadsafe(pump(), target)
+    pumping = asyncio.run_coroutine_threadsafe(otel.carried(pump()), target)
     try:
         while True:
             kind, value = handoff.get()
