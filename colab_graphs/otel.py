@@ -251,11 +251,25 @@ def clean(value: Any) -> Any:
 # --- spans ---------------------------------------------------------------------------------------------------
 
 
-def _span(name: str, attributes: Mapping[str, Any], kind: Any = None) -> Any:
+@contextlib.contextmanager
+def _span(name: str, attributes: Mapping[str, Any], kind: Any = None) -> Iterator[Any]:
+    """A span current while the block runs. An exception ends it with an ERROR status whose text is redacted
+    (the SDK's own recording would write the exception's text and stack as they are)."""
+    from opentelemetry.trace import Status, StatusCode
+
     assert _state is not None
     options = {"kind": kind} if kind is not None else {}
     clean_values = {k: clean(v) for k, v in attributes.items() if v is not None}
-    return _state.tracer.start_as_current_span(name, attributes=clean_values, **options)
+    with _state.tracer.start_as_current_span(
+        name, attributes=clean_values, record_exception=False, set_status_on_exception=False, **options
+    ) as span:
+        try:
+            yield span
+        except BaseException as exc:
+            if span.is_recording() and not span.status.description:
+                span.set_attribute("error.type", type(exc).__name__)
+                span.set_status(Status(StatusCode.ERROR, redact(f"{type(exc).__name__}: {exc}")[:2000]))
+            raise
 
 
 def root_span(
