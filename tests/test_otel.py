@@ -333,6 +333,7 @@ print("tracing", otel.tracing_enabled(), "colab_graphs.otel_export" in sys.modul
 """
 
 
+@pytest.mark.slow  # (subprocesses)
 def test_off_by_default_needs_no_sdk_and_the_environment_turns_it_on(
     scripted_server, collector, tmp_path
 ) -> None:
@@ -361,6 +362,7 @@ def test_off_by_default_needs_no_sdk_and_the_environment_turns_it_on(
     assert len(calls) == 2
 
 
+@pytest.mark.slow  # (subprocesses)
 def test_cli_run_with_litellm_callback_nests_its_spans_and_leaks_nothing(
     scripted_server, collector, tmp_path
 ) -> None:
@@ -464,3 +466,13 @@ def test_an_apps_sync_nodes_nest_under_the_users_own_span(scripted_server, memor
         assert call["attributes"]["colab_graphs.member"] in ("solver", "critic")
     assert "critique" in {c["attributes"]["colab_graphs.node"] for c in calls}  # the critic's node
     assert_no_secret(spans)
+
+
+def test_cli_refuses_an_unknown_exporter_or_callback_before_anything_runs(tmp_path) -> None:
+    bad = cli_in_process("run", "--protocol", "solo", "--data", ARC, "--limit", 1, "--trace", "jaeger")
+    assert bad.returncode == 2 and "unknown trace exporter 'jaeger'" in bad.stdout + bad.stderr
+    assert not otel.tracing_enabled()
+    wrong = cli_in_process(
+        "audit", "--protocol", "solo", "--litellm-callbacks", "langfuze", "--out", tmp_path
+    )
+    assert wrong.returncode == 2 and "LiteLLM has no callback named 'langfuze'" in wrong.stdout + wrong.stderr
