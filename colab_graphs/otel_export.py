@@ -10,6 +10,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
@@ -83,10 +84,18 @@ class RedactingExporter(SpanExporter):
 
 
 def redacted(span: ReadableSpan) -> ReadableSpan:
-    """`span` with its attributes, its events' attributes and its status text cleaned of secrets."""
+    """`span` with its attributes, its events' attributes and its status text cleaned of secrets (the span
+    itself when nothing in it changes: what this package wrote is clean already)."""
     status = span.status
     if status.description:
         status = Status(status.status_code, redact(status.description))
+    attributes = span.attributes or {}
+    if (
+        status.description == span.status.description
+        and not span.events
+        and all(_clean_already(v) for v in attributes.values())
+    ):
+        return span
     return ReadableSpan(
         name=span.name,
         context=span.context,
@@ -104,3 +113,8 @@ def redacted(span: ReadableSpan) -> ReadableSpan:
         end_time=span.end_time,
         instrumentation_scope=span.instrumentation_scope,
     )
+
+
+def _clean_already(value: Any) -> bool:
+    cleaned = clean(value)
+    return bool(cleaned == (tuple(value) if isinstance(value, list | tuple) else value))

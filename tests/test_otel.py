@@ -476,3 +476,32 @@ def test_cli_refuses_an_unknown_exporter_or_callback_before_anything_runs(tmp_pa
         "audit", "--protocol", "solo", "--litellm-callbacks", "langfuze", "--out", tmp_path
     )
     assert wrong.returncode == 2 and "LiteLLM has no callback named 'langfuze'" in wrong.stdout + wrong.stderr
+
+
+def test_the_exporter_cleans_what_other_libraries_write_on_spans(scripted_server) -> None:
+    # What LiteLLM's callback (or any library) writes on a span reaches the exporter cleaned: strings, lists,
+    # events and the status text; a span with nothing to clean is passed as it is.
+    from opentelemetry.trace import Status, StatusCode
+
+    from colab_graphs.otel_export import RedactingExporter
+
+    Pool.from_dict(pool_dict(scripted_server({}), ["sage"]))  # registers the pool's secrets, as loading does
+    inner = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(RedactingExporter(inner)))
+    tracer = provider.get_tracer("another library")
+    with tracer.start_as_current_span("leaky") as span:
+        span.set_attribute(
+            "hidden_params", json.dumps({"api_key": API_KEY, "headers": {"X-Team-Token": HEADER}})
+        )
+        span.set_attribute("llm.headers", [f"Authorization: Bearer {API_KEY}", "x"])
+        span.add_event("request", {"body": f"key={API_KEY}"})
+        span.set_status(Status(StatusCode.ERROR, f"401 for key {API_KEY}"))
+    with tracer.start_as_current_span("clean") as span:
+        span.set_attribute("gen_ai.request.model", "openai/sage")
+    leaky, clean = inner.get_finished_spans()
+    text = json.dumps(
+        [dict(leaky.attributes), [dict(e.attributes) for e in leaky.events], leaky.status.description]
+    )
+    assert API_KEY not in text and HEADER not in text and text.count("[REDACTED]") == 5
+    assert clean.attributes["gen_ai.request.model"] == "openai/sage"
