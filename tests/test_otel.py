@@ -505,3 +505,14 @@ def test_the_exporter_cleans_what_other_libraries_write_on_spans(scripted_server
     )
     assert API_KEY not in text and HEADER not in text and text.count("[REDACTED]") == 5
     assert clean.attributes["gen_ai.request.model"] == "openai/sage"
+
+
+def test_a_priced_call_carries_its_cost(scripted_server, memory, tmp_path) -> None:
+    # A member that is a model LiteLLM's price table knows, served by the scripted server under that name.
+    server = scripted_server({"gpt-4o-mini": "Between the options, the correct option is (C)."})
+    pool = Pool.from_dict({"mini": {**pool_dict(server, ["x"])["x"], "model": "openai/gpt-4o-mini"}})
+    result = cg.run("solo", pool, str(ARC), limit=1, cache_dir=tmp_path / "cache", progress=False)
+    (call,) = [s for s in as_dicts(memory) if s["name"] == "chat openai/gpt-4o-mini"]
+    (made,) = result.outcomes[0].trace.calls
+    assert made.cost_usd and call["attributes"]["colab_graphs.call.cost_usd"] == pytest.approx(made.cost_usd)
+    assert call["attributes"]["colab_graphs.member"] == "mini"
