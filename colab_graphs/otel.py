@@ -95,7 +95,8 @@ class TracingUnavailable(ValueError):
 @dataclass
 class _Tracing:
     tracer: Any
-    provider: Any  # the provider this module made (flushed and shut down here), None for the global one
+    # The provider this module made (flushed and shut down here); None: the global one, or one given.
+    provider: Any
     content: bool
 
 
@@ -196,8 +197,8 @@ def tracing_enabled() -> bool:
 
 
 def flush_tracing(timeout_ms: int = 30_000) -> None:
-    """Export what is recorded now (the CLI does before it exits; a batch exporter otherwise sends every few
-    seconds and at exit)."""
+    """Export what is recorded now (a batch exporter otherwise sends every few seconds, and a provider made
+    here flushes at the process's exit)."""
     if _state is None:
         return
     provider = _state.provider
