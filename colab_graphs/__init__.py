@@ -35,6 +35,7 @@ from colab_graphs.compile import RunContext, compile_graph
 from colab_graphs.langchain.binding import MemberAbsent
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import CallError, ModelClient
+from colab_graphs.otel import TracingUnavailable, disable_tracing, enable_tracing, flush_tracing
 from colab_graphs.pool import Member, Pool, PoolError
 from colab_graphs.protocol_registry import build_protocol, get_protocol, list_protocols
 from colab_graphs.registry import aggregator, protocol, router
@@ -74,6 +75,7 @@ __all__ = [
     "TaskType",
     "TaskView",
     "Trace",
+    "TracingUnavailable",
     "__version__",
     "aggregator",
     "arun",
@@ -84,6 +86,9 @@ __all__ = [
     "atrain",
     "build_protocol",
     "compile_graph",
+    "disable_tracing",
+    "enable_tracing",
+    "flush_tracing",
     "get_aggregator",
     "get_protocol",
     "get_router",

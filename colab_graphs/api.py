@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
+from colab_graphs import otel
 from colab_graphs.accounting import count_calls
 from colab_graphs.files import empty_folder, holding
 from colab_graphs.langchain.binding import AbsentRule
@@ -185,7 +186,9 @@ def sync(make: Callable[[], Awaitable[T]]) -> T:
     async def main() -> T:
         return await make()
 
-    return asyncio.run_coroutine_threadsafe(main(), background_loop()).result()
+    # (The caller's trace context goes along: a run started inside the user's own span is its child.)
+    otel.tracing_from_env()
+    return asyncio.run_coroutine_threadsafe(otel.carried(main()), background_loop()).result()
 
 
 def as_pool(pool: PoolLike | None) -> Pool:

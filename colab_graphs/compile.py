@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 from typing_extensions import TypedDict  # pydantic builds JSON schemas from it on 3.11 (get_input_jsonschema)
 
+from colab_graphs import otel
 from colab_graphs.langchain.lc import ChatRun
 from colab_graphs.logit_pool import check_pool_supports, check_seat_supports
 from colab_graphs.mechanism import decided
@@ -207,7 +208,8 @@ def _node(afn: NodeRun, fn: SyncRun | None = None, name: str | None = None) -> "
         def sync(
             state: GraphState, runtime: Any = None, config: RunnableConfig | None = None
         ) -> dict[str, Any]:
-            return asyncio.run_coroutine_threadsafe(afn(state, runtime, config), background_loop()).result()
+            work = otel.carried(afn(state, runtime, config))  # (a trace's current span with it)
+            return asyncio.run_coroutine_threadsafe(work, background_loop()).result()
 
         fn = sync
     return RunnableCallable(fn, afn, name=name or getattr(afn, "__name__", None), trace=False)
@@ -256,13 +258,14 @@ def _seat_fn(
         return _update(seat.name, out, output_key)
 
     def replayed(rt: RunContext, memo: Memo, request: Hashable, call: Call) -> dict[str, Any]:
+        # One record of the reused call per seat, shared by every run that reuses it there.
+        record = memo.replays.get((request, seat.name))
+        if record is None:
+            record = call.served_again(node=seat.name, seat=seat.name)
+            memo.replays[(request, seat.name)] = record
         if rt.trace is not None:
-            # One record of the reused call per seat, shared by every run that reuses it there.
-            record = memo.replays.get((request, seat.name))
-            if record is None:
-                record = call.served_again(node=seat.name, seat=seat.name)
-                memo.replays[(request, seat.name)] = record
             rt.trace.calls.append(record)
+        otel.replayed_call(record)
         return written(call)
 
     def ready(state: GraphState, runtime: Any) -> dict[str, Any] | None:
@@ -270,9 +273,16 @@ def _seat_fn(
         if rt.memo is None:
             return None
         call = rt.memo.calls.landed(request)
-        return replayed(rt, rt.memo, request, call) if call is not None else None
+        if call is None:
+            return None
+        with otel.seat_span(seat.name, seat.member):
+            return replayed(rt, rt.memo, request, call)
 
     async def run(state: GraphState, runtime: Any = None, config: Any = None) -> dict[str, Any]:
+        with otel.seat_span(seat.name, seat.member):
+            return await played(state, runtime, config)
+
+    async def played(state: GraphState, runtime: Any, config: Any) -> dict[str, Any]:
         rt, system, prompt, request = prepare(state, runtime)
         member, messages = rt.pool[seat.member], _messages(system, prompt)
 
@@ -328,9 +338,10 @@ def _logit_fn(
         messages = _messages(system, prompt)
         events = await ChatRun.start(config, node.name, members[0], messages, node.settings)
         try:
-            result = await rt.client.complete(
-                members[0], messages, overrides=overrides, node=node.name, seat=node.name, trace=rt.trace
-            )
+            with otel.seat_span(node.name, members[0].name):
+                result = await rt.client.complete(
+                    members[0], messages, overrides=overrides, node=node.name, seat=node.name, trace=rt.trace
+                )
         except BaseException as exc:
             if events is not None:
                 await events.error(exc)

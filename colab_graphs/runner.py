@@ -16,6 +16,7 @@ setting, backend and isolation of the run (`sandbox`). A run without code scores
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from colab_graphs import otel
 from colab_graphs.accounting import account
 from colab_graphs.compile import RunContext, TemplateError, compile_graph
 from colab_graphs.files import atomic_file, atomic_write_text
@@ -124,6 +126,7 @@ async def run_example(
     memo: Memo | None = None,
     timeout_s: float | None = None,
     watchdog: Watchdog | None = None,
+    game: str = "run",
 ) -> ExampleOutcome:
     """Run one example through a compiled graph and score it. A failed model call marks it failed.
 
@@ -131,12 +134,30 @@ async def run_example(
     question the members see, answers their votes and cascades, and scores the final output. `memo` shares
     calls between runs of the same example (see `RunContext.memo`). A run not finished within `timeout_s`
     seconds (None: no deadline) is failed, its error saying what it was waiting for (`colab_graphs.watch`);
-    `watchdog` watches it with the other runs in flight.
+    `watchdog` watches it with the other runs in flight. `game` names the play in its trace span ("run", or an
+    audit's "coalition" / "solo": `colab_graphs.otel`).
     """
     view = view or view_for(example, scorer)
     trace = Trace(example_id=example.id, protocol=spec.name, coalition=list(spec.members))
-    outcome = ExampleOutcome(trace, example)
-    context = RunContext(client, pool, trace, view, memo)
+    with otel.play_span(game, list(spec.members), example.id, spec.name) as span:
+        await _play(
+            graph, spec, view, trace, RunContext(client, pool, trace, view, memo), timeout_s, watchdog
+        )
+        otel.play_result(span, trace.score, trace.failed, trace.error)
+    return ExampleOutcome(trace, example)
+
+
+async def _play(
+    graph: Any,
+    spec: GraphSpec,
+    view: TaskView,
+    trace: Trace,
+    context: RunContext,
+    timeout_s: float | None,
+    watchdog: Watchdog | None,
+) -> None:
+    """Play `graph` on the example of `view` and score it into `trace` (a failed call or deadline fails it)."""
+    example = view.example
     watch = PlayWatch(f"example {example.id!r} with {', '.join(spec.members) or 'nobody'}", watchdog)
     try:
         with watching(watch):
@@ -144,19 +165,18 @@ async def run_example(
             state = await within(timeout_s, watch, run)
     except CallError as err:
         trace.failed, trace.error = True, str(err)
-        return outcome
+        return
     except DeadlinePassed as passed:
         trace.failed, trace.error = True, f"{spec.name!r} {passed}"
-        return outcome
+        return
     trace.output = str(state.get("answer", ""))
     try:
         verdict = await view.score(trace.output)
     except CallError as err:  # an LLM judge that failed: the example is failed, not wrong
         trace.failed, trace.error = True, str(err)
-        return outcome
+        return
     trace.answer, trace.score, trace.sandbox = verdict.extracted, verdict.value, verdict.sandbox
     trace.state = dict(state.get("values") or {})
-    return outcome
 
 
 def run_fingerprint(spec: GraphSpec, pool: Pool, examples: Sequence[Example], scorer: str | None) -> str:
@@ -273,21 +293,20 @@ async def run_dataset(
     Raises:
         SandboxUnavailable: code-scored examples, and the setting cannot be met here (before any call).
     """
-    with scope.using(sandbox):
+    with scope.using(sandbox), otel.root_span("run", spec.name, spec.members, len(examples)) as span:
         for name, value in (("example timeout", example_timeout), ("stall time", stall_after)):
             if value is not None and not value >= 0:
                 raise ValueError(f"the {name} must be >= 0 seconds (0: none), got {value}")
         stall_s = STALL_S if stall_after is None else stall_after
-        if not stall_s:
-            return await _run_dataset(
+        with (
+            Watchdog(stall_s, loop=asyncio.get_running_loop()) if stall_s else contextlib.nullcontext() as dog
+        ):
+            outcomes, summary = await _run_dataset(
                 spec, pool, examples, client, scorer, out, max_examples_in_flight, overwrite, on_progress,
-                graph, example_timeout or None, None,
+                graph, example_timeout or None, dog,
             )  # fmt: skip
-        with Watchdog(stall_s, loop=asyncio.get_running_loop()) as watchdog:
-            return await _run_dataset(
-                spec, pool, examples, client, scorer, out, max_examples_in_flight, overwrite, on_progress,
-                graph, example_timeout or None, watchdog,
-            )  # fmt: skip
+        otel.totals(span, summary)
+        return outcomes, summary
 
 
 async def _run_dataset(
@@ -348,9 +367,10 @@ async def _run_dataset(
 
     async def one(example: Example) -> ExampleOutcome:
         async with limit:
-            outcome = await run_example(
-                graph, spec, pool, client, example, scorer, timeout_s=timeout_s, watchdog=watchdog
-            )
+            with otel.example_span(example.id):
+                outcome = await run_example(
+                    graph, spec, pool, client, example, scorer, timeout_s=timeout_s, watchdog=watchdog
+                )
         if out_dir is not None:
             async with write_lock:
                 with open(out_dir / "results.jsonl", "a", encoding="utf-8") as fh:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from colab_graphs import otel
 from colab_graphs.accounting import Accounting, account, made_since
 from colab_graphs.coalition import restrict
 from colab_graphs.compile import compile_direct
@@ -220,7 +221,7 @@ class CoalitionGame:
             )
         outcome = await run_example(
             graph, spec, self.pool, self.client, example, view=view, memo=memo,
-            timeout_s=self.example_timeout, watchdog=self._watchdog,
+            timeout_s=self.example_timeout, watchdog=self._watchdog, game=game,
         )  # fmt: skip
         play = outcome.trace
         # The run's trace is the play; the game keeps its calls and score, not every seat's output.
@@ -271,11 +272,12 @@ class CoalitionGame:
             first, *rest = sorted(todo, key=lambda job: (job[0] != "coalition", -len(job[1])))
             async with limit:
                 view, memo = view_for(example, self.scorer), Memo()
-                plays = [await one(*first, example, view, memo)]
-                others = await asyncio.gather(
-                    *(one(game, members, example, view, memo) for game, members in rest),
-                    return_exceptions=True,
-                )
+                with otel.example_span(example.id):
+                    plays = [await one(*first, example, view, memo)]
+                    others = await asyncio.gather(
+                        *(one(game, members, example, view, memo) for game, members in rest),
+                        return_exceptions=True,
+                    )
             plays += [p for p in others if isinstance(p, Play)]
             self.record(plays)
             errors = [e for e in others if isinstance(e, BaseException)]

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from colab_graphs import otel
 from colab_graphs.accounting import Accounting, Spend
 from colab_graphs.audit import answers
 from colab_graphs.audit.estimators import (
@@ -310,7 +311,7 @@ async def play_audit(
         stall_after: the watchdog's time: when no call and no node has finished for this many seconds, what
             every play in flight waits for is logged (None: `colab_graphs.watch.STALL_S`; 0: no watchdog).
     """
-    with scope.using(sandbox):
+    with scope.using(sandbox), otel.root_span("audit", spec.name, spec.members, len(examples)):
         return await _play_audit(
             spec, pool, examples, client, method, budget, budget_unit, target_error, simultaneous, seed, scorer,
             out, dataset, force, individual, plots, max_calls, max_cost_usd, play_every_coalition, on_plan,

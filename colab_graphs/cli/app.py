@@ -36,6 +36,7 @@ from colab_graphs.cli.options import (
     InputFieldOpt,
     InputKeyOpt,
     LimitOpt,
+    LiteLLMCallbacksOpt,
     NoCacheOpt,
     NoPreflightOpt,
     OutOpt,
@@ -50,6 +51,8 @@ from colab_graphs.cli.options import (
     SplitOpt,
     StallAfterOpt,
     TestFieldOpt,
+    TraceContentOpt,
+    TraceOpt,
     close_apps,
     field_map,
     progress_bar,
@@ -118,6 +121,9 @@ def run(
     sandbox: SandboxOpt = None,
     example_timeout: ExampleTimeoutOpt = None,
     stall_after: StallAfterOpt = None,
+    trace: TraceOpt = None,
+    trace_content: TraceContentOpt = False,
+    litellm_callbacks: LiteLLMCallbacksOpt = None,
 ) -> None:
     """Run a protocol (or score your LangGraph app, --app) over a dataset; write results.jsonl, traces.jsonl,
     summary.json and log.jsonl."""

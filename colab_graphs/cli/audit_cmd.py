@@ -23,6 +23,7 @@ from colab_graphs.cli.options import (
     InputFieldOpt,
     InputKeyOpt,
     LimitOpt,
+    LiteLLMCallbacksOpt,
     NoCacheOpt,
     NoPreflightOpt,
     OutOpt,
@@ -37,6 +38,8 @@ from colab_graphs.cli.options import (
     SplitOpt,
     StallAfterOpt,
     TestFieldOpt,
+    TraceContentOpt,
+    TraceOpt,
     field_map,
     progress_bar,
     resolve_play,
@@ -120,6 +123,9 @@ def audit(
         ),
     ] = False,
     sandbox: SandboxOpt = None,
+    trace: TraceOpt = None,
+    trace_content: TraceContentOpt = False,
+    litellm_callbacks: LiteLLMCallbacksOpt = None,
 ) -> None:
     """Audit how much each member adds to a protocol: writes report.json, report.md and PNG plots."""
     from colab_graphs.audit.run import AuditError, play_audit

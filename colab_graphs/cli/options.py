@@ -130,6 +130,76 @@ StallAfterOpt = Annotated[
         "0: never).",
     ),
 ]
+
+
+def _trace_setting(value: str | None) -> str | None:
+    """Tracing on now, as `--trace` (or COLAB_GRAPHS_TRACE) says: before any call, or a usage error."""
+    from colab_graphs import otel
+
+    if value is None or value.strip().lower() in otel.OFF:
+        return None
+    value = value.strip().lower()
+    try:
+        otel.enable_tracing("otlp" if value in ("1", "true", "on", "yes") else value)
+    except otel.TracingUnavailable as err:
+        raise typer.BadParameter(str(err)) from None
+    return value
+
+
+def _trace_content(value: bool) -> bool:
+    if value:
+        from colab_graphs import otel
+
+        otel.capture_content()
+    return value
+
+
+TraceOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--trace",
+        envvar="COLAB_GRAPHS_TRACE",
+        callback=_trace_setting,
+        help="OpenTelemetry trace of this command: otlp (to OTEL_EXPORTER_OTLP_ENDPOINT, default "
+        "localhost:4318), console, or global (a provider your code set); off by default. Needs "
+        "pip install 'colab-graphs\\[otel]'. See docs/tracing.md.",
+    ),
+]
+TraceContentOpt = Annotated[
+    bool,
+    typer.Option(
+        "--trace-content",
+        envvar="COLAB_GRAPHS_TRACE_CONTENT",
+        callback=_trace_content,
+        help="With --trace: put prompts and replies on the call spans (gen_ai.input.messages, "
+        "gen_ai.output.messages); off by default.",
+    ),
+]
+
+
+def _litellm_callbacks(value: str | None) -> str | None:
+    """LiteLLM's callbacks named (comma-separated) registered now: every call then goes through LiteLLM."""
+    names = [n.strip() for n in (value or "").split(",") if n.strip()]
+    if names:
+        from colab_graphs.models.client import use_litellm_callbacks
+
+        try:
+            use_litellm_callbacks(names)
+        except ValueError as err:
+            raise typer.BadParameter(str(err)) from None
+    return value
+
+
+LiteLLMCallbacksOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--litellm-callbacks",
+        envvar="COLAB_GRAPHS_LITELLM_CALLBACKS",
+        callback=_litellm_callbacks,
+        help="LiteLLM callbacks to register, comma-separated (otel, langfuse_otel, langfuse, ...; each reads "
+        "its own environment); with --trace their spans nest under each call's. See docs/tracing.md.",
+    ),
+]
 SeedOpt = Annotated[
     int | None, typer.Option("--seed", help="Shuffle the data with this seed before --limit.")
 ]

@@ -11,12 +11,15 @@ import typer
 from colab_graphs.cli.common import fail, holding_out, make_client
 from colab_graphs.cli.options import (
     CacheDirOpt,
+    LiteLLMCallbacksOpt,
     NoCacheOpt,
     NoPreflightOpt,
     OutOpt,
     RetriesOpt,
     SandboxOpt,
     StallAfterOpt,
+    TraceContentOpt,
+    TraceOpt,
     progress_bar,
 )
 
@@ -60,6 +63,9 @@ def study(
     ] = False,
     sandbox: SandboxOpt = None,
     stall_after: StallAfterOpt = None,
+    trace: TraceOpt = None,
+    trace_content: TraceContentOpt = False,
+    litellm_callbacks: LiteLLMCallbacksOpt = None,
 ) -> None:
     """Audit every protocol over every pool on every dataset; correlate individual and compositional strength.
 

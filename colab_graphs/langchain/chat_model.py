@@ -38,6 +38,7 @@ from langchain_core.runnables import Runnable
 from pydantic import ConfigDict, Field, SecretStr, model_validator
 
 import colab_graphs._env  # noqa: F401  (offline settings before litellm loads)
+from colab_graphs import otel
 from colab_graphs.langchain.lc import ai_message, last_chunk, message_chunk, openai_messages
 from colab_graphs.models.cache import request_key
 from colab_graphs.models.client import (
@@ -113,7 +114,8 @@ class CallPathChatModel(BaseChatModel):
             return None
         sent = openai_messages(messages)
         options: dict[str, Any] = {"overrides": overrides or None, "node": target.node, "seat": member.name}
-        with pending_call(target.node, member.name):  # (a call another run makes counts as this one's)
+        # (A call another run makes counts as this one's; the node that called is the seat of the trace.)
+        with pending_call(target.node, member.name), otel.seat_span(target.node, member.name):
             if target.memo is None:
                 return await target.client.complete(
                     member, sent, trace=target.trace, on_delta=on_delta, **options
@@ -317,6 +319,7 @@ async def _memoised(
     again = call.served_again(node=target.node)
     if target.trace is not None:
         target.trace.calls.append(again)
+    otel.replayed_call(again)
     if on_delta is not None:
         await deliver(on_delta, Delta(again.text, whole_calls(again.tool_calls)))
     return again
@@ -343,7 +346,8 @@ def run_on(loop: asyncio.AbstractEventLoop | None, coro: Any) -> Any:
             "a sync call (invoke, stream) from the event loop that runs the model calls would wait for itself: "
             "use ainvoke / astream in async code"
         )
-    return asyncio.run_coroutine_threadsafe(coro, target).result()
+    # (The loop's tasks do not copy this thread's context: a trace's current span is carried over.)
+    return asyncio.run_coroutine_threadsafe(otel.carried(coro), target).result()
 
 
 def iterate_on(loop: asyncio.AbstractEventLoop | None, items: AsyncIterator[Any]) -> Iterator[Any]:
@@ -362,7 +366,7 @@ def iterate_on(loop: asyncio.AbstractEventLoop | None, items: AsyncIterator[Any]
         else:
             handoff.put(("done", None))
 
-    pumping = asyncio.run_coroutine_threadsafe(pump(), target)
+    pumping = asyncio.run_coroutine_threadsafe(otel.carried(pump()), target)
     try:
         while True:
             kind, value = handoff.get()

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from colab_graphs import otel
 from colab_graphs.models import direct
 from colab_graphs.models.cache import CallCache, request_key
 from colab_graphs.models.direct import direct_enabled
@@ -173,6 +174,22 @@ def _litellm():
 
     litellm.suppress_debug_info = True
     return litellm
+
+
+def use_litellm_callbacks(names: Iterable[str]) -> None:
+    """Register LiteLLM's callbacks by name (``otel``, ``langfuse_otel``, ...: what `litellm.callbacks` takes),
+    once each. Calls then go through LiteLLM, never the direct lane, so that each callback sees every call.
+
+    Raises:
+        ValueError: a name LiteLLM does not know.
+    """
+    litellm = _litellm()
+    known = set(getattr(litellm, "_known_custom_logger_compatible_callbacks", ()))
+    for name in names:
+        if known and name not in known:
+            raise ValueError(f"LiteLLM has no callback named {name!r}; known: {', '.join(sorted(known))}")
+        if name not in litellm.callbacks:
+            litellm.callbacks.append(name)
 
 
 async def _load_litellm() -> None:
@@ -451,14 +468,19 @@ class ModelClient:
             sample=sample,
             key=key,
         )
-        try:
-            with pending_call(node or seat, member.name):
-                call = await self._served(asked, member, request, kwargs, on_delta)
-        except CallError as err:
-            if trace is not None:
-                failed = {"error": err.detail, "error_type": err.kind, "attempts": err.attempts}
-                trace.calls.append(asked.model_copy(update=failed))
-            raise
+        with otel.call_span(asked, member.settings) as span:
+            try:
+                with pending_call(node or seat, member.name):
+                    call = await self._served(asked, member, request, kwargs, on_delta, span)
+            except CallError as err:
+                if span is not None:
+                    span.failed(err.kind, err.detail, err.attempts)
+                if trace is not None:
+                    failed = {"error": err.detail, "error_type": err.kind, "attempts": err.attempts}
+                    trace.calls.append(asked.model_copy(update=failed))
+                raise
+            if span is not None:
+                span.done(call)
         if on_delta is not None and call.cached:
             await deliver(on_delta, Delta(call.text, whole_calls(call.tool_calls)))
         if trace is not None:
@@ -493,18 +515,22 @@ class ModelClient:
         request: dict[str, Any],
         kwargs: dict[str, Any],
         on_delta: DeltaHandler | None,
+        span: otel.CallSpan | None = None,
     ) -> Call:
-        """The call `asked` answered: from the cache, from an identical call in flight, or upstream."""
+        """The call `asked` answered: from the cache, from an identical call in flight, or upstream (`span`,
+        its trace span when tracing, is told which)."""
         if self.cache is not None:
             reply = self.cache.reply(asked.key)
             if reply is not None:
                 self.stats.cached += 1
+                otel.served(span, "cache")
                 return asked.answered(reply, cached=True)
         call, shared = await self._flights.run(
             asked.key, lambda: self._call_upstream(asked, member, request, kwargs, on_delta)
         )
         if shared:
             self.stats.cached += 1
+            otel.served(span, "single_flight")
             return asked.answered(call, cached=True, attempts=call.attempts)
         return call
 
@@ -573,7 +599,9 @@ class ModelClient:
             request = direct.direct_request(member, kwargs) if self._direct_now() else None
             if request is not None:
                 return await on_call_loop(_direct_answer(request))
+            kwargs = otel.litellm_parented(kwargs)  # (LiteLLM's own spans nest under this call's)
             return _litellm_answer(await on_call_loop(self._send(member, kwargs)))
+        kwargs = otel.litellm_parented(kwargs)
         # The stream is read on the call loop; its pieces come back here, in order, then None.
         here = asyncio.get_running_loop()
         pieces: asyncio.Queue[Delta | None] = asyncio.Queue()

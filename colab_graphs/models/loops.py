@@ -39,6 +39,8 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from colab_graphs import otel
+
 T = TypeVar("T")
 
 SYNC_THREADS = 256
@@ -218,7 +220,8 @@ async def on_call_loop(coro: Coroutine[Any, Any, T]) -> T:
     try:
         if asyncio.get_running_loop() is loop:
             return await coro
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+        # (The call loop's tasks do not copy this context: a trace's current span is carried over.)
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(otel.carried(coro), loop))
     finally:
         if loop not in _closing:
             _closing.add(loop)

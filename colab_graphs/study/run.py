@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from colab_graphs import otel
 from colab_graphs.accounting import account, made_since
 from colab_graphs.audit.game import CoalitionGame, Play, read_plays
 from colab_graphs.audit.run import AuditError, play_audit, plots_available
@@ -188,7 +189,8 @@ async def play_study(
         SandboxUnavailable: A dataset is scored by code and the study's `sandbox` setting cannot be met here
             (checked before any call; the study then names it in `study.json` and each audit's report).
     """
-    with scope.using(config.sandbox):
+    protocols = [p.name for p in config.protocols]
+    with scope.using(config.sandbox), otel.root_span("study", ",".join(protocols), [], 0):
         return await _play_study(
             config, out, client, ray_address, workers, share_cache, plots, overwrite, on_plan, on_progress
         )

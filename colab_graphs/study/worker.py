@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from colab_graphs import otel
 from colab_graphs.audit.game import CoalitionGame, Play, coalition_id
 from colab_graphs.models.cache import CallCache
 from colab_graphs.models.client import ModelClient
@@ -129,9 +130,16 @@ class ShardRunner:
                 if on_plays is not None:
                     on_plays(keyed)
 
-            evaluations.append(game.evaluate(setting.coalitions, setting.solo_members, on_plays=record))
+            evaluations.append(self._played(setting, game, record))
         await asyncio.gather(*evaluations)
         return fresh
+
+    @staticmethod
+    async def _played(setting: Setting, game: CoalitionGame, record: Callable[[list[Play]], None]) -> None:
+        """One setting's plays on the shard, under a trace span of their own (`colab_graphs.otel`)."""
+        members = list(setting.spec.members)
+        with otel.root_span("setting", setting.spec.name, members, len(game.examples), setting.key):
+            await game.evaluate(setting.coalitions, setting.solo_members, on_plays=record)
 
 
 class StudyWorker:
