@@ -39,6 +39,7 @@ is visible.
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import subprocess
@@ -54,6 +55,7 @@ from colab_graphs.serve.openai_api import ChatCompletionRequest, CompletionReque
 from colab_graphs.serve.serve_replies import ChatReply, CompletionReply
 
 DEFAULT_MAX_TOKENS_LIMIT = 4096
+UNKNOWN_CONTEXT = 2**17  # positions assumed of a model whose config names none (prompt length checks)
 
 
 class LocalServer:
@@ -123,6 +125,24 @@ class LocalServer:
         value = getattr(config, "max_position_embeddings", None)
         return int(value) if isinstance(value, int) and value > 0 else None
 
+    @property
+    def longest_token_chars(self) -> int:
+        """Characters of the longest token text in the vocabulary (byte-level tokens count their bytes): a
+        prompt of C characters is at least C / this many tokens."""
+        return _longest_token_chars(self.engine.tokenizer)
+
+    def check_prompt_chars(self, chars: int, param: str) -> None:
+        """Refuse, before tokenizing, a prompt of `chars` characters that cannot fit the context whatever
+        its tokens (tokenizing megabytes costs seconds and memory the tokenizer keeps)."""
+        context = self.context_length or UNKNOWN_CONTEXT
+        most = context * self.longest_token_chars
+        if chars > most:
+            message = (
+                f"the prompt is {chars} characters; {self.served_name} reads {context} tokens of at most"
+                f" {self.longest_token_chars} characters each"
+            )
+            raise RequestError(message, param=param, code="context_length_exceeded")
+
     def completion_budget(self, prompt_tokens: int, asked: int | None, default: int, param: str) -> int:
         """Tokens a choice may generate after a `prompt_tokens` prompt, or the `RequestError` that says why not.
 
@@ -177,6 +197,7 @@ class _Handler(OpenAIHandler):
             raise RequestError(message, param="model", code="model_not_found", status=404)
 
     def _answer(self, reply: ChatReply | CompletionReply) -> None:
+        self.usage = reply.usage_counts  # filled in as the reply ends, before the access-log line is written
         if reply.stream:
             self.send_events(reply.events())
         else:
@@ -188,7 +209,12 @@ class _Handler(OpenAIHandler):
                     f"generation failed: {type(exc).__name__}: {exc}", code="generation_failed", status=500
                 ) from None
             self.send_json(200, payload)
-        self.usage = reply.usage_counts
+
+
+@functools.lru_cache(maxsize=8)
+def _longest_token_chars(tokenizer: Any) -> int:
+    tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    return max((len(t) for t in tokens if isinstance(t, str)), default=1)
 
 
 def start_server(
