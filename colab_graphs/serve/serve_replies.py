@@ -55,6 +55,11 @@ class _Reply:
         self.prompt_tokens = 0
         self.usage_counts: dict[str, int] = {}
 
+    def cancel(self) -> None:
+        """The client left: drop every row of this reply at the engine's next step (any thread)."""
+        for row in self.rows:
+            self.engine.cancel(row)
+
     def _results(self) -> list[GenerationResult]:
         futures = [self.engine.submit(row) for row in self.rows]
         return [future.result() for future in futures]

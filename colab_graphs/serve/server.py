@@ -48,7 +48,7 @@ import threading
 from typing import Any
 
 from colab_graphs.local.engines import get_engine
-from colab_graphs.local.local_engine import LocalEngine
+from colab_graphs.local.local_engine import GenerationCancelled, LocalEngine
 from colab_graphs.local.provider import model_folder
 from colab_graphs.serve.http import OpenAIHandler, OpenAIServer, RequestError, ServerLimits
 from colab_graphs.serve.openai_api import ChatCompletionRequest, CompletionRequest, parse_body
@@ -198,11 +198,14 @@ class _Handler(OpenAIHandler):
 
     def _answer(self, reply: ChatReply | CompletionReply) -> None:
         self.usage = reply.usage_counts  # filled in as the reply ends, before the access-log line is written
+        self.on_abandon(reply.cancel)  # a client that leaves stops its rows at the engine's next step
         if reply.stream:
             self.send_events(reply.events())
         else:
             try:
                 payload = reply.complete()
+            except GenerationCancelled:
+                raise ConnectionError("the client left; its rows were dropped") from None
             except Exception as exc:  # this request failed while decoding; the ones batched with it did not
                 logging.getLogger(__name__).warning("generation failed: %s: %s", type(exc).__name__, exc)
                 raise RequestError(
