@@ -93,6 +93,10 @@ def _keyword_problems(schema: Any, path: str) -> list[str]:
         elif key == "type":
             types = value if isinstance(value, list) else [value]
             problems += [f"{path}.type: unknown type {t!r}" for t in types if t not in _TYPES]
+        elif key in ("properties", "$defs", "definitions") and not isinstance(value, dict):
+            problems.append(f"{path}.{key} must be an object of schemas")
+        elif key in ("anyOf", "oneOf", "allOf") and not isinstance(value, list):
+            problems.append(f"{path}.{key} must be a list of schemas")
         elif key in ("properties", "$defs", "definitions"):
             problems += [
                 p for name, sub in _items(value) for p in _keyword_problems(sub, f"{path}.{key}.{name}")
