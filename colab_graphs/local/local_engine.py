@@ -53,6 +53,7 @@ FALLBACK_CHAT_TEMPLATE = (
 
 _STOP: Any = object()
 _RENDER_CACHE_SIZE = 256  # prompts remembered per engine (a few steps of GRPO groups)
+_SCAN = 64  # waiting requests a running batch looks at per step for ones that can join
 
 
 @dataclass
@@ -547,17 +548,22 @@ class LocalEngine:
     def _admit(
         self, fits: Callable[[GenerationRequest], bool], room: int
     ) -> list[tuple[GenerationRequest, Future[GenerationResult]]]:
-        """Waiting requests a running batch takes now, oldest first, up to `room`; the first that does not
-        `fit` (and all after it) wait for the next batch."""
+        """Waiting requests a running batch takes now, oldest first, up to `room`. One that does not `fit`
+        waits at the head of the line for the next batch, and the ones behind it that fit still join: a
+        request too long for this batch does not hold back the short ones (the first `_SCAN` are looked at)."""
         joined: list[tuple[GenerationRequest, Future[GenerationResult]]] = []
-        while len(joined) < room:
+        skipped: list[Any] = []
+        while len(joined) < room and len(skipped) < _SCAN:
             try:
                 item = self._next(0)
             except queue.Empty:
                 break
-            if item is _STOP or not fits(item[0]):
-                self._held.appendleft(item)
+            if item is _STOP:
+                skipped.append(item)
                 break
+            if not fits(item[0]):
+                skipped.append(item)
+                continue
             req, fut = item
             try:
                 check_request(req)
@@ -567,6 +573,7 @@ class LocalEngine:
                 continue
             if self._starts(req, fut):
                 joined.append((req, fut))
+        self._held.extendleft(reversed(skipped))
         return joined
 
     def _decode_alone(self, live: list[tuple[GenerationRequest, Future]], streams: _Streams) -> None:
