@@ -11,8 +11,9 @@ reaches it; from LiteLLM::
 Every request is checked whole before it reaches the batching engine (`colab_graphs.serve.openai_api`): a
 bad field gets its own 400 naming it, ``max_tokens`` must fit the model's context after the prompt and the
 server's own limit (``max_tokens_limit``), and a request that fails while decoding fails alone (a 500 with the
-reason) while the requests batched with it complete. Connections, timeouts and the access log are the HTTP
-core's (`colab_graphs.serve.http`).
+reason) while the requests batched with it complete. Connections, timeouts, limits and the access log are the
+HTTP core's (`colab_graphs.serve.http`); a client that hangs up has its rows dropped at the engine's next step,
+and a new request joins the batch that is decoding (docs/serve.md).
 
 Tools: ``tools`` / ``tool_choice`` and ``tool`` messages are rendered by the model's chat template when it
 renders tools, else in the Hermes / Qwen 2.5 format; calls are parsed back into ``tool_calls`` (see
