@@ -55,9 +55,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     modes: list[bool] = []
     generate_batch = LocalEngine.generate_batch
 
-    def spy(self, requests):  # noqa: ANN001, ANN202
+    def spy(self, requests, *joining):  # noqa: ANN001, ANN002, ANN202 - the worker passes its admit/finished
         modes.append(bool(self.model.training))
-        return generate_batch(self, requests)
+        return generate_batch(self, requests, *joining)
 
     root = tmp_path_factory.mktemp("seeds")
     out = {}

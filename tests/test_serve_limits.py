@@ -98,7 +98,7 @@ def test_good_and_bad_requests_sent_together_each_get_their_own_answer(server, g
         if name == "good":
             assert status == 200 and payload["choices"][0]["message"]["content"] == greedy
         elif name == "Content-Length":
-            assert status == 400 and "Content-Length must be a number" in payload["error"]["message"]
+            assert status == 400 and "Content-Length" in payload["error"]["message"]
         else:
             assert status == 400, (name, payload)
             assert payload["error"]["param"] == name and payload["error"]["type"] == "invalid_request_error"
@@ -178,13 +178,13 @@ def test_a_request_that_fails_while_decoding_fails_alone(greedy):
     assert engine.batches_run - before == 1 + 6  # the shared batch, then each request alone
 
 
-def test_300_half_open_connections_hold_no_thread_and_a_good_request_is_still_answered(server, greedy):
+def test_200_half_open_connections_hold_no_thread_and_a_good_request_is_still_answered(server, greedy):
     assert post(server.base_url, GOOD)[0] == 200  # a worker thread exists already
     threads_before = threading.active_count()
     half = b'POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{"model": "ti'
     sockets = []
     try:
-        for i in range(300):
+        for i in range(200):  # one client: below its own limit of connections
             sock = socket.create_connection(("127.0.0.1", server.port))
             if i % 2:
                 sock.sendall(half)
@@ -194,7 +194,7 @@ def test_300_half_open_connections_hold_no_thread_and_a_good_request_is_still_an
         status, payload = post(server.base_url, GOOD)
         assert status == 200 and payload["choices"][0]["message"]["content"] == greedy
         assert time.monotonic() - started < 10
-        assert server.httpd.open_connections >= 300
+        assert server.httpd.open_connections >= 200
         assert threading.active_count() - threads_before <= 1
     finally:
         for sock in sockets:
@@ -206,7 +206,7 @@ def test_a_request_that_does_not_arrive_whole_in_time_gets_a_408():
     with LocalServer(get_engine("tiny-random"), "tiny", "127.0.0.1", 0, limits=limits).start() as slow:
         started = time.monotonic()
         response = raw_exchange(
-            slow.port, b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 99\r\n\r\n{"
+            slow.port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99\r\n\r\n{"
         )
         waited = time.monotonic() - started
         assert slow.httpd.open_connections == 0
@@ -218,9 +218,10 @@ def test_a_request_that_does_not_arrive_whole_in_time_gets_a_408():
 def test_an_idle_connection_is_closed_after_the_idle_timeout():
     limits = ServerLimits(idle_timeout_s=0.3)
     served = LocalServer(get_engine("tiny-random"), "tiny", "127.0.0.1", 0, limits=limits)
-    with served.start(), socket.create_connection(("127.0.0.1", served.port), timeout=5) as sock:
-        started = time.monotonic()
-        assert sock.recv(1) == b""  # closed by the server, with nothing sent
+    with served.start():
+        started = time.monotonic()  # before connecting: the server's clock starts as it accepts
+        with socket.create_connection(("127.0.0.1", served.port), timeout=5) as sock:
+            assert sock.recv(1) == b""  # closed by the server, with nothing sent
         assert 0.3 <= time.monotonic() - started < 3
 
 
@@ -244,15 +245,17 @@ def test_connections_beyond_the_limit_get_a_503_and_the_limit_frees_as_they_clos
 
 def test_unknown_routes_and_wrong_methods_get_openai_errors(server):
     status, error = status_and_error(
-        raw_exchange(server.port, b"GET /v1/nothing HTTP/1.1\r\nConnection: close\r\n\r\n")
+        raw_exchange(server.port, b"GET /v1/nothing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     )
     assert status == 404 and error["code"] == "not_found"
     status, error = status_and_error(
-        raw_exchange(server.port, b"GET /v1/chat/completions HTTP/1.1\r\nConnection: close\r\n\r\n")
+        raw_exchange(
+            server.port, b"GET /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
     )
     assert status == 405 and "takes POST" in error["message"]
     status, error = status_and_error(raw_exchange(server.port, b"BREW /v1/models HTTP/1.1\r\n\r\n"))
-    assert status == 501 and error["type"] == "invalid_request_error"
+    assert status == 400 and error["type"] == "invalid_request_error" and error["code"] == "bad_http"
 
 
 @pytest.mark.slow

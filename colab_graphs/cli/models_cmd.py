@@ -58,6 +58,15 @@ def serve(
     idle_timeout: Annotated[
         float, typer.Option("--idle-timeout", help="Seconds a kept-alive connection may sit idle.")
     ] = 60.0,
+    max_connections_per_client: Annotated[
+        int, typer.Option("--max-connections-per-client", help="Open connections from one address.")
+    ] = 256,
+    max_pending: Annotated[
+        int, typer.Option("--max-pending", help="Requests admitted at once; the next gets a 503.")
+    ] = 256,
+    response_timeout: Annotated[
+        float, typer.Option("--response-timeout", help="Seconds for a whole response (504 after).")
+    ] = 900.0,
     access_log: Annotated[
         bool, typer.Option("--access-log/--no-access-log", help="One line per request on stderr.")
     ] = True,
@@ -71,7 +80,12 @@ def serve(
 
     try:
         limits = ServerLimits(
-            read_timeout_s=read_timeout, idle_timeout_s=idle_timeout, max_connections=max_connections
+            read_timeout_s=read_timeout,
+            idle_timeout_s=idle_timeout,
+            response_timeout_s=response_timeout,
+            max_connections=max_connections,
+            max_connections_per_client=max_connections_per_client,
+            max_pending=max_pending,
         )
         run_server(
             model,

@@ -33,6 +33,7 @@ from typing import Any
 PARTIAL = -1  # the text ended inside a value that can still be completed
 MAX_NUMBER = 24
 CANDIDATES = 32
+MAX_ALTERNATIVES = 256  # schemas one position may stand for (anyOf / oneOf nested through references)
 _SCAN_LIMIT = 4096  # tokens checked, in the model's order, when none of the likeliest fits
 _FORCED_LIMIT = 256
 _NON_ASCII = "\u00e9"  # stands for every character outside ASCII when probing what may come next
@@ -71,7 +72,16 @@ def _number_class(c: str) -> str:
 
 
 def schema_problems(schema: Any, path: str = "schema") -> list[str]:
-    """What in `schema` guided decoding cannot enforce (keywords outside the subset, bad references)."""
+    """What in `schema` guided decoding cannot enforce: keywords outside the subset, references that name no
+    definition, references that lead back to themselves before any character is written (the matcher would
+    follow them forever), and ``anyOf`` / ``oneOf`` that multiply past `MAX_ALTERNATIVES` at one position."""
+    problems = _keyword_problems(schema, path)
+    if not problems and isinstance(schema, dict):
+        problems = _reference_problems(schema, path)
+    return problems
+
+
+def _keyword_problems(schema: Any, path: str) -> list[str]:
     if isinstance(schema, bool):
         return []
     if not isinstance(schema, dict):
@@ -83,22 +93,98 @@ def schema_problems(schema: Any, path: str = "schema") -> list[str]:
         elif key == "type":
             types = value if isinstance(value, list) else [value]
             problems += [f"{path}.type: unknown type {t!r}" for t in types if t not in _TYPES]
+        elif key in ("properties", "$defs", "definitions") and not isinstance(value, dict):
+            problems.append(f"{path}.{key} must be an object of schemas")
+        elif key in ("anyOf", "oneOf", "allOf") and not isinstance(value, list):
+            problems.append(f"{path}.{key} must be a list of schemas")
         elif key in ("properties", "$defs", "definitions"):
             problems += [
-                p for name, sub in (value or {}).items() for p in schema_problems(sub, f"{path}.{key}.{name}")
+                p for name, sub in _items(value) for p in _keyword_problems(sub, f"{path}.{key}.{name}")
             ]
         elif key in ("items", "additionalProperties") and not isinstance(value, bool):
-            problems += schema_problems(value, f"{path}.{key}")
+            problems += _keyword_problems(value, f"{path}.{key}")
         elif key in ("anyOf", "oneOf", "allOf"):
             subs = value if isinstance(value, list) else []
             if key == "allOf" and len(subs) != 1:
                 problems.append(f"{path}.allOf: only an allOf of one schema can be enforced")
-            problems += [p for i, sub in enumerate(subs) for p in schema_problems(sub, f"{path}.{key}[{i}]")]
+            problems += [
+                p for i, sub in enumerate(subs) for p in _keyword_problems(sub, f"{path}.{key}[{i}]")
+            ]
         elif key == "$ref" and not (
             isinstance(value, str) and value.startswith(("#/$defs/", "#/definitions/"))
         ):
             problems.append(f"{path}.$ref: only local references to #/$defs/ or #/definitions/ are followed")
     return problems
+
+
+def _items(value: Any) -> list[tuple[str, Any]]:
+    return list(value.items()) if isinstance(value, dict) else []
+
+
+def _reference_problems(root: dict[str, Any], path: str) -> list[str]:
+    definitions = {
+        f"#/{kind}/{name}": sub for kind in ("$defs", "definitions") for name, sub in _items(root.get(kind))
+    }
+    nodes = list(_nodes(root, path))
+    missing = [
+        f"{where}.$ref: {node['$ref']!r} names no definition of this schema"
+        for where, node in nodes
+        if isinstance(node.get("$ref"), str) and node["$ref"] not in definitions
+    ]
+    if missing:
+        return missing
+    counted: dict[str, int] = {}
+
+    def alternatives(schema: Any, trail: tuple[str, ...]) -> int:
+        """Schemas `schema` stands for at one position, following references and unions (no input read)."""
+        if not isinstance(schema, dict):
+            return 1
+        count = 1
+        ref = schema.get("$ref")
+        if isinstance(ref, str):
+            if ref in trail:
+                cycle = " -> ".join((*trail[trail.index(ref) :], ref))
+                raise _CycleError(f"{path}: $ref cycle {cycle} writes nothing before it repeats")
+            if ref not in counted:
+                counted[ref] = alternatives(definitions[ref], (*trail, ref))
+            count = counted[ref]
+        for key in ("allOf", "anyOf", "oneOf"):
+            branches = schema.get(key)
+            if isinstance(branches, list):
+                count *= sum(alternatives(branch, trail) for branch in branches)
+        return min(count, MAX_ALTERNATIVES + 1)
+
+    try:
+        for where, node in nodes:
+            if alternatives(node, ()) > MAX_ALTERNATIVES:
+                return [f"{where}: anyOf / oneOf branches multiply past {MAX_ALTERNATIVES} alternatives"]
+    except _CycleError as exc:
+        return [str(exc)]
+    except RecursionError:
+        return [f"{path}: references chain too deep to follow"]
+    return []
+
+
+class _CycleError(Exception):
+    pass
+
+
+def _nodes(root: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every schema object inside `root` (itself included), with its path; iterative."""
+    stack: list[tuple[str, Any]] = [(path, root)]
+    while stack:
+        where, node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        yield where, node
+        for key in ("properties", "$defs", "definitions"):
+            stack.extend((f"{where}.{key}.{name}", sub) for name, sub in _items(node.get(key)))
+        for key in ("items", "additionalProperties"):
+            stack.append((f"{where}.{key}", node.get(key)))
+        for key in ("anyOf", "oneOf", "allOf"):
+            branches = node.get(key)
+            if isinstance(branches, list):
+                stack.extend((f"{where}.{key}[{i}]", sub) for i, sub in enumerate(branches))
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ importance ratio compares against. A greedy row has no sampling distribution: it
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import os
@@ -52,6 +53,7 @@ FALLBACK_CHAT_TEMPLATE = (
 
 _STOP: Any = object()
 _RENDER_CACHE_SIZE = 256  # prompts remembered per engine (a few steps of GRPO groups)
+_SCAN = 64  # waiting requests a running batch looks at per step for ones that can join
 
 
 @dataclass
@@ -75,6 +77,8 @@ class GenerationRequest:
         on_text: Called from the worker thread with each new piece of text (streaming).
         allowed_tokens: Guided decoding: called with the ids generated so far and the next-token logits,
             returns the ids this row may take next (the logprobs recorded stay the model's own).
+        cancelled: Set by `LocalEngine.cancel`: the request is dropped at the engine's next step.
+        cancel_step: The engine's step count when it was cancelled.
     """
 
     prompt_ids: list[int]
@@ -90,6 +94,22 @@ class GenerationRequest:
     logprobs_mode: str = "raw"
     on_text: Callable[[str], None] | None = None
     allowed_tokens: Callable[[list[int], Any], Sequence[int]] | None = None
+    cancelled: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    cancel_step: int | None = field(default=None, repr=False, compare=False)
+
+
+class GenerationCancelled(Exception):
+    """The request was cancelled (its client left) and dropped from its batch."""
+
+
+@dataclass(frozen=True)
+class Cancellation:
+    """What the engine did with a cancelled request: the step counts when it was cancelled and when it was
+    dropped (at most one step apart when the engine checks every step), and the tokens it had made."""
+
+    cancel_step: int
+    dropped_step: int
+    tokens: int
 
 
 @dataclass
@@ -119,6 +139,11 @@ class _Row:
         self.top: list[list[tuple[int, float]]] = []
         self.text = ""
         self.emitted = 0
+        # Incremental decoding: only the ids from `_prefix` on are decoded again each step; the text of
+        # ids[_prefix:_read] is known, what follows it is new (a window: a token's text can depend on the one
+        # before it, as SentencePiece's leading space does).
+        self._prefix = 0
+        self._read = 0
         self.finish: str | None = None
         self.engine = engine
         seed = req.seed if req.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
@@ -153,9 +178,12 @@ class _Row:
             if self.finish is not None:
                 self.text = self.engine.tokenizer.decode(self.ids, skip_special_tokens=True)
             return
-        self.text = self.engine.tokenizer.decode(self.ids, skip_special_tokens=True)
+        before = len(self.text)
+        self._decode_new()
+        # A stop string can only end in the new text: search from where one could start.
+        start = max(0, before - max((len(s) for s in self.req.stop), default=0) + 1)
         for s in self.req.stop:
-            cut = self.text.find(s)
+            cut = self.text.find(s, start)
             if s and cut >= 0:
                 self.text, self.finish = self.text[:cut], "stop"
         if self.finish is None and len(self.ids) >= self.req.max_tokens:
@@ -169,6 +197,18 @@ class _Row:
             if safe > self.emitted:
                 self.req.on_text(self.text[self.emitted : safe])
                 self.emitted = safe
+
+    def _decode_new(self) -> None:
+        """Append the text of the ids decoded since the last call (held back while it ends inside a
+        character: the next token completes it)."""
+        decode = self.engine.tokenizer.decode
+        known = decode(self.ids[self._prefix : self._read], skip_special_tokens=True)
+        window = decode(self.ids[self._prefix :], skip_special_tokens=True)
+        if len(window) > len(known) and not window.endswith("\ufffd"):
+            self.text += window[len(known) :]
+            self._prefix, self._read = self._read, len(self.ids)
+        elif self.finish is not None or len(self.ids) >= self.req.max_tokens:
+            self.text += window[len(known) :]  # the last token: what is left goes out as it is
 
     def result(self) -> GenerationResult:
         return GenerationResult(
@@ -308,7 +348,10 @@ class LocalEngine:
         self.expect_wait_ms = 100.0
         self._expect_lock = threading.Lock()
         self.batches_run = 0
+        self.steps = 0  # forward passes of the batch loop (a prompt pass and each decoding step)
+        self.cancellations: collections.deque[Cancellation] = collections.deque(maxlen=1024)
         self._queue: queue.Queue[Any] = queue.Queue()
+        self._held: collections.deque[Any] = collections.deque()  # taken from the queue, not yet decoded
         self._worker: threading.Thread | None = None
         self._start_lock = threading.Lock()
         # Serialises forward passes of this model (the batch worker and logit-level decoding).
@@ -382,6 +425,16 @@ class LocalEngine:
             with self._expect_lock:
                 self.expected -= n
 
+    def cancel(self, request: GenerationRequest) -> None:
+        """Drop `request` at the next step (any thread): its future raises `GenerationCancelled`."""
+        if not request.cancelled.is_set():
+            request.cancel_step = self.steps
+            request.cancelled.set()
+
+    def _dropped(self, request: GenerationRequest, tokens: int) -> None:
+        step = request.cancel_step if request.cancel_step is not None else self.steps
+        self.cancellations.append(Cancellation(step, self.steps, tokens))
+
     def submit(self, request: GenerationRequest) -> Future[GenerationResult]:
         """Queue a request from any thread; the future resolves when its batch finishes."""
         self._ensure_worker()
@@ -412,9 +465,18 @@ class LocalEngine:
                 self._queue.put(_STOP)
             self._worker = None
 
+    def _next(self, timeout: float | None = None) -> Any:
+        """The oldest waiting item (one a running batch could not take comes first); `queue.Empty` when none
+        comes within `timeout` (0: do not wait)."""
+        if self._held:
+            return self._held.popleft()
+        if timeout is not None and timeout <= 0:
+            return self._queue.get_nowait()
+        return self._queue.get(timeout=timeout)
+
     def _serve(self) -> None:
         while True:
-            first = self._queue.get()
+            first = self._next()
             if first is _STOP:
                 return
             batch = [first]
@@ -428,7 +490,7 @@ class LocalEngine:
                 # While hinted, look at the hint again every 2 ms: the callers it counts may finish instead.
                 timeout = min(left, 0.002) if hinted else left
                 try:
-                    item = self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
+                    item = self._next(timeout)
                 except queue.Empty:
                     if hinted and left > 0.002:
                         continue
@@ -437,22 +499,82 @@ class LocalEngine:
                     self._queue.put(_STOP)  # finish this batch first, then stop
                     break
                 batch.append(item)
-            live = [(req, fut) for req, fut in batch if fut.set_running_or_notify_cancel()]
+            live = [(req, fut) for req, fut in batch if self._starts(req, fut)]
             if not live:
                 continue
             streams = _Streams([req for req, _ in live])
-            try:
-                results = self.generate_batch([req for req, _ in live])
-            except BaseException as exc:
-                if len(live) == 1:
-                    live[0][1].set_exception(exc)
+
+            def admit(
+                fits: Callable[[GenerationRequest], bool],
+                room: int,
+                live: list[tuple[GenerationRequest, Future[GenerationResult]]] = live,
+                streams: _Streams = streams,
+            ) -> list[GenerationRequest]:
+                joined = self._admit(fits, room)
+                for req, _ in joined:
+                    streams.add(req)
+                live.extend(joined)
+                return [req for req, _ in joined]
+
+            def finished(index: int, result: GenerationResult, live: list[Any] = live) -> None:
+                fut = live[index][1]
+                if result.finish_reason == "cancelled":
+                    fut.set_exception(GenerationCancelled("the request was cancelled while it decoded"))
                 else:
-                    self._decode_alone(live, streams)
+                    fut.set_result(result)
+
+            try:
+                self.generate_batch([req for req, _ in live], admit, finished)
+            except BaseException as exc:
+                left = [(req, fut) for req, fut in live if not fut.done()]  # the ones that had not finished
+                if len(left) == 1:
+                    left[0][1].set_exception(exc)
+                elif left:
+                    self._decode_alone(left, streams)
                 continue
             finally:
                 streams.restore()
-            for (_, fut), res in zip(live, results, strict=True):
-                fut.set_result(res)
+
+    def _starts(self, req: GenerationRequest, fut: Future[GenerationResult]) -> bool:
+        """Whether a queued request is to be decoded (else its future is settled here)."""
+        if not fut.set_running_or_notify_cancel():
+            return False
+        if req.cancelled.is_set():  # cancelled while it waited: never decoded
+            self._dropped(req, 0)
+            fut.set_exception(GenerationCancelled("the request was cancelled before it was decoded"))
+            return False
+        return True
+
+    def _admit(
+        self, fits: Callable[[GenerationRequest], bool], room: int
+    ) -> list[tuple[GenerationRequest, Future[GenerationResult]]]:
+        """Waiting requests a running batch takes now, oldest first, up to `room`. One that does not `fit`
+        waits at the head of the line for the next batch, and the ones behind it that fit still join: a
+        request too long for this batch does not hold back the short ones (the first `_SCAN` are looked at)."""
+        joined: list[tuple[GenerationRequest, Future[GenerationResult]]] = []
+        skipped: list[Any] = []
+        while len(joined) < room and len(skipped) < _SCAN:
+            try:
+                item = self._next(0)
+            except queue.Empty:
+                break
+            if item is _STOP:
+                skipped.append(item)
+                break
+            if not fits(item[0]):
+                skipped.append(item)
+                continue
+            req, fut = item
+            try:
+                check_request(req)
+            except ValueError as exc:
+                if fut.set_running_or_notify_cancel():
+                    fut.set_exception(exc)
+                continue
+            if self._starts(req, fut):
+                joined.append((req, fut))
+        self._held.extendleft(reversed(skipped))
+        return joined
 
     def _decode_alone(self, live: list[tuple[GenerationRequest, Future]], streams: _Streams) -> None:
         """After a batch failed, decode each of its requests by itself: the one that fails fails alone.
@@ -467,8 +589,22 @@ class LocalEngine:
                 except BaseException as exc:  # this request's own failure
                     fut.set_exception(exc)
 
-    def generate_batch(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        """Decode ``requests`` together right now, in the calling thread."""
+    def generate_batch(
+        self,
+        requests: Sequence[GenerationRequest],
+        admit: Callable[[Callable[[GenerationRequest], bool], int], list[GenerationRequest]] | None = None,
+        finished: Callable[[int, GenerationResult], None] | None = None,
+    ) -> list[GenerationResult]:
+        """Decode ``requests`` together right now, in the calling thread.
+
+        `admit` (the worker's) is asked before every step for requests that join the running batch, as
+        vLLM's scheduler lets them: each is given a prompt pass of its own, and its keys and values are
+        written into the batch's cache so that its prompt ends where the batch's columns end (left padding,
+        as the batch's own rows have). Results come back for `requests` and then the joined ones, in the
+        order they joined; `finished` is called with each row's index and result as the row ends (a short
+        reply does not wait for the longest of its batch). A request joins when its prompt is no longer than the batch's columns and its
+        ``max_tokens`` fit in the cache's room; a model whose cache is not the preallocated one takes none.
+        """
         import torch
 
         for req in requests:
@@ -500,15 +636,42 @@ class LocalEngine:
                 **kwargs,
             )
             cache, logits = output_cache(out), out.logits[:, -1, :].float()
+            self.steps += 1
             active = list(range(len(rows)))
             next_pos = positions[:, -1:] + 1
             length = width
+            layer_class = _preallocated_layer_class()
+            joinable = admit is not None and all(
+                type(x) is layer_class for x in getattr(cache, "layers", [0])
+            )
             while True:
+                if joinable and admit is not None and len(active) < self.max_batch_size:
+
+                    def fits(req: GenerationRequest, length: int = length) -> bool:
+                        return len(req.prompt_ids) <= length and length + req.max_tokens <= capacity
+
+                    for req in admit(fits, self.max_batch_size - len(active)):
+                        row_logits = self._join(model, cache, req, length)
+                        rows.append(_Row(req, self, eos_ids))
+                        active.append(len(rows) - 1)
+                        mask = torch.zeros((1, capacity), dtype=torch.long, device=device)
+                        mask[:, length - len(req.prompt_ids) :] = 1
+                        full_mask = torch.cat([full_mask, mask])
+                        pos = torch.tensor([[len(req.prompt_ids)]], dtype=next_pos.dtype, device=device)
+                        next_pos = torch.cat([next_pos, pos])
+                        logits = torch.cat([logits, row_logits])
                 tokens, picked, logps = draw_tokens([rows[i] for i in active], logits)
                 for slot, idx in enumerate(active):
                     rows[idx].record(tokens[slot], picked[slot], logps[slot])
                     rows[idx].update(tokens[slot])
+                    if rows[idx].finish is None and rows[idx].req.cancelled.is_set():
+                        rows[idx].finish = "cancelled"  # its client left: dropped below, like a finished row
+                        self._dropped(rows[idx].req, len(rows[idx].ids))
                 keep = [slot for slot, idx in enumerate(active) if rows[idx].finish is None]
+                if finished is not None:
+                    for idx in active:
+                        if rows[idx].finish is not None:
+                            finished(idx, rows[idx].result())
                 if not keep:
                     break
                 if len(keep) < len(active):
@@ -527,18 +690,41 @@ class LocalEngine:
                     **{cache_name: cache},
                 )
                 cache, logits = output_cache(out), out.logits[:, -1, :].float()
+                self.steps += 1
                 next_pos = next_pos + 1
         return [row.result() for row in rows]
+
+    def _join(self, model: Any, cache: Any, req: GenerationRequest, length: int) -> Any:
+        """The prompt pass of `req` alone, its keys and values written into the batch's `cache` (every layer a
+        preallocated one) as a new row whose prompt ends at column `length`; returns its next-token logits."""
+        import torch
+
+        device = self.device
+        prompt = torch.tensor([req.prompt_ids], dtype=torch.long, device=device)
+        kwargs: dict[str, Any] = {}
+        if "logits_to_keep" in _forward_params(_unbound(model.forward)):
+            kwargs["logits_to_keep"] = 1
+        out = model(
+            input_ids=prompt,
+            attention_mask=torch.ones_like(prompt),
+            position_ids=torch.arange(prompt.shape[1], device=device).unsqueeze(0),
+            use_cache=True,
+            **kwargs,
+        )
+        self.steps += 1
+        for layer, own in zip(cache.layers, output_cache(out).layers, strict=True):
+            layer.add_row(own.keys, own.values, length - prompt.shape[1])
+        return out.logits[:, -1, :].float()
 
 
 class _Streams:
     """The text each streaming request of a batch has emitted (see `LocalEngine._decode_alone`)."""
 
     def __init__(self, requests: Sequence[GenerationRequest]) -> None:
-        self.sinks = {id(r): (r, r.on_text) for r in requests if r.on_text is not None}
-        self.sent: dict[int, list[str]] = {key: [] for key in self.sinks}
-        for key, (req, sink) in self.sinks.items():
-            req.on_text = self._recorder(self.sent[key], sink)
+        self.sinks: dict[int, tuple[GenerationRequest, Callable[[str], None]]] = {}
+        self.sent: dict[int, list[str]] = {}
+        for req in requests:
+            self.add(req)
 
     @staticmethod
     def _recorder(sent: list[str], sink: Callable[[str], None]) -> Callable[[str], None]:
@@ -547,6 +733,13 @@ class _Streams:
             sink(piece)
 
         return record
+
+    def add(self, req: GenerationRequest) -> None:
+        """Record the text of a request that joined the batch while it ran."""
+        if req.on_text is not None:
+            self.sinks[id(req)] = (req, req.on_text)
+            self.sent[id(req)] = []
+            req.on_text = self._recorder(self.sent[id(req)], req.on_text)
 
     def restore(self) -> None:
         for req, sink in self.sinks.values():
@@ -708,6 +901,21 @@ def _preallocated_layer_class() -> type:
         def reset(self) -> None:
             self.length = 0
             super().reset()
+
+        def add_row(self, keys: Any, values: Any, start: int) -> None:
+            """A new batch row whose keys and values fill columns ``start`` to ``start + len`` (zeros before:
+            the row's mask hides them, as it hides a padded row's)."""
+            import torch
+
+            added = keys.shape[-2]
+            key_row = self.key_buffer.new_zeros((1, *self.key_buffer.shape[1:]))
+            value_row = self.value_buffer.new_zeros((1, *self.value_buffer.shape[1:]))
+            key_row.narrow(2, start, added).copy_(keys)
+            value_row.narrow(2, start, added).copy_(values)
+            self.key_buffer = torch.cat([self.key_buffer, key_row])
+            self.value_buffer = torch.cat([self.value_buffer, value_row])
+            self.keys = self.key_buffer.narrow(2, 0, self.length)
+            self.values = self.value_buffer.narrow(2, 0, self.length)
 
         def batch_select_indices(self, indices: Any) -> None:
             if self.is_initialized:

@@ -20,7 +20,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from colab_graphs.local.sampling import SamplingParams
 from colab_graphs.serve.http import RequestError
 
-MAX_N = 16  # choices per request: each is a row of a batch
+MAX_N = 16  # choices per prompt: each is a row of a batch
+# Rows per request in all (prompts x n): each is decoded, and a reply holds them all at once.
+MAX_CHOICES = 64
+# JSON nesting of a request body: deeper bodies are refused before any part is validated (validators and
+# guided decoding recurse; OpenAI allows a response schema 10 levels deep).
+MAX_DEPTH = 64
 # Fields OpenAI defines that ask for nothing this server would do differently.
 IGNORED = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier")
 # Field -> (values that ask for nothing, why anything else is refused).
@@ -224,6 +229,14 @@ class CompletionRequest(_Request):
                     "top_logprobs and max_completion_tokens are chat fields: send logprobs: k, max_tokens",
                 )
             )
+        if isinstance(self.prompt, list) and self.prompt and len(self.prompts) * self.n > MAX_CHOICES:
+            problems.append(
+                (
+                    "n",
+                    f"{len(self.prompts)} prompts x n={self.n} ask for {len(self.prompts) * self.n} choices;"
+                    f" this server writes at most {MAX_CHOICES} per request",
+                )
+            )
         if self.echo and self.logprobs is not None:
             message = "echo with logprobs needs the prompt's logprobs, which this server does not compute"
             problems.append(("echo", message))
@@ -246,6 +259,9 @@ def parse_body(model: type[RequestModel], body: Any) -> RequestModel:
     """`body` as `model`, or a `RequestError` listing every problem (``param``: the first field at fault)."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object", code="invalid_json")
+    fault = body_fault(body)
+    if fault is not None:
+        raise RequestError(fault[1], param=fault[0], code="invalid_value")
     problems = [
         (name, f"{name}: {reason}", "unsupported_parameter")
         for name, (neutral, reason) in UNSUPPORTED.items()
@@ -316,3 +332,36 @@ def _is_branch_name(part: str) -> bool:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def body_fault(body: Any) -> tuple[str, str] | None:
+    """The first place where `body` nests deeper than `MAX_DEPTH` or holds a string no tokenizer takes (a
+    lone surrogate: JSON's ``\\ud800`` escapes reach Python as text UTF-8 cannot encode), as (param, message).
+
+    Iterative, so no body can exhaust the stack that checks it.
+    """
+    stack: list[tuple[str, Any, int]] = [("", body, 0)]
+    while stack:
+        path, value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            where = path.split(".")[0].split("[")[0]  # the top-level field: the full path is 64 levels long
+            return where, f"{where}: JSON nested deeper than {MAX_DEPTH} levels"
+        if isinstance(value, str):
+            if not _encodes(value):
+                return path or "body", f"{path or 'the body'}: a string holds a lone UTF-16 surrogate"
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if not _encodes(key):
+                    return path or "body", f"{path or 'the body'}: a key holds a lone UTF-16 surrogate"
+                stack.append((f"{path}.{key}" if path else key, item, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", item, depth + 1) for i, item in enumerate(value))
+    return None
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

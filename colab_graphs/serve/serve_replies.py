@@ -35,6 +35,8 @@ class Serving(Protocol):
 
     def completion_budget(self, prompt_tokens: int, asked: int | None, default: int, param: str) -> int: ...
 
+    def check_prompt_chars(self, chars: int, param: str) -> None: ...
+
 
 class _Reply:
     """The rows of one request and how their results are gathered."""
@@ -52,6 +54,11 @@ class _Reply:
         self.rows: list[GenerationRequest] = []
         self.prompt_tokens = 0
         self.usage_counts: dict[str, int] = {}
+
+    def cancel(self) -> None:
+        """The client left: drop every row of this reply at the engine's next step (any thread)."""
+        for row in self.rows:
+            self.engine.cancel(row)
 
     def _results(self) -> list[GenerationResult]:
         futures = [self.engine.submit(row) for row in self.rows]
@@ -77,7 +84,8 @@ class _Reply:
 
     def _usage(self, results: list[GenerationResult]) -> dict[str, int]:
         completion = sum(len(result.completion_ids) for result in results)
-        self.usage_counts = {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion}
+        # updated in place: the handler holds this dict for its access-log line
+        self.usage_counts.update(prompt_tokens=self.prompt_tokens, completion_tokens=completion)
         return {**self.usage_counts, "total_tokens": self.prompt_tokens + completion}
 
     def _head(self) -> dict[str, Any]:
@@ -134,6 +142,8 @@ class ChatReply(_Reply):
         problems = schema_problems(schema) if schema is not None else []
         if problems:
             raise RequestError("; ".join(problems), param=param, code="unsupported_schema")
+        # The messages' text is part of the prompt: what cannot fit is refused before it is tokenized.
+        state.check_prompt_chars(sum(len(m.text) for m in request.messages), "messages")
         # tool_choice "none": the tools are not shown, and nothing is parsed as a call
         shown = request.tools if mode != "none" else None
         prompt = _render(self.engine, request, shown, forced)
@@ -264,6 +274,7 @@ class CompletionReply(_Reply):
     def _prompt_ids(self, prompt: str | list[int], index: int) -> list[int]:
         tokenizer = self.engine.tokenizer
         if isinstance(prompt, str):
+            self.state.check_prompt_chars(len(prompt), f"prompt[{index}]")
             ids = list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
         else:
             ids = prompt

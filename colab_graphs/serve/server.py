@@ -11,8 +11,9 @@ reaches it; from LiteLLM::
 Every request is checked whole before it reaches the batching engine (`colab_graphs.serve.openai_api`): a
 bad field gets its own 400 naming it, ``max_tokens`` must fit the model's context after the prompt and the
 server's own limit (``max_tokens_limit``), and a request that fails while decoding fails alone (a 500 with the
-reason) while the requests batched with it complete. Connections, timeouts and the access log are the HTTP
-core's (`colab_graphs.serve.http`).
+reason) while the requests batched with it complete. Connections, timeouts, limits and the access log are the
+HTTP core's (`colab_graphs.serve.http`); a client that hangs up has its rows dropped at the engine's next step,
+and a new request joins the batch that is decoding (docs/serve.md).
 
 Tools: ``tools`` / ``tool_choice`` and ``tool`` messages are rendered by the model's chat template when it
 renders tools, else in the Hermes / Qwen 2.5 format; calls are parsed back into ``tool_calls`` (see
@@ -39,6 +40,7 @@ is visible.
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import subprocess
@@ -47,13 +49,14 @@ import threading
 from typing import Any
 
 from colab_graphs.local.engines import get_engine
-from colab_graphs.local.local_engine import LocalEngine
+from colab_graphs.local.local_engine import GenerationCancelled, LocalEngine
 from colab_graphs.local.provider import model_folder
 from colab_graphs.serve.http import OpenAIHandler, OpenAIServer, RequestError, ServerLimits
 from colab_graphs.serve.openai_api import ChatCompletionRequest, CompletionRequest, parse_body
 from colab_graphs.serve.serve_replies import ChatReply, CompletionReply
 
 DEFAULT_MAX_TOKENS_LIMIT = 4096
+UNKNOWN_CONTEXT = 2**17  # positions assumed of a model whose config names none (prompt length checks)
 
 
 class LocalServer:
@@ -123,6 +126,24 @@ class LocalServer:
         value = getattr(config, "max_position_embeddings", None)
         return int(value) if isinstance(value, int) and value > 0 else None
 
+    @property
+    def longest_token_chars(self) -> int:
+        """Characters of the longest token text in the vocabulary (byte-level tokens count their bytes): a
+        prompt of C characters is at least C / this many tokens."""
+        return _longest_token_chars(self.engine.tokenizer)
+
+    def check_prompt_chars(self, chars: int, param: str) -> None:
+        """Refuse, before tokenizing, a prompt of `chars` characters that cannot fit the context whatever
+        its tokens (tokenizing megabytes costs seconds and memory the tokenizer keeps)."""
+        context = self.context_length or UNKNOWN_CONTEXT
+        most = context * self.longest_token_chars
+        if chars > most:
+            message = (
+                f"the prompt is {chars} characters; {self.served_name} reads {context} tokens of at most"
+                f" {self.longest_token_chars} characters each"
+            )
+            raise RequestError(message, param=param, code="context_length_exceeded")
+
     def completion_budget(self, prompt_tokens: int, asked: int | None, default: int, param: str) -> int:
         """Tokens a choice may generate after a `prompt_tokens` prompt, or the `RequestError` that says why not.
 
@@ -177,18 +198,27 @@ class _Handler(OpenAIHandler):
             raise RequestError(message, param="model", code="model_not_found", status=404)
 
     def _answer(self, reply: ChatReply | CompletionReply) -> None:
+        self.usage = reply.usage_counts  # filled in as the reply ends, before the access-log line is written
+        self.on_abandon(reply.cancel)  # a client that leaves stops its rows at the engine's next step
         if reply.stream:
             self.send_events(reply.events())
         else:
             try:
                 payload = reply.complete()
+            except GenerationCancelled:
+                raise ConnectionError("the client left; its rows were dropped") from None
             except Exception as exc:  # this request failed while decoding; the ones batched with it did not
                 logging.getLogger(__name__).warning("generation failed: %s: %s", type(exc).__name__, exc)
                 raise RequestError(
                     f"generation failed: {type(exc).__name__}: {exc}", code="generation_failed", status=500
                 ) from None
             self.send_json(200, payload)
-        self.usage = reply.usage_counts
+
+
+@functools.lru_cache(maxsize=8)
+def _longest_token_chars(tokenizer: Any) -> int:
+    tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    return max((len(t) for t in tokens if isinstance(t, str)), default=1)
 
 
 def start_server(

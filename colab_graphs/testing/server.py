@@ -38,7 +38,6 @@ from colab_graphs.serve.http import (
     OpenAIHandler,
     OpenAIServer,
     ServerLimits,
-    shutdown_socket,
 )
 from colab_graphs.testing.scripts import (
     Member,
@@ -230,8 +229,7 @@ class _Handler(OpenAIHandler):
             self.responding(None)
             if fault == "timeout":
                 self.server.stopping.wait(self.scripted.timeout_hold_s)
-            self.close_connection = True
-            shutdown_socket(self.connection)
+            self.abort()
 
 
 class _Reply:
