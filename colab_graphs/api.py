@@ -259,9 +259,13 @@ def _field_map(fields: Any) -> dict[str, str] | None:
     if fields is None:
         return None
     if not isinstance(fields, Mapping):
+        # inspect_ai's FieldSpec defaults id, choices and target to their own names, optional fields there: a
+        # name left at its default maps nothing (an absent "id" column must not refuse the data).
         names = {"input": "input", "answer": "target", "id": "id", "choices": "choices"}
         fields = {
-            k: getattr(fields, a) for k, a in names.items() if isinstance(getattr(fields, a, None), str)
+            k: v
+            for k, a in names.items()
+            if isinstance(v := getattr(fields, a, None), str) and (k == "input" or v != a)
         }
     out = {"answer" if k == "target" else str(k): str(v) for k, v in fields.items() if v is not None}
     return out or None
@@ -466,6 +470,9 @@ async def arun_audit(
             _Reporter(Progress(f"audit {spec.name}", "play"), on_progress, progress) as report,
         ):
             if overwrite and out is not None:
+                from colab_graphs.log.reader import check_overwritable
+
+                check_overwritable(out, "audit")
                 empty_folder(out)
             if the_app is not None:  # (made in the held folder: an app's game opens its log)
                 from colab_graphs.audit.app import AppGame

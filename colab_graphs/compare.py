@@ -52,9 +52,9 @@ class MemberRow(BaseModel):
     """A member's values on both sides (None where a side lacks the member or the measure) and B - A."""
 
     member: str
-    a: dict[str, float | None]
-    b: dict[str, float | None]
-    delta: dict[str, float | None]
+    a: dict[str, int | float | None]  # (int first: a count of calls stays a count)
+    b: dict[str, int | float | None]
+    delta: dict[str, int | float | None]
 
 
 class ExampleChange(BaseModel):

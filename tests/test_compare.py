@@ -139,6 +139,7 @@ def test_two_audits_compare_members_values_calls_and_cost(outputs):
     # The runs made the solo calls first (one cache): a member with no call of its own made 0.
     assert rows["right"].a["calls"] == report_a["usage"].get("right", {}).get("calls", 0)
     assert rows["lazy"].b["calls"] == report_b["usage"]["lazy"]["calls"] > 0
+    assert isinstance(rows["lazy"].b["calls"], int)  # a count stays a count (`--json` prints 3, not 3.0)
     assert result.a.calls["made"] == report_a["calls"]["made"] and result.b.cost_usd == report_b["cost_usd"]
     assert "different members: right, flaky vs right, flaky, lazy" in result.notes
 

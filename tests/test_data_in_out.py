@@ -169,6 +169,14 @@ def test_an_audit_takes_a_dataframe_and_overwrite_discards_the_earlier_one(pool,
         plots=False,
     )
     assert again.n_examples == 2 and again.individual == {"right": 1.0, "half": 0.0}
+    # A folder of other things (a user's own files beside, or `out="."`) is never wiped by overwrite.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine\n")
+    with pytest.raises(ValueError, match="no colab-graphs job wrote: not overwritten"):
+        cg.run_audit("majority_vote", pool, other, fields=FIELDS, out=mine, overwrite=True,
+                     client=ModelClient(None), progress=False, plots=False)  # fmt: skip
+    assert (mine / "notes.txt").read_text() == "mine\n"
 
 
 def test_run_overwrite_is_a_keyword_of_cg_run(pool, tmp_path):
@@ -344,25 +352,45 @@ def test_a_study_reads_a_csv_beside_its_file_with_fields(server, tmp_path):
 
 
 def test_fields_take_an_inspect_ai_style_field_spec(pool):
-    # inspect_ai's FieldSpec has these attributes (inspect_ai is not installed here: an object of its shape).
+    # inspect_ai's FieldSpec as inspect_ai defines it (not installed here: a dataclass of its shape and
+    # defaults): id, choices and target default to their own names and are optional there, so a frame with
+    # no "id" or "choices" column is taken, its ids made from the row numbers.
     from dataclasses import dataclass
 
     @dataclass
     class FieldSpec:
         input: str = "input"
         target: str = "target"
-        choices: str | None = None
-        id: str | None = None
+        choices: str = "choices"
+        id: str = "id"
         metadata: list[str] | None = None
 
-    spec = FieldSpec(input="question", target="label", id="uid")
-    result = cg.run(
-        "solo",
-        pool,
-        _frame(),
-        params={"member": "right"},
-        fields=spec,
-        client=ModelClient(None),
-        progress=False,
-    )
+    def run(spec, frame):
+        return cg.run(
+            "solo",
+            pool,
+            frame,
+            params={"member": "right"},
+            fields=spec,
+            client=ModelClient(None),
+            progress=False,
+        )
+
+    result = run(FieldSpec(input="question", target="label", id="uid"), _frame())
     assert [(r["id"], r["gold"]) for r in result.rows()] == list(GOLD.items()) and result.score == 1.0
+    no_ids = run(FieldSpec(input="question", target="label"), _frame().drop(columns=["uid"]))
+    assert [r["gold"] for r in no_ids.rows()] == list(GOLD.values()) and no_ids.score == 1.0
+
+
+def test_a_csv_header_with_empty_trailing_columns_is_read(pool, tmp_path):
+    """Spreadsheet exports end their header in empty names ("question,answer,,"): their cells are dropped."""
+    import csv
+
+    path = tmp_path / "export.csv"
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["uid", "question", "label", "", ""])
+        writer.writerows([i, q, a, "", ""] for i, q, a in _frame().itertuples(index=False))
+    result = cg.run("solo", pool, path, params={"member": "right"}, fields=FIELDS, client=ModelClient(None),
+                    progress=False)  # fmt: skip
+    assert result.score == 1.0 and len(result.rows()) == len(_frame())

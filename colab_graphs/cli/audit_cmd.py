@@ -210,6 +210,12 @@ def audit(
     try:
         with holding_out(out):
             if overwrite:
+                from colab_graphs.log.reader import check_overwritable
+
+                try:
+                    check_overwritable(out, "audit")
+                except ValueError as err:
+                    fail(str(err))
                 empty_folder(out)
             with progress:
                 report = play.run(

@@ -150,6 +150,22 @@ def _from_records(path: Path, folder: Path, strict: bool) -> Log:
 # --- folders ---------------------------------------------------------------------------------------------------
 
 
+def check_overwritable(folder: str | os.PathLike[str], kind: str) -> None:
+    """Raise ValueError unless `folder` is absent, empty (but for its lock) or holds what one colab-graphs job
+    wrote: `--overwrite` / `overwrite=True` discards an earlier job's outputs, never a folder of other things
+    (`out="."`, a folder holding several runs) that a `kind` job would wipe whole."""
+    from colab_graphs.files import LOCK_FILE
+
+    folder = Path(folder)
+    if not folder.is_dir() or not any(e.name != LOCK_FILE for e in folder.iterdir()):
+        return
+    if find_kind(folder) is None:
+        raise ValueError(
+            f"{folder} holds files that no colab-graphs job wrote: not overwritten by this {kind}; pick another"
+            " folder"
+        )
+
+
 def find_kind(folder: str | os.PathLike[str]) -> str | None:
     """What the CLI wrote in `folder` ("run", "audit", "study", "train"), or None when nothing it knows."""
     folder = Path(folder)

@@ -44,7 +44,7 @@ def csv_records(path: str | os.PathLike[str]) -> tuple[Located, list[str]]:
     except csv.Error as exc:
         raise DatasetError(f"{path}:1: unreadable CSV ({exc})") from None
     names = [name.strip() for name in header]
-    repeated = sorted({n for n in names if names.count(n) > 1})
+    repeated = sorted({n for n in names if n and names.count(n) > 1})  # (empty names: cells dropped)
     if repeated or not any(names):
         what = f"repeats {', '.join(map(repr, repeated))}" if repeated else "names no field"
         raise DatasetError(f"{path}:1: the header {what}")
