@@ -22,7 +22,7 @@ Run it on one question:
     python examples/agent_app.py --pool pool.yaml "How many legs do 7 spiders have?"
 
 With no model at hand, scripted members that call the tools over real HTTP stand in
-(`examples/agent_members.py`); the README shows their audit.
+(`examples/agent_members.py`); docs/apps.md shows their audit.
 """
 
 from __future__ import annotations
