@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,19 @@ def test_exact_shapley_of_the_supervisor_app_is_the_hand_computed_one(scripted_s
     # Each distinct request was made once: the calls made are the server's distinct requests, all it got.
     assert report.calls.made == report.calls.unique == distinct_requests(server) == len(server.requests)
     assert report.calls.cached > 0 and report.calls.naive > report.calls.made
+    # docs/apps.md prints this audit's output: its calls are these.
+    printed = re.search(
+        r"calls made (\d+) \(distinct requests (\d+), cached (\d+), failed (\d+); naive evaluation: (\d+)\)",
+        (EXAMPLES.parent / "docs" / "apps.md").read_text(),
+    )
+    calls = report.calls
+    assert tuple(map(int, printed.groups())) == (
+        calls.made,
+        calls.unique,
+        calls.cached,
+        calls.failed,
+        calls.naive,
+    )
 
 
 def test_the_cli_audits_an_app_file_and_a_rerun_makes_no_call(
