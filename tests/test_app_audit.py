@@ -1,7 +1,7 @@
 """Audits of users' own LangGraph apps, written as LangGraph's tutorials write them, over real HTTP.
 
 The apps are the examples (`examples/agent_app.py`: a supervisor with a research and a math agent, each a
-prebuilt ReAct agent with tools; `examples/react_critic_app.py`: a ReAct agent with a calculator and a
+LangChain agent (`create_agent`) with tools; `examples/react_critic_app.py`: a ReAct agent with a calculator and a
 critic, in sync nodes); their members are the scripted models of `examples/agent_members.py`, which call the
 tools in OpenAI's format. The expected values below are worked out by hand from what those scripts do.
 """
