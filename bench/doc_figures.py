@@ -10,7 +10,7 @@ NAME is written by one function below from its source files:
 |---|---|---|
 | `default-audit-timing` | README.md | `bench/results/default_audit/timing.json`, `report.json` (`bench/first_audit.py`) |
 | `default-audit-table` | README.md | `bench/results/default_audit/report.json` |
-| `study-mini` | docs/studies.md | `bench/results/study_mini/study.json` and its audits' `report.json` |
+| `study-mini` | docs/studies.md | `bench/results/study_mini/study.json` (the study's own, shipped with its `study.md`) |
 
 The C-RL team table has its own script (`bench/crl_team_report.py`, from `bench/results/crl_team/`).
 """
@@ -100,12 +100,12 @@ def study_mini(root: Path) -> str:
 
     folder = root / "bench" / "results" / "study_mini"
     study = StudyReport.model_validate(_read(folder / "study.json"))
-    naive = sum(_read(folder / s.audit / "report.json")["calls"]["naive"] or 0 for s in study.settings)
     lines = [
         f"It made {study.calls.made:,} calls (the distinct requests; a naive evaluation of the same "
-        f"{len(study.settings)} audits makes {naive:,}) in {study.wall_s / 60:.0f} minutes, from empty model "
-        f"and call caches, on 2 CPU cores shared with other work. Spearman's rho between a member's "
-        f"individual strength and its Shapley value, over (member, protocol, dataset) pairs:",
+        f"{len(study.settings)} audits makes {study.calls.naive:,}) in {study.wall_s / 60:.0f} minutes, from an "
+        f"empty call cache, on 2 CPU cores shared with other work (study.json, {study.created_at:%Y-%m-%d}). "
+        f"Spearman's rho between a member's individual strength and its Shapley value, over (member, protocol, "
+        f"dataset) pairs:",
         "",
         "| pool | family | pairs | Spearman rho | Kendall tau-b | p-value |",
         "|---|---|---|---|---|---|",
@@ -117,7 +117,8 @@ def study_mini(root: Path) -> str:
     ]
     tested = [c for c in study.correlations if c.family != "all" and c.p_value is not None]
     lines += ["", f'"{sum(not c.significant for c in tested)} of {len(tested)} settings show no significant '
-              f'correlation" (alpha {study.alpha}).']  # fmt: skip
+              f'correlation" (alpha {study.alpha}). Each member alone, and the correlations with one dataset left '
+              f"out (from the same settings):", ""]  # fmt: skip
     datasets = [d["label"] for d in study.datasets]
     for dataset in datasets:
         rights = {
@@ -126,7 +127,7 @@ def study_mini(root: Path) -> str:
             if s.dataset == dataset and s.protocol == study.settings[0].protocol
             for m in s.members
         }
-        lines.append(f"Alone on {dataset}: " + ", ".join(f"{m} {r}" for m, r in rights.items()) + ".")
+        lines.append(f"- alone on {dataset}: " + ", ".join(f"{m} {r}" for m, r in rights.items()))
     for left_out in datasets:
         rows = correlation_rows(
             [s for s in study.settings if s.dataset != left_out], study.measure, study.alpha
@@ -136,7 +137,7 @@ def study_mini(root: Path) -> str:
             f"{c.pool}/{c.family} {_signed(c.spearman, 2)} (p {_p(c.p_value)})" for c in by_family
         )
         insignificant = sum(c.significant is not True for c in by_family)
-        lines.append(f"Without {left_out}: {read}; {insignificant} of {len(by_family)} not significant.")
+        lines.append(f"- without {left_out}: {read}; {insignificant} of {len(by_family)} not significant")
     return "\n".join(lines)
 
 

@@ -1,10 +1,13 @@
 """README and docs/ as a newcomer reads them: every link and anchor resolves, the docs index lists every page,
-and README's first audit of your own models runs as written, making the calls it says."""
+README's first audit of your own models runs as written, making the calls it says, and every figure the pages
+print is what the shipped files give (bench/doc_figures.py)."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -132,3 +135,94 @@ def test_the_readme_first_audit_runs_as_written(scripted_server, tmp_path, monke
     assert report["shapley"] == pytest.approx({"gpt": 11 / 18, "claude": 5 / 18, "qwen": 2 / 18})
     for secret in ("sk-readme-openai-key", "sk-readme-anthropic-key"):
         assert secret not in (tmp_path / "audits" / "first" / "report.json").read_text() + done.stdout
+
+
+# --- printed figures: the shipped files' own ------------------------------------------------------------------
+
+
+def doc_figures():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import doc_figures
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    return doc_figures
+
+
+def test_the_printed_figures_are_what_the_shipped_files_give() -> None:
+    """README's default-audit timing and values and docs/studies.md's mini-study table, regenerated from
+    bench/results/ by bench/doc_figures.py: any number typed or left stale in a page fails here."""
+    figures = doc_figures()
+    assert figures.main(["--check"]) == 0, figures.stale(ROOT)
+    for name, (_page, text) in figures.written(ROOT).items():
+        assert text.strip() and any(ch.isdigit() for ch in text), name  # a block that says something
+    # What docs/studies.md's prose reads from the shipped study: no setting lacks a significant correlation, no
+    # member or coalition passes a HumanEval test, and without HumanEval most settings are not significant.
+    study = json.loads((ROOT / "bench" / "results" / "study_mini" / "study.json").read_text())
+    assert all(c["significant"] for c in study["correlations"] if c["family"] != "all")
+    humaneval = [s for s in study["settings"] if s["dataset"] == "humaneval"]
+    assert humaneval and all(
+        set(s["individual"].values()) | set(s["shapley"].values()) == {0.0} for s in humaneval
+    )
+    without = figures.written(ROOT)["study-mini"][1].split("- without humaneval:")[1]
+    assert int(re.search(r"; (\d) of 4 not significant", without)[1]) > 2
+
+
+def test_a_figure_edited_by_hand_is_named_and_rewritten(tmp_path: Path) -> None:
+    figures = doc_figures()
+    for part in ("README.md", "docs/studies.md", "bench/results/default_audit", "bench/results/study_mini"):
+        source, copy = ROOT / part, tmp_path / part
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if source.is_dir() else shutil.copyfile)(source, copy)
+    readme = tmp_path / "README.md"
+    block = figures.block_in(readme.read_text(), "default-audit-table", "README.md")
+    edited = re.sub(r"v\(all\) = [0-9.]+", "v(all) = 0.999", block)
+    assert edited != block
+    readme.write_text(readme.read_text().replace(block, edited))
+    assert figures.stale(tmp_path) == ["README.md: default-audit-table"]
+    assert figures.main(["--root", str(tmp_path)]) == 0
+    assert figures.stale(tmp_path) == [] and readme.read_text() == (ROOT / "README.md").read_text()
+
+
+# --- every command line the pages show names real commands and options -------------------------------------
+
+
+def command_lines() -> list[tuple[str, str]]:
+    """(page, command) for each `colab-graphs ...` line of a bash block in README.md and docs/ (chains split)."""
+    found = []
+    for page in PAGES:
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.DOTALL):
+            for line in block.replace("\\\n", " ").splitlines():
+                for part in line.split("&&"):
+                    command = part.split(" #")[0].strip()
+                    if command.startswith("colab-graphs "):
+                        found.append((str(page.relative_to(ROOT)), command))
+    return found
+
+
+def test_every_command_line_shown_names_real_commands_and_options() -> None:
+    import typer
+
+    from colab_graphs.cli.app import _register_optional_commands, app
+
+    _register_optional_commands()
+    root = typer.main.get_command(app)
+    lines = command_lines()
+    assert len(lines) > 30
+    wrong = []
+    for page, line in lines:
+        words = [w.strip("[]|") for w in line.split()[1:]]
+        command = root
+        while hasattr(command, "get_command") and words and not words[0].startswith("-"):
+            sub = command.get_command(typer.Context(command), words[0])
+            if sub is None:
+                wrong.append(f"{page}: {line}: no command {words[0]!r}")
+                break
+            command, words = sub, words[1:]
+        known = {opt for p in command.params for opt in (*p.opts, *p.secondary_opts)} | {"--help"}
+        wrong += [
+            f"{page}: {line}: {command.name} has no option {w.split('=')[0]}"
+            for w in words
+            if w.startswith("-") and w != "-" and w.split("=")[0] not in known
+        ]
+    assert not wrong, "\n".join(wrong)
