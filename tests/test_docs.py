@@ -133,6 +133,10 @@ def test_the_readme_first_audit_runs_as_written(scripted_server, tmp_path, monke
     assert report["individual"] == pytest.approx({"gpt": 1.0, "claude": 2 / 3, "qwen": 1 / 3})
     assert report["loo"] == pytest.approx({"gpt": 1 / 3, "claude": 0.0, "qwen": 0.0})
     assert report["shapley"] == pytest.approx({"gpt": 11 / 18, "claude": 5 / 18, "qwen": 2 / 18})
+    # What README says the audit prints and writes.
+    assert "Shapley" in done.stdout and "calls made 9" in done.stdout
+    written = {p.name for p in (tmp_path / "audits" / "first").iterdir()}
+    assert {"report.json", "report.md", "contributions.png", "individual_vs_compositional.png"} <= written
     for secret in ("sk-readme-openai-key", "sk-readme-anthropic-key"):
         assert secret not in (tmp_path / "audits" / "first" / "report.json").read_text() + done.stdout
 
