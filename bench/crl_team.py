@@ -38,7 +38,7 @@ reports), `manifest.json` (the config, the seed list, the commit and the tree's 
     # the full study, both seats, seed after seed (BENCHMARKS.md has its cost), 4 policies per process:
     until nice -n 19 python bench/crl_team.py --out runs/crl_team --settings vote gate --seeds 0 1 2 3 4 5 \
         --steps 24 --eval-size 300 --save-steps 4 --bf16 --transfer --stop-after 4; do [ $? = 3 ] || break; done
-    # the small run README's table comes from (shipped in bench/results/crl_team/):
+    # the small run docs/crl.md's table comes from (shipped in bench/results/crl_team/):
     nice -n 19 python bench/crl_team.py --out runs/crl_team_small --settings vote --seeds 0 1 2 --steps 6 \
         --eval-size 60 --save-steps 3
 """

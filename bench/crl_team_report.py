@@ -1,7 +1,7 @@
 """The C-RL team study's summary, table and figure, from its per-question rows alone (`bench/crl_team.py`).
 
     python bench/crl_team_report.py runs/crl_team_small                     # a run folder (rows/, manifest.json)
-    python bench/crl_team_report.py bench/results/crl_team --readme README.md --figure docs/images/crl-team.png
+    python bench/crl_team_report.py bench/results/crl_team --readme docs/crl.md --figure docs/images/crl-team.png
     python bench/crl_team_report.py runs/crl_team_small --pack bench/results/crl_team   # ship a run's rows
 
 Reads `rows.jsonl.gz` (or `rows/*.jsonl`), `curves.jsonl.gz` (or `runs/*/metrics.jsonl`), `rollouts.jsonl.gz`

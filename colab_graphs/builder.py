@@ -28,6 +28,8 @@ from colab_graphs.spec import (
     OnTargetAbsent,
     Route,
     Seat,
+    edge_triples,
+    reachable,
 )
 
 
@@ -41,6 +43,9 @@ class GraphBuilder:
         self.params = dict(params)
         self._nodes: list[Seat | LogitSeat | Aggregate] = []
         self._edges: list[Edge] = []
+        # The START -> first-node edges `chain` added on its own: `build` keeps one only where nothing else
+        # leads to that node, so `fan(START, ..., join="judge").chain("judge", ...)` runs the judge once.
+        self._implicit_starts: list[Edge] = []
         self._routes: list[Route] = []
         self._output: str | None = None
         self._empty_fallback: str | None = None
@@ -132,8 +137,18 @@ class GraphBuilder:
         return self
 
     def chain(self, *names: str) -> GraphBuilder:
-        """START -> names[0] -> ... -> names[-1] -> END."""
-        path = [START, *names, END]
+        """names[0] -> ... -> names[-1] -> END, entered from START unless something else leads to names[0].
+
+        The START edge is the chain's entry only where it needs one: when `build` finds names[0] reached by
+        another edge or route from START (a `fan(..., join=names[0])`, an earlier chain), the chain continues
+        that path and adds no START edge, which would run names[0] a second time. Write
+        `edge(START, names[0])` to enter it from START as well.
+        """
+        if not names:
+            return self.edge(START, END)
+        self.edge(START, names[0])
+        self._implicit_starts.append(self._edges[-1])
+        path = [*names, END]
         for a, b in zip(path, path[1:], strict=False):
             self.edge(a, b)
         return self
@@ -192,6 +207,16 @@ class GraphBuilder:
         self._empty_fallback = answer
         return self
 
+    def _entered_edges(self) -> list[Edge]:
+        """The edges, less each implicit START edge whose target the other edges and routes reach from START."""
+        edges = list(self._edges)
+        for implicit in self._implicit_starts:
+            others = [e for e in edges if e is not implicit]
+            pairs = ((s, t) for s, t, _ in edge_triples(others, self._routes))
+            if implicit.target in reachable(START, pairs):
+                edges = others
+        return edges
+
     def build(self, validate: bool = True) -> GraphSpec:
         if self._output is None:
             raise ValueError(f"graph {self.name!r}: call .output(key) to say which state key is the answer")
@@ -199,7 +224,7 @@ class GraphBuilder:
             name=self.name,
             members=self.members,
             nodes=list(self._nodes),
-            edges=list(self._edges),
+            edges=self._entered_edges(),
             routes=list(self._routes),
             output=self._output,
             params=self.params,

@@ -13,6 +13,7 @@ still run). An exact read must be written by some node.
 from __future__ import annotations
 
 import string
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -202,8 +203,13 @@ def written_keys(spec: GraphSpec) -> dict[str, list[str]]:
 
 def graph_edges(spec: GraphSpec) -> list[tuple[str, str, str]]:
     """Every edge as (source, target, kind) with kind 'static' or 'route'."""
-    out = [(s, e.target, "static") for e in spec.edges for s in e.sources]
-    for r in spec.routes:
+    return edge_triples(spec.edges, spec.routes)
+
+
+def edge_triples(edges: Iterable[Edge], routes: Iterable[Route]) -> list[tuple[str, str, str]]:
+    """`edges` and `routes` as (source, target, kind) with kind 'static' or 'route' (a join: one per source)."""
+    out = [(s, e.target, "static") for e in edges for s in e.sources]
+    for r in routes:
         targets = set(r.path_map.values()) | {r.default} | ({r.exit} if r.exit else set())
         out.extend((r.source, t, "route") for t in sorted(targets))
     return out
@@ -274,8 +280,8 @@ def find_problems(spec: GraphSpec, pool_names: list[str] | None = None) -> list[
                 problems.append(
                     f"loop {' -> '.join([*cycle, cycle[0]])} has no bound (set max_visits on a route in it)"
                 )
-    from_start = _reachable(START, edges)
-    to_end = _reachable(END, [(tgt, src) for src, tgt in edges])
+    from_start = reachable(START, edges)
+    to_end = reachable(END, [(tgt, src) for src, tgt in edges])
     if END not in from_start:
         problems.append("END is unreachable from START")
     for name in names:
@@ -286,7 +292,7 @@ def find_problems(spec: GraphSpec, pool_names: list[str] | None = None) -> list[
     return problems
 
 
-def _reachable(start: str, edges: list[tuple[str, str]]) -> set[str]:
+def reachable(start: str, edges: Iterable[tuple[str, str]]) -> set[str]:
     """The nodes a path along `edges` reaches from `start` (itself included)."""
     after: dict[str, list[str]] = {}
     for src, tgt in edges:

@@ -1,6 +1,6 @@
-"""The `colab-graphs view` screenshots in README, taken in headless Chromium (the system's, as the tests use).
+"""The `colab-graphs view` screenshots of docs/outputs.md, taken in headless Chromium (the system's, as the tests use).
 
-Run: ``python docs/make_screenshots.py ROOT`` where ROOT holds the outputs of README's commands:
+Run: ``python docs/make_screenshots.py ROOT`` where ROOT holds the outputs of the commands README and docs/outputs.md show:
 ``audits/default-exact`` (colab-graphs audit --method exact --out audits/default-exact), ``studies/mini``
 (colab-graphs study --config examples/study_mini.yaml --out studies/mini) and ``runs/tiny`` (colab-graphs train
 --config examples/train_tiny.yaml --out runs/tiny). Writes docs/images/view-*.png; fails on a console error.

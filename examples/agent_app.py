@@ -22,7 +22,7 @@ Run it on one question:
     python examples/agent_app.py --pool pool.yaml "How many legs do 7 spiders have?"
 
 With no model at hand, scripted members that call the tools over real HTTP stand in
-(`examples/agent_members.py`); the README shows their audit.
+(`examples/agent_members.py`); docs/apps.md shows their audit.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ import argparse
 import asyncio
 from typing import Annotated
 
+from langchain.agents import create_agent
+from langchain.tools import InjectedState, InjectedToolCallId, tool
 from langchain_core.messages import AIMessage
-from langchain_core.tools import InjectedToolCallId, tool
 from langgraph.graph import END, START, MessagesState, StateGraph
-from langgraph.prebuilt import InjectedState, create_react_agent
 from langgraph.types import Command
 from typing_extensions import TypedDict
 
@@ -75,10 +75,10 @@ def divide(a: float, b: float) -> float:
     return a / b
 
 
-research_agent = create_react_agent(
+research_agent = create_agent(
     model=cg.member_chat_model("researcher"),
     tools=[lookup],
-    prompt=(
+    system_prompt=(
         "You are a research agent.\n\n"
         "INSTRUCTIONS:\n"
         "- Assist ONLY with research-related tasks, DO NOT do any math\n"
@@ -88,10 +88,10 @@ research_agent = create_react_agent(
     name="research_agent",
 )
 
-math_agent = create_react_agent(
+math_agent = create_agent(
     model=cg.member_chat_model("mathematician"),
     tools=[add, multiply, divide],
-    prompt=(
+    system_prompt=(
         "You are a math agent.\n\n"
         "INSTRUCTIONS:\n"
         "- Assist ONLY with math-related tasks\n"
@@ -136,10 +136,10 @@ assign_to_math_agent = create_handoff_tool(
     agent_name="math_agent", description="Assign task to a math agent."
 )
 
-supervisor_agent = create_react_agent(
+supervisor_agent = create_agent(
     model=cg.member_chat_model("supervisor"),
     tools=[assign_to_research_agent, assign_to_math_agent],
-    prompt=(
+    system_prompt=(
         "You are a supervisor managing two agents:\n"
         "- a research agent. Assign research-related tasks to this agent\n"
         "- a math agent. Assign math-related tasks to this agent\n"

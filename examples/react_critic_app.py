@@ -1,7 +1,7 @@
 """A ReAct agent with a calculator and a critic, in LangGraph, whose two models are pool members.
 
-The solver is LangGraph's prebuilt ReAct agent (`create_react_agent`) with a `calculator` tool; the critic
-reviews its answer and may send it back once with feedback. Both models are
+The solver is LangChain's agent (`langchain.agents.create_agent`, a ReAct loop on LangGraph) with a
+`calculator` tool; the critic reviews its answer and may send it back once with feedback. Both models are
 `colab_graphs.member_chat_model(NAME)`: "solver" and "critic". The critic is optional (`on_absent="empty"`:
 without it the draft stands), the solver is not (without it the app has no answer). The nodes are plain sync
 functions, as many apps write them.
@@ -15,9 +15,9 @@ from __future__ import annotations
 import ast
 import operator
 
-from langchain_core.tools import tool
+from langchain.agents import create_agent
+from langchain.tools import tool
 from langgraph.graph import END, START, StateGraph
-from langgraph.prebuilt import create_react_agent
 from typing_extensions import TypedDict
 
 import colab_graphs as cg
@@ -42,10 +42,10 @@ def calculator(expression: str) -> str:
     return str(int(result) if float(result).is_integer() else result)
 
 
-solver = create_react_agent(
+solver = create_agent(
     model=cg.member_chat_model("solver"),
     tools=[calculator],
-    prompt="Solve the problem. Use the calculator for arithmetic, then state the answer as a number.",
+    system_prompt="Solve the problem. Use the calculator for arithmetic, then state the answer as a number.",
 )
 
 critic = cg.member_chat_model("critic", on_absent="empty")

@@ -1,5 +1,5 @@
-"""The Python API as users meet it: README's snippets run as written, and the sync forms work inside a
-running event loop (a notebook)."""
+"""The Python API as users meet it: docs/python-api.md's snippets run as written, making the calls their graph
+says, and the sync forms work inside a running event loop (a notebook)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,11 @@ from conftest import write_pool_file
 import colab_graphs as cg
 from colab_graphs.testing import arithmetic_solver
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "python-api.md"
 
 
-def readme_snippets(section: str) -> list[str]:
-    text = README.read_text(encoding="utf-8")
-    body = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```python\n(.*?)```", body, re.DOTALL)
+def page_snippets() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", PAGE.read_text(encoding="utf-8"), re.DOTALL)
 
 
 @pytest.fixture
@@ -37,12 +35,13 @@ def solvers(scripted_server, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_the_readme_python_api_snippets_run_as_written(solvers, capsys):
-    snippets = readme_snippets("Python API")
+def test_the_python_api_snippets_run_as_written_making_the_calls_their_graph_says(solvers, capsys):
+    snippets = page_snippets()
     assert len(snippets) == 2
     namespace: dict = {}
-    for snippet in snippets:
-        exec(compile(snippet, "README.md", "exec"), namespace)  # noqa: S102
+    exec(compile(snippets[0], "docs/python-api.md", "exec"), namespace)  # noqa: S102
+    audit_calls = len(solvers.chat_requests)
+    exec(compile(snippets[1], "docs/python-api.md", "exec"), namespace)  # noqa: S102
     report = namespace["report"]
     assert report.players == ["a", "b", "c"] and report.shapley_method == "exact"
     assert len(report.coalitions) == 8
@@ -51,6 +50,19 @@ def test_the_readme_python_api_snippets_run_as_written(solvers, capsys):
     assert report.individual["c"] > report.individual["b"]  # the better solver alone
     assert "51" in capsys.readouterr().out  # 17 * 3, through the compiled LangGraph graph
     assert namespace["without_a"].members == ["b", "c"]
+    # The calls the graph says, per example: each solver once, then the judge once, after both (an absent
+    # judge's seat passes to the first present member; an absent solver's seat is dropped). A START -> judge
+    # edge would add a judge call on no solutions to every coalition that has a judge.
+    per_example = {"abc": 3, "ab": 3, "ac": 2, "bc": 2, "a": 2, "b": 2, "c": 1, "": 0}
+    assert {"".join(c.members): c.calls for c in report.per_coalition} == {
+        k: 10 * n for k, n in per_example.items()
+    }
+    # A naive evaluation plays each coalition, and each member's solo run (its individual strength) apart.
+    assert report.calls.naive == 10 * (sum(per_example.values()) + 3)
+    # Each distinct request was sent once, and nothing else: the audit's, then the compiled graph's three.
+    assert report.calls.made == report.calls.unique == audit_calls
+    assert sorted(solvers.request_counts().values()) == [1] * len(solvers.chat_requests)
+    assert sorted(r.model for r in solvers.chat_requests[audit_calls:]) == ["a", "b", "c"]
 
 
 def test_sync_forms_work_inside_a_running_event_loop(solvers):

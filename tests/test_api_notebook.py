@@ -154,7 +154,8 @@ def test_a_limit_of_zero_is_refused(pool) -> None:
         cg.run("solo", pool, "builtin:arithmetic", params={"member": "a"}, limit=0)
 
 
-def test_the_readme_points_at_files_that_exist() -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+def test_the_docs_point_at_files_that_exist() -> None:
+    root = Path(__file__).resolve().parents[1]
+    docs = (root / "docs" / "apps.md").read_text() + (root / "docs" / "pools.md").read_text()
     for name in ("examples/agent_app.py", "examples/react_critic_app.py", "examples/pool.yaml"):
-        assert name in readme and (Path(__file__).resolve().parents[1] / name).exists()
+        assert f"](../{name})" in docs and (root / name).exists()

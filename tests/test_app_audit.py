@@ -1,7 +1,7 @@
 """Audits of users' own LangGraph apps, written as LangGraph's tutorials write them, over real HTTP.
 
 The apps are the examples (`examples/agent_app.py`: a supervisor with a research and a math agent, each a
-prebuilt ReAct agent with tools; `examples/react_critic_app.py`: a ReAct agent with a calculator and a
+LangChain agent (`create_agent`) with tools; `examples/react_critic_app.py`: a ReAct agent with a calculator and a
 critic, in sync nodes); their members are the scripted models of `examples/agent_members.py`, which call the
 tools in OpenAI's format. The expected values below are worked out by hand from what those scripts do.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,19 @@ def test_exact_shapley_of_the_supervisor_app_is_the_hand_computed_one(scripted_s
     # Each distinct request was made once: the calls made are the server's distinct requests, all it got.
     assert report.calls.made == report.calls.unique == distinct_requests(server) == len(server.requests)
     assert report.calls.cached > 0 and report.calls.naive > report.calls.made
+    # docs/apps.md prints this audit's output: its calls are these.
+    printed = re.search(
+        r"calls made (\d+) \(distinct requests (\d+), cached (\d+), failed (\d+); naive evaluation: (\d+)\)",
+        (EXAMPLES.parent / "docs" / "apps.md").read_text(),
+    )
+    calls = report.calls
+    assert tuple(map(int, printed.groups())) == (
+        calls.made,
+        calls.unique,
+        calls.cached,
+        calls.failed,
+        calls.naive,
+    )
 
 
 def test_the_cli_audits_an_app_file_and_a_rerun_makes_no_call(

@@ -148,7 +148,7 @@ def test_a_sync_map_reduce_at_max_concurrency_one(scripted_server, tmp_path):
 
 
 def test_the_sync_react_agent_with_a_critic_on_one_core(scripted_server, tmp_path):
-    # examples/react_critic_app.py: a prebuilt ReAct agent invoked from a sync node, its calculator a sync
+    # examples/react_critic_app.py: a LangChain agent (`create_agent`) invoked from a sync node, its calculator a sync
     # tool, and a sync critic; values worked out in tests/test_app_audit.py (Shapley solver 3/4, critic 1/4;
     # LOO solver 1, critic 1/2).
     from colab_graphs.testing.scripts import load_members

@@ -127,6 +127,57 @@ def test_fan_in_reads_answers_in_writer_order_not_finish_order(scripted_server, 
     assert judge_prompt == "Pick:\nResponse 1:\nslow a\n\nResponse 2:\nfast b\n\nResponse 3:\nfast c"
 
 
+def solvers_and_judge(order: str) -> GraphBuilder:
+    """README's two solvers and a judge, its edges written fan-then-chain or chain-then-fan."""
+    b = GraphBuilder("judged", members=["a", "b", "c"])
+    b.seat("solve_a", member="a", prompt="{input}", writes="solution:a")
+    b.seat("solve_b", member="b", prompt="{input}", writes="solution:b")
+    b.seat(
+        "judge", member="c", prompt="Pick:\n{solutions}", reads={"solutions": "solution:*"}, writes="verdict"
+    )
+    b.aggregate("final", "extract", reads={"answer": "verdict"}, writes="final")
+    if order == "fan first":
+        b.fan(START, ["solve_a", "solve_b"], join="judge").chain("judge", "final")
+    else:
+        b.chain("judge", "final").fan(START, ["solve_a", "solve_b"], join="judge")
+    return b.output("final")
+
+
+@pytest.mark.parametrize("order", ["fan first", "chain first"])
+def test_a_chain_that_continues_a_join_runs_its_first_node_once(
+    scripted_server, pool_for, arun, order
+) -> None:
+    # `chain` enters from START only where nothing else leads to its first node: here the join does, and a
+    # START -> judge edge would run the judge a second time, before the solvers, on no solutions.
+    server = scripted_server({"a": "The answer is 51.", "b": "The answer is 52.", "c": "The answer is 51."})
+    spec = solvers_and_judge(order).build()
+    assert [(e.sources, e.target) for e in spec.edges if e.target == "judge"] == [
+        (["solve_a", "solve_b"], "judge")
+    ]
+    state = arun(
+        compile_graph(spec, pool_for(server, ["a", "b", "c"]), ModelClient()).ainvoke({"input": "17 * 3?"})
+    )
+    assert state["answer"] == "51"
+    assert sorted(r.model for r in server.chat_requests) == ["a", "b", "c"]  # one call per seat
+    assert server.chat_requests[-1].messages[-1]["content"] == (
+        "Pick:\nResponse 1:\nThe answer is 51.\n\nResponse 2:\nThe answer is 52."
+    )
+
+
+def test_a_chain_keeps_its_start_edge_where_only_a_loop_leads_back_to_it() -> None:
+    b = GraphBuilder("revise", members=["a"])
+    b.seat("draft", member="a", prompt="{input} {prev}", reads={"prev": "draft?"}, writes="draft")
+    b.aggregate("final", "extract", reads={"answer": "draft"}, writes="final")
+    b.chain("draft", "final").route("draft", "match_name", {"again": "draft"}, max_visits=2, exit="final")
+    edges = [(e.sources, e.target) for e in b.output("final").build().edges]
+    assert edges[0] == ([START], "draft")  # the loop back into `draft` is no way in from START
+
+
+def test_an_explicit_start_edge_is_kept_beside_a_join() -> None:
+    b = solvers_and_judge("fan first").edge(START, "judge")  # asked for in so many words: kept
+    assert ([START], "judge") in [(e.sources, e.target) for e in b.build().edges]
+
+
 def counting_writer(stop_at: int | None = None):
     """A script that answers "again N", N one more than the last number in its prompt; "done" at stop_at."""
 

@@ -1,5 +1,5 @@
 """The C-RL team study (bench/crl_team*.py): the team's credit is not the policy's, the held-out questions are
-never trained on, the critic's verdict parser resists replies written to fool it, and README's C-RL table is
+never trained on, the critic's verdict parser resists replies written to fool it, and docs/crl.md's C-RL table is
 what the shipped rows give (bench/results/crl_team), rebuilt by the report script alone."""
 
 from __future__ import annotations
@@ -170,14 +170,14 @@ def test_the_gate_hands_a_rejected_answer_to_slot_2_and_the_swap_reverses_the_sl
 
 @pytest.mark.skipif(not (SHIPPED / "rows.jsonl.gz").exists(), reason="no shipped study rows")
 @pytest.mark.slow
-def test_readme_crl_table_is_rebuilt_from_the_shipped_rows_alone(tmp_path: Path) -> None:
+def test_the_crl_table_is_rebuilt_from_the_shipped_rows_alone(tmp_path: Path) -> None:
     folder = tmp_path / "crl_team"
     shutil.copytree(SHIPPED, folder)
     for made in ("summary.json", "table.md"):
         (folder / made).unlink(missing_ok=True)
     summary, text = report.build(folder, figure=tmp_path / "figure.png")
     assert (tmp_path / "figure.png").stat().st_size > 10_000
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "crl.md").read_text()
     start, end = report.MARKERS
     assert readme.split(start, 1)[1].split(end, 1)[0] == "\n" + text
     assert text == (SHIPPED / "table.md").read_text()

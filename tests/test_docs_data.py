@@ -1,4 +1,4 @@
-"""docs/data.md as a user runs it: every Python block and every command, in order, in one folder holding the
+"""docs/data-io.md as a user runs it: every Python block and every command, in order, in one folder holding the
 `pool.yaml` and `questions.csv` the page refers to, against a scripted server whose members answer as models
 do; each step's calls are counted at the server."""
 
@@ -13,7 +13,7 @@ from conftest import cli_in_process, write_pool_file
 
 from colab_graphs.testing import arithmetic_solver
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "data.md"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "data-io.md"
 STYLE = "Working it out: {answer}.\n\nThe answer is {answer}."
 
 
@@ -48,13 +48,13 @@ def folder(scripted_server, tmp_path, monkeypatch):
 def test_every_python_block_and_command_of_docs_data_runs(folder, capsys):
     frame_block, dict_block, compare_block = blocks("python")
     namespace: dict = {}
-    exec(compile(frame_block, "docs/data.md", "exec"), namespace)
+    exec(compile(frame_block, "docs/data-io.md", "exec"), namespace)
     assert len(folder.chat_requests) == 2  # member a, once per row
     assert list(namespace["result"].to_pandas()["gold"]) == ["42", "72"] and namespace["result"].score == 1.0
     assert "prediction" in capsys.readouterr().out
 
     before = len(folder.chat_requests)
-    exec(compile(dict_block, "docs/data.md", "exec"), namespace)
+    exec(compile(dict_block, "docs/data-io.md", "exec"), namespace)
     report = namespace["report"]
     assert report.n_examples == 2 and report.calls.made == len(folder.chat_requests) - before
     assert Path("gsm-local", "dataset_dict.json").is_file()
@@ -77,7 +77,7 @@ def test_every_python_block_and_command_of_docs_data_runs(folder, capsys):
         assert done.returncode == 0, done.stderr
     compared = cli_in_process(*compare_text[1:])
     assert compared.returncode == 0 and "shared example(s) changed score" in compared.stdout
-    exec(compile(compare_block, "docs/data.md", "exec"), namespace)
+    exec(compile(compare_block, "docs/data-io.md", "exec"), namespace)
     assert namespace["comparison"].kind == "run" and namespace["comparison"].shared_examples == 3
     # The audit folders of the second command: the same vote over 3 and over 4 questions.
     for out, limit in (("audits/vote-3", "3"), ("audits/vote-4", "4")):

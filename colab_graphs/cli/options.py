@@ -20,7 +20,7 @@ DataOpt = Annotated[
     typer.Option(
         "--data",
         help="JSONL, JSON or CSV file, hf:NAME[:CONFIG] or hf:PATH (save_to_disk folder or data file), or a "
-        "named source (gsm8k, builtin:arithmetic, ...); see docs/data.md.",
+        "named source (gsm8k, builtin:arithmetic, ...); see docs/data.md and docs/data-io.md.",
     ),
 ]
 SplitOpt = Annotated[
