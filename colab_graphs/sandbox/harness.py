@@ -674,7 +674,6 @@ def judge(reply_fd: int, request_fd: int, request: dict[str, Any]) -> dict[str, 
     imports it), ``timeout_s``, ``call_timeout_s``.
     """
     deadline = time.monotonic() + float(request["timeout_s"])
-    _add_site_packages()
     per_call = request.get("call_timeout_s")
     candidate = _Candidate(
         _Pipe(reply_fd, request_fd, judge=True), deadline, float(per_call) if per_call else None
@@ -721,15 +720,6 @@ def judge(reply_fd: int, request_fd: int, request: dict[str, Any]) -> dict[str, 
         "reason": candidate.aborted or reason,
         "calls": candidate.calls,
     }
-
-
-def _add_site_packages() -> None:
-    """The interpreter's site-packages on this process's path, as on the candidate's: the launcher that forked
-    the judge runs without `site` (`-S`, to start fast), and a test that imports numpy, or a numpy value from
-    the candidate, needs the same packages the candidate has (`.pth` files are not run: nothing but paths)."""
-    import site
-
-    sys.path += [p for p in site.getsitepackages() if p not in sys.path and os.path.isdir(p)]
 
 
 _UNRESOLVED = object()
