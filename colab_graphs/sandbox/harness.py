@@ -26,7 +26,8 @@ Nothing crossing runs code in the judge: JSON is parsed by `json`, every value i
 types (`Reader`), and a numpy value by the judge's numpy from bytes alone, after its dtype string is checked to
 name a plain dtype (`_numpy_dtype`: never ``object``, never a structured record) and its bytes to be exactly
 as many as its shape needs. Nothing is unpickled. (numpy is imported in the judge only when a numpy value
-arrives, or the test imports it.)
+arrives, or the test imports it; the judge imports only the sandbox's allowed packages, as the candidate does:
+`launcher._judge_imports`.)
 
 Semantics the tests see (as in one process, where the tests call the solution directly):
 

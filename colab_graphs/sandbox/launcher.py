@@ -242,14 +242,15 @@ _PACKAGES_DIR = ".packages"
 
 def _link_packages(view: View, where: str) -> None:
     """The landlock backend's package directory (it has no mounts to build one): a directory of links to the
-    allowed packages' entries, first on the candidate's path (`PYTHONPATH`), and a `sitecustomize` that takes
-    the interpreter's own package directories off the path. Landlock lets the code read what the links lead
+    allowed packages' entries, on the candidate's path (`PYTHONPATH`), and a `sitecustomize` that takes the
+    interpreter's own package directories off the path and puts this one after the standard library. Landlock lets the code read what the links lead
     to, and nothing else of those directories; listing them is not granted (Python would then find every
     installed package by name, and an optional import of one would fail with PermissionError, not ImportError)."""
     os.mkdir(where, 0o755)
     for entry in _allowed_entries(view):
         os.symlink(entry, os.path.join(where, os.path.basename(entry)))
-    hide = f"import sys\nsys.path[:] = [p for p in sys.path if p not in {sorted(view['listed'])!r}]\n"
+    # After the standard library, where a package directory would be: no package shadows a standard module.
+    hide = f"import sys\nsys.path[:] = [p for p in sys.path if p not in {[*view['listed'], where]!r}] + [{where!r}]\n"
     _write(os.path.join(where, "sitecustomize.py"), hide, None)
 
 
