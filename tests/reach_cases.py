@@ -68,6 +68,47 @@ PLAIN_PYTHON: dict[str, tuple[str, str, str, str]] = {
             """),
     ),
 }
+# The same task where the run has a `/dev/shm` of its own (the namespaces backend): the workers come from
+# `multiprocessing.Pool` and `ProcessPoolExecutor` (semaphores in /dev/shm), forked and spawned (a spawned
+# worker imports `solution` afresh). Under landlock no private /dev/shm can be made (docs/sandbox.md): the
+# pipe above stands in there.
+THROUGH_A_POOL = d("""\
+    import concurrent.futures
+    import multiprocessing
+    import pickle
+
+    class Point:
+        def __init__(self, x, y):
+            self.x, self.y = x, y
+
+    def square(x):
+        return x * x
+
+    def squares(xs):
+        with multiprocessing.Pool(2) as pool:
+            forked = pool.map(square, xs)
+        spawn = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(2, mp_context=spawn) as ex:
+            spawned = list(ex.map(square, xs))
+        assert forked == spawned
+        return forked
+
+    def round_trip(x, y):
+        point = pickle.loads(pickle.dumps(Point(x, y)))
+        return (point.x, point.y)
+    """)
+
+
+def plain_python(backend: str) -> dict[str, tuple[str, str, str, str]]:
+    """`PLAIN_PYTHON` as a run of `backend` is asked it: with a private /dev/shm (namespaces) the reply's
+    functions go to a process pool."""
+    if backend != "namespaces":
+        return PLAIN_PYTHON
+    name = "functions_and_classes_of_the_reply_pickle"
+    question, test, wrong, _ = PLAIN_PYTHON[name]
+    return {**PLAIN_PYTHON, name: (question, test, wrong, THROUGH_A_POOL)}
+
+
 if find_spec("numpy") is not None:
     PLAIN_PYTHON |= {
         "a_numpy_scalar_compared_to_an_int": (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import errno
 import json
 import os
 import shutil
@@ -385,6 +386,44 @@ def test_ptrace_of_the_scorer_and_the_launcher_fails(backend):
     )
     result = run_code(attach, backend=backend)
     assert result.passed and result.stdout == "refused\n", result.stderr
+
+
+# The kernel's doors out of a sandbox, each tried by number (x86_64, aarch64): its return is -1 with an errno.
+KERNEL_DOORS = """\
+import ctypes, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+numbers = {
+    "x86_64": {"unshare": 272, "mount": 165, "bpf": 321, "keyctl": 250, "io_uring_setup": 425,
+               "userfaultfd": 323, "perf_event_open": 298, "open_by_handle_at": 304},
+    "aarch64": {"unshare": 97, "mount": 40, "bpf": 280, "keyctl": 219, "io_uring_setup": 425,
+                "userfaultfd": 282, "perf_event_open": 241, "open_by_handle_at": 265},
+}[os.uname().machine]
+params = ctypes.create_string_buffer(256)
+args = {"unshare": (0x00020000,), "mount": (b"none", b"/tmp", b"tmpfs", 0, None), "bpf": (0, None, 0),
+        "keyctl": (0, -3, 0), "io_uring_setup": (1, params), "userfaultfd": (0,),
+        "perf_event_open": (None, 0, -1, -1, 0), "open_by_handle_at": (-100, None, 0)}
+out = {}
+for name, number in numbers.items():
+    ctypes.set_errno(0)
+    done = libc.syscall(number, *args[name])
+    out[name] = ctypes.get_errno() if done < 0 else "opened"
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("backend", SAFE_BACKENDS)
+def test_mounts_namespaces_bpf_keyrings_io_uring_and_file_handles_are_refused(backend):
+    """Under namespaces the code holds no capability, so no mount and no mount namespace (the rest is the
+    kernel's to check against no capabilities, inside the run's own namespaces); under landlock the seccomp
+    filter refuses each of them with EPERM, whatever the uid holds (as root, CAP_DAC_READ_SEARCH)."""
+    result = run_code(KERNEL_DOORS, backend=backend)
+    assert result.passed, result.stderr
+    errors = json.loads(result.stdout)
+    always = ("mount", "unshare")
+    assert {name: errors[name] for name in always} == dict.fromkeys(always, errno.EPERM)
+    if backend == "landlock":
+        assert errors == dict.fromkeys(errors, errno.EPERM)
 
 
 @pytest.mark.parametrize("backend", SAFE_BACKENDS)

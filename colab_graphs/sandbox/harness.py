@@ -26,7 +26,8 @@ Nothing crossing runs code in the judge: JSON is parsed by `json`, every value i
 types (`Reader`), and a numpy value by the judge's numpy from bytes alone, after its dtype string is checked to
 name a plain dtype (`_numpy_dtype`: never ``object``, never a structured record) and its bytes to be exactly
 as many as its shape needs. Nothing is unpickled. (numpy is imported in the judge only when a numpy value
-arrives, or the test imports it.)
+arrives, or the test imports it; the judge imports only the sandbox's allowed packages, as the candidate does:
+`launcher._judge_imports`.)
 
 Semantics the tests see (as in one process, where the tests call the solution directly):
 
@@ -674,7 +675,6 @@ def judge(reply_fd: int, request_fd: int, request: dict[str, Any]) -> dict[str, 
     imports it), ``timeout_s``, ``call_timeout_s``.
     """
     deadline = time.monotonic() + float(request["timeout_s"])
-    _add_site_packages()
     per_call = request.get("call_timeout_s")
     candidate = _Candidate(
         _Pipe(reply_fd, request_fd, judge=True), deadline, float(per_call) if per_call else None
@@ -721,15 +721,6 @@ def judge(reply_fd: int, request_fd: int, request: dict[str, Any]) -> dict[str, 
         "reason": candidate.aborted or reason,
         "calls": candidate.calls,
     }
-
-
-def _add_site_packages() -> None:
-    """The interpreter's site-packages on this process's path, as on the candidate's: the launcher that forked
-    the judge runs without `site` (`-S`, to start fast), and a test that imports numpy, or a numpy value from
-    the candidate, needs the same packages the candidate has (`.pth` files are not run: nothing but paths)."""
-    import site
-
-    sys.path += [p for p in site.getsitepackages() if p not in sys.path and os.path.isdir(p)]
 
 
 _UNRESOLVED = object()

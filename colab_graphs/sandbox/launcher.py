@@ -43,6 +43,9 @@ import sys
 
 TYPE_CHECKING = False  # `typing` is not imported at run time (nothing slow: this runs once per scored answer)
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
     from typing import NoReturn, TextIO
 
     from colab_graphs.sandbox.runner import JudgePlan, LaunchPlan
@@ -239,16 +242,75 @@ _PACKAGES_DIR = ".packages"
 
 def _link_packages(view: View, where: str) -> None:
     """The landlock backend's package directory (it has no mounts to build one): a directory of links to the
-    allowed packages' entries, first on the candidate's path (`PYTHONPATH`), and a `sitecustomize` that takes
-    the interpreter's own package directories off the path. Landlock lets the code read what the links lead
+    allowed packages' entries, on the candidate's path (`PYTHONPATH`), and a `sitecustomize` that takes the
+    interpreter's own package directories off the path and puts this one after the standard library. Landlock lets the code read what the links lead
     to, and nothing else of those directories; listing them is not granted (Python would then find every
     installed package by name, and an optional import of one would fail with PermissionError, not ImportError)."""
     os.mkdir(where, 0o755)
-    for entry in (*view["trees"], *view["files"]):
-        if os.path.dirname(entry) in view["listed"]:
-            os.symlink(entry, os.path.join(where, os.path.basename(entry)))
-    hide = f"import sys\nsys.path[:] = [p for p in sys.path if p not in {sorted(view['listed'])!r}]\n"
+    for entry in _allowed_entries(view):
+        os.symlink(entry, os.path.join(where, os.path.basename(entry)))
+    # After the standard library, where a package directory would be: no package shadows a standard module.
+    hide = f"import sys\nsys.path[:] = [p for p in sys.path if p not in {[*view['listed'], where]!r}] + [{where!r}]\n"
     _write(os.path.join(where, "sitecustomize.py"), hide, None)
+
+
+def _allowed_entries(view: View) -> list[str]:
+    """The allowed packages' top-level entries in the interpreter's package directories (`numpy/`,
+    `numpy.libs/`, `six.py`, a dist-info): what a package directory of the view holds."""
+    return [e for e in (*view["trees"], *view["files"]) if os.path.dirname(e) in view["listed"]]
+
+
+def _judge_imports(plan: LaunchPlan) -> None:
+    """Let the judge import what the candidate may import, and nothing else (one rule for both: the tests it
+    runs are the benchmark's, but a package directory holds every benchmark's answer key). The launcher, and
+    so the judge forked from it, runs without `site` (`-S`); the judge gets the allowed packages' top-level
+    entries by name (`_AllowedPackages`), never a package directory on its path: under landlock it may not
+    list them, and the candidate's links (in its work directory, which a candidate of the caller's uid can
+    rewrite) are not for the judge to follow. Without a view (``unsafe-local``, no containment) it gets what
+    the candidate's ``python -I`` gets: `site`'s doing, a venv's packages included."""
+    if not (plan["private_root"] or plan["landlock"]):
+        import site
+
+        site.main()
+        return
+    import importlib.machinery
+
+    suffixes = sorted(importlib.machinery.all_suffixes(), key=len, reverse=True)
+    found = {}
+    for entry in _allowed_entries(plan["view"]):
+        base = os.path.basename(entry)
+        if not os.path.isdir(entry):  # a module file: its name without the suffix (`six.py`, an extension)
+            base = next((base[: -len(s)] for s in suffixes if base.endswith(s)), "")
+        if base.isidentifier():  # not `numpy.libs` or a dist-info: nothing to import by that name
+            found[base] = entry
+    sys.meta_path.append(_AllowedPackages(found))  # after the standard library's finders, as on a path
+
+
+class _AllowedPackages:
+    """A finder of the allowed top-level packages and modules at their paths (their submodules are found
+    below a package's own directory, as usual)."""
+
+    def __init__(self, entries: dict[str, str]) -> None:
+        self.entries = entries
+
+    def find_spec(
+        self, name: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        import importlib.machinery
+        import importlib.util
+
+        at = self.entries.get(name)
+        if path is not None or at is None:
+            return None
+        if not os.path.isdir(at):
+            return importlib.util.spec_from_file_location(name, at)
+        for suffix in importlib.machinery.all_suffixes():
+            init = os.path.join(at, "__init__" + suffix)
+            if os.path.isfile(init):
+                return importlib.util.spec_from_file_location(name, init, submodule_search_locations=[at])
+        spec = importlib.machinery.ModuleSpec(name, None, is_package=True)  # a namespace package
+        spec.submodule_search_locations = [at]
+        return spec
 
 
 def _interpreter_prefixes(python: str) -> list[str]:
@@ -706,6 +768,7 @@ def _run_judge(plan: LaunchPlan, judge: JudgePlan, reply_r: int, request_w: int,
         if plan["landlock"]:
             _confine(plan, writable=None)  # the judge writes nothing
         status.close()  # open until here, so that a failure to contain the judge is reported (`_die`)
+        _judge_imports(plan)
         harness = type(sys)("cg_harness")  # a real module: dataclasses look their module up in sys.modules
         sys.modules[harness.__name__] = harness
         code = plan["files"]["harness.code"]

@@ -921,10 +921,11 @@ PYTHON_ENV = "COLAB_GRAPHS_SANDBOX_PYTHON"
 def sandbox_python() -> str:
     """The interpreter sandboxed code runs on: env `COLAB_GRAPHS_SANDBOX_PYTHON`, else this process's own
     (`sys.executable`, not resolved: a venv's `bin/python` is what makes its site-packages importable), so the
-    code sees the packages (numpy, pandas) of the environment colab-graphs runs in, read-only.
+    code sees the allowed packages (`colab_graphs.sandbox.visible`: numpy, pandas, ...) of the environment
+    colab-graphs runs in, read-only.
 
     Each backend makes it reachable by the sandbox's unprivileged uid even behind a closed directory (a venv
-    under /root, mode 700): the namespaces backend binds its prefixes into the private root, the landlock
+    under /root, mode 700): the namespaces backend binds its view into the private root, the landlock
     backend keeps CAP_DAC_READ_SEARCH there (see `launcher._drop_privileges`). Where it still cannot run, the
     run raises `SandboxUnavailable` naming this setting.
     """
