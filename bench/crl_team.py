@@ -71,6 +71,8 @@ ARMS = {
     "control": {"reward": "sft"},
 }
 SETTINGS = team.GRAPHS
+TRANSFER_SEATS = ("vote", "gate")
+"""The seats `--transfer` evaluates a policy in besides its own (the pick seat has questions of its own)."""
 TEMPERATURE = 0.7  # rollouts' sampling temperature (at 1.0 SmolLM2-135M mostly writes off-topic text)
 EVAL_SEED = 0  # the evaluation's draws (greedy policy; it fixes nothing else): the same for every arm
 
@@ -301,7 +303,7 @@ def evaluate(
     return result
 
 
-def evaluate_pick(name: str, held: list[Any], tokens: int) -> dict[str, list[dict]]:
+def evaluate_pick(name: str, held: list[Any], tokens: int, swap: bool = True) -> dict[str, list[dict]]:
     """The rows of the policy served as `name` in the `pick` seat on `held`: the team as trained on
     (`audit`), and with the teammates' display order reversed (`swap`: a policy that follows the cue and the
     names scores the same; one that copies a position does not). Without the policy the team's answer is the
@@ -323,8 +325,8 @@ def evaluate_pick(name: str, held: list[Any], tokens: int) -> dict[str, list[dic
             members[m].update(server.litellm_kwargs(m))
         pool = Pool.from_dict(members)
         client = ModelClient(None, max_concurrency=32)  # no cache: every policy's calls are its own
-        for kind, swap in (("audit", False), ("swap", True)):
-            game = CoalitionGame(team.pick(pool.names, swap=swap), pool, held, client=client)
+        for kind, reverse in [("audit", False), *([("swap", True)] if swap else [])]:
+            game = CoalitionGame(team.pick(pool.names, swap=reverse), pool, held, client=client)
             LoopThread.shared().run(game.evaluate([players], []))
             rows = []
             for example in held:
@@ -335,7 +337,7 @@ def evaluate_pick(name: str, held: list[Any], tokens: int) -> dict[str, list[dic
                 replies = {c.seat: c.completion or "" for c in play.calls if c.seat}
                 named = [
                     (m, view.extract(replies.get(f"answer_{m}", "")) or "")
-                    for m in team.pick_named(example.input, mates, swap)
+                    for m in team.pick_named(example.input, mates, reverse)
                 ]
                 reply = replies.get("pick", "")
                 chosen, how = team.picked(reply, named, view)
@@ -429,7 +431,7 @@ def run_evaluations(
         return
     targets = [(setting, setting, held, base, True)]
     if args.transfer:
-        targets += [(s, s, held, f"{base}-in-{s}", False) for s in team.GRAPHS if s != setting]
+        targets += [(s, s, held, f"{base}-in-{s}", False) for s in TRANSFER_SEATS if s != setting]
         targets += [(setting, f"{setting}/big", transfer, f"{base}-on-big", False)]
     todo = [t for t in targets if not (rows_dir / f"{t[3]}-audit.jsonl").exists()]
     if not todo:
@@ -513,7 +515,10 @@ def resume_from(pack: Path, out: Path, transfer: bool) -> dict[str, int]:
         if transfer:
             needed |= {
                 row_file({**base, "evaluated_in": w, "eval": "audit"})
-                for w in [*[s for s in team.GRAPHS if s != training["setting"]], f"{training['setting']}/big"]
+                for w in [
+                    *[s for s in TRANSFER_SEATS if s != training["setting"]],
+                    f"{training['setting']}/big",
+                ]
             }
         folder = out / "runs" / run
         if (folder / "summary.json").exists() or not all((rows_dir / n).exists() for n in needed):

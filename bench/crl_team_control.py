@@ -80,12 +80,28 @@ def train_control(values: dict[str, Any], bf16: bool) -> Path:
     out = Path(values["output_dir"])
     out.mkdir(parents=True, exist_ok=True)
     examples = load_examples(values["data"])
+    steps, batch = values["max_steps"], values["per_device_train_batch_size"]
+    # The examples of each update, drawn in turn from reshuffled passes over the training questions.
+    rng = random.Random(f"crl-team-control:{values['seed']}")
+    schedule: list[list[int]] = []
+    order: list[int] = []
+    for _ in range(steps):
+        picked = []
+        for _ in range(batch):
+            if not order:
+                order = list(range(len(examples)))
+                rng.shuffle(order)
+            picked.append(order.pop())
+        schedule.append(picked)
+    used = sorted({i for picked in schedule for i in picked})
     model, tokenizer = system.load_policy(values["policy_model"], "cpu")
-    prompts = policy_prompts(values, model, tokenizer, examples)
+    rendered = policy_prompts(values, model, tokenizer, [examples[i] for i in used])
+    prompts = dict(zip(used, rendered, strict=True))
     eos = tokenizer.eos_token_id
-    targets = [
-        tokenizer.encode(f"The answer is {e.answer}.", add_special_tokens=False) + [eos] for e in examples
-    ]
+    targets = {
+        i: tokenizer.encode(f"The answer is {examples[i].answer}.", add_special_tokens=False) + [eos]
+        for i in used
+    }
     set_seed(values["seed"])
     model = get_peft_model(
         model,
@@ -99,23 +115,14 @@ def train_control(values: dict[str, Any], bf16: bool) -> Path:
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=values["learning_rate"], weight_decay=0.0)
-    steps, batch = values["max_steps"], values["per_device_train_batch_size"]
     linear = values.get("lr_scheduler_type", "linear") == "linear"
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, (lambda k: 1.0 - k / steps) if linear else (lambda k: 1.0)
     )
-    order: list[int] = []
-    rng = random.Random(f"crl-team-control:{values['seed']}")
     metrics = out / "metrics.jsonl"
     metrics.write_text("")
-    for step in range(1, steps + 1):
+    for step, picked in enumerate(schedule, 1):
         tick = time.perf_counter()
-        picked = []
-        for _ in range(batch):
-            if not order:
-                order = list(range(len(examples)))
-                rng.shuffle(order)
-            picked.append(order.pop())
         seqs = [prompts[i] + targets[i] for i in picked]
         width = max(map(len, seqs))
         ids = torch.full((len(seqs), width), tokenizer.pad_token_id, dtype=torch.long)
@@ -135,7 +142,7 @@ def train_control(values: dict[str, Any], bf16: bool) -> Path:
         optimizer.zero_grad()
         line = {
             "step": step,
-            "loss": round(float(loss), 5),
+            "loss": round(loss.item(), 5),
             "grad_norm": round(float(norm), 5),
             "learning_rate": lr,
             "step_time": round(time.perf_counter() - tick, 3),
