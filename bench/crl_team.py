@@ -84,9 +84,12 @@ def write_data(
 
     The `pick` setting has questions of its own (cued sums, `crl_team_graphs.pick_questions`) and no transfer
     task: a study of it is a study of it alone."""
-    if settings and "pick" in settings and len(settings) > 1:
-        raise SystemExit("--settings: pick has questions of its own; run it in a study (--out) of its own")
-    if settings == ["pick"]:
+    picks = [s for s in settings or [] if s in team.PICK_SEATS]
+    if picks and len(settings or []) > 1:
+        raise SystemExit(
+            f"--settings: {picks[0]} has questions of its own; run it in a study (--out) of its own"
+        )
+    if picks:
         train, held = team.pick_questions(n_train, n_eval)
         transfer: list[dict] = []
     else:
@@ -303,7 +306,9 @@ def evaluate(
     return result
 
 
-def evaluate_pick(name: str, held: list[Any], tokens: int, swap: bool = True) -> dict[str, list[dict]]:
+def evaluate_pick(
+    name: str, held: list[Any], tokens: int, swap: bool = True, setting: str = "pick"
+) -> dict[str, list[dict]]:
     """The rows of the policy served as `name` in the `pick` seat on `held`: the team as trained on
     (`audit`), and with the teammates' display order reversed (`swap`: a policy that follows the cue and the
     names scores the same; one that copies a position does not). Without the policy the team's answer is the
@@ -318,15 +323,15 @@ def evaluate_pick(name: str, held: list[Any], tokens: int, swap: bool = True) ->
     mates = team.PICK_TEAMMATES
     players = frozenset(["policy", *mates])
     result: dict[str, list[dict]] = {}
-    with server_for_configs(team.teammates_of("pick"), "teammates") as server:
-        members = pool_settings(tokens, "pick")
+    with server_for_configs(team.teammates_of(setting), "teammates") as server:
+        members = pool_settings(tokens, setting)
         members["policy"] = {"model": f"local/{name}", "temperature": 0.0, "max_tokens": tokens}
         for m in mates:
             members[m].update(server.litellm_kwargs(m))
         pool = Pool.from_dict(members)
         client = ModelClient(None, max_concurrency=32)  # no cache: every policy's calls are its own
         for kind, reverse in [("audit", False), *([("swap", True)] if swap else [])]:
-            game = CoalitionGame(team.pick(pool.names, swap=reverse), pool, held, client=client)
+            game = CoalitionGame(team.GRAPHS[setting](pool.names, swap=reverse), pool, held, client=client)
             LoopThread.shared().run(game.evaluate([players], []))
             rows = []
             for example in held:
@@ -409,13 +414,13 @@ def run_evaluations(
     rows_dir = args.out / "rows"
     rows_dir.mkdir(parents=True, exist_ok=True)
     base = f"{setting}-{arm}-{seed if seed is not None else 'all'}"
-    if setting == "pick":
+    if setting in team.PICK_SEATS:
         if (rows_dir / f"{base}-audit.jsonl").exists():
             return
         name = load(folder, base, args.bf16)
         try:
             started = time.perf_counter()
-            result = evaluate_pick(name, held, args.tokens)
+            result = evaluate_pick(name, held, args.tokens, setting=setting)
         finally:
             from colab_graphs.local.provider import unload
 
@@ -510,7 +515,11 @@ def resume_from(pack: Path, out: Path, transfer: bool) -> dict[str, int]:
     for training in report.read_trainings(pack):
         run = f"{training['setting']}-{training['arm']}-{training['seed']}"
         base = {"setting": training["setting"], "arm": training["arm"], "seed": training["seed"]}
-        evals = ("audit", "swap") if training["setting"] == "pick" else [e for e in ROW_FILES if e != "curve"]
+        evals = (
+            ("audit", "swap")
+            if training["setting"] in team.PICK_SEATS
+            else [e for e in ROW_FILES if e != "curve"]
+        )
         needed = {row_file({**base, "evaluated_in": training["setting"], "eval": e}) for e in evals}
         if transfer:
             needed |= {
@@ -673,8 +682,8 @@ def main() -> None:
             )
         )
     started = time.time()
-    if "pick" in args.settings and args.transfer:
-        raise SystemExit("--transfer: the pick setting has no transfer task")
+    if set(args.settings) & set(team.PICK_SEATS) and args.transfer:
+        raise SystemExit("--transfer: the pick settings have no transfer task")
     data = write_data(args.out, args.train_size, args.eval_size, args.settings)
     from colab_graphs.tasks.loaders import load_examples
 

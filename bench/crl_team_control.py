@@ -5,8 +5,8 @@ Same starting policy, LoRA (rank, alpha, target modules, initial draw: `set_seed
 made, as the trainer does), optimizer (AdamW, weight decay 0, as TRL's default), learning rate and schedule
 (`lr_scheduler_type`), gradient clipping (`max_grad_norm`), precision (bf16 autocast with `--bf16`) and number of
 updates, each of as many sequences as an RL update has rollouts (`per_device_train_batch_size`). What differs
-is the loss: token cross-entropy of "The answer is N." (N the oracle's answer: the right teammate's, which in
-the `pick` seat is the question's answer) after the policy's own prompt in the seat: the exact messages its
+is the loss: token cross-entropy of the oracle's reply (`oracle_reply`: in the `pick` seat the right teammate's
+name, "Ana."; in `pick_number` "The answer is N.", N the right teammate's answer) after the policy's own prompt in the seat: the exact messages its
 seat sends, taken from a run of the team with the untrained policy, rendered by the engine that serves it.
 It asks one thing: can this policy, with this adapter and budget, learn the seat's skill at all? If it
 cannot, a trained arm's failure says nothing about C-RL.
@@ -66,6 +66,14 @@ def policy_prompts(
         unload(name)
 
 
+def oracle_reply(values: dict[str, Any], example: Any) -> str:
+    """What the oracle replies in the seat: the right teammate's name where the seat asks for a name (`pick`),
+    else its answer (which, where a teammate is right, is the question's)."""
+    if values["graph"].endswith(":pick"):
+        return f"{str(example.fields['kind']).capitalize()}."
+    return f"The answer is {example.answer}."
+
+
 def train_control(values: dict[str, Any], bf16: bool) -> Path:
     """Train the control arm of the config `values` (`crl_team.settings`); the exported policy folder."""
     import torch
@@ -99,8 +107,7 @@ def train_control(values: dict[str, Any], bf16: bool) -> Path:
     prompts = dict(zip(used, rendered, strict=True))
     eos = tokenizer.eos_token_id
     targets = {
-        i: tokenizer.encode(f"The answer is {examples[i].answer}.", add_special_tokens=False) + [eos]
-        for i in used
+        i: tokenizer.encode(oracle_reply(values, examples[i]), add_special_tokens=False) + [eos] for i in used
     }
     set_seed(values["seed"])
     model = get_peft_model(

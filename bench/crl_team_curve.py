@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> None:
                     name = load_checkpoint(manifest["policy"], checkpoint, label, args.bf16)
                     try:
                         result: dict[str, Any] = (
-                            crl_team.evaluate_pick(name, held, manifest["tokens"], swap=False)
-                            if setting == "pick"
+                            crl_team.evaluate_pick(name, held, manifest["tokens"], False, setting)
+                            if setting in crl_team.team.PICK_SEATS
                             else crl_team.evaluate(
                                 name, setting, held, label, args.study, manifest["tokens"], full=False
                             )

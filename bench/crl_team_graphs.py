@@ -360,9 +360,17 @@ OFFSETS = (-20, -11, -10, -9, -2, -1, 1, 2, 9, 10, 11, 20)
 """How far a wrong teammate's sum is off (two distinct ones per question, drawn from the question): the right
 answer is no fixed rank among the three (not the middle, not the smallest), so no number comparison finds it."""
 PICK = (
+    "{input}\n\nYour teammates answered:\n{slots}\n\nOnly one of them is right. Which teammate is right? "
+    "Reply with the teammate's name."
+)
+"""The `pick` seat's question: the right teammate's name (a cue word -> name mapping)."""
+PICK_NUMBER = (
     "{input}\n\nYour teammates answered:\n{slots}\n\nOnly one of them is right. Which answer is right? "
     "Reply with that number."
 )
+"""The `pick_number` seat's question (the first version of the seat): the right teammate's number, i.e. the
+mapping and copying that teammate's number from its line. Its positive control failed (docs/crl-study.md)."""
+PICK_SEATS = ("pick", "pick_number")
 
 
 def pick_question(cue: str, rng: random.Random) -> tuple[str, int, tuple]:
@@ -486,25 +494,30 @@ def team_pick(inputs: dict[str, Any], *, task: TaskView, swap: bool = False, **_
     return dict(named).get(name, "")
 
 
-def pick(members: list[str], policy: str = "policy", swap: bool = False) -> GraphSpec:
+def pick(members: list[str], policy: str = "policy", swap: bool = False, ask: str = PICK) -> GraphSpec:
     """Three named teammates answer; the policy, shown their answers by name, picks one; that one stands."""
     b, mates = _team("crl_team_pick", members, policy, "named teammates answer; the policy picks one")
     reads = {"question": "input", **{m: f"answer:{m}?" for m in PICK_TEAMMATES}}
     b.aggregate("slots", "crl_team_named", reads=reads, writes="slots", swap=swap)
     b.edge([f"answer_{m}" for m in mates] or [START], "slots")
-    b.seat("pick", member=policy, prompt=PICK, reads={"slots": "slots"}, writes="choice")
+    b.seat("pick", member=policy, prompt=ask, reads={"slots": "slots"}, writes="choice")
     b.aggregate("final", "crl_team_pick", reads={**reads, "choice": "choice?"}, writes="final", swap=swap)
     b.edge("slots", "pick").edge("pick", "final").edge("final", END)
     return b.output("final").build()
 
 
-GRAPHS = {"vote": vote, "gate": gate, "pick": pick}
-TEAMS = {"vote": TEAMMATES, "gate": TEAMMATES, "pick": PICK_TEAMMATES}
+def pick_number(members: list[str], policy: str = "policy", swap: bool = False) -> GraphSpec:
+    """The `pick` team, the policy asked for the right teammate's number instead of its name."""
+    return pick(members, policy, swap, ask=PICK_NUMBER)
+
+
+GRAPHS = {"vote": vote, "gate": gate, "pick": pick, "pick_number": pick_number}
+TEAMS = {"vote": TEAMMATES, "gate": TEAMMATES, "pick": PICK_TEAMMATES, "pick_number": PICK_TEAMMATES}
 """The teammates of each setting's team."""
 
 
 def teammates_of(setting: str) -> dict[str, dict]:
     """The training config's `scripted_members` for `setting`."""
-    if setting == "pick":
+    if setting in PICK_SEATS:
         return {n: {"script": "crl_team_pick_specialist", "args": {"name": n}} for n in PICK_TEAMMATES}
     return teammate_configs()

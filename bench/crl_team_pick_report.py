@@ -82,9 +82,9 @@ def _fmt(stat: tuple[float, float, float], signed: bool = False) -> str:
     return f"{mean:{sign}.3f} [{low:{sign}.3f}, {high:{sign}.3f}]"
 
 
-def summarise(rows: list[dict], curves: list[dict]) -> dict[str, Any]:
+def summarise(rows: list[dict], curves: list[dict], setting: str = "pick") -> dict[str, Any]:
     """Every figure of the table, from the rows (and the trainings' metrics lines for the training curve)."""
-    rows = [r for r in rows if r.get("setting") == "pick"]
+    rows = [r for r in rows if r.get("setting") == setting]
     constants = check_constants(rows)
     floor, oracle = constants["floor"], constants["oracle"]
     measures = {
@@ -126,7 +126,7 @@ def summarise(rows: list[dict], curves: list[dict]) -> dict[str, Any]:
             pairs[f"{a} - {b}"] = {"seeds": common, "diff": base.t_interval(diffs), "per_seed": diffs}
     thirds: dict[str, list[float]] = {}
     for arm in arms:
-        lines = [c for c in curves if c.get("setting") == "pick" and c["arm"] == arm and "reward" in c]
+        lines = [c for c in curves if c.get("setting") == setting and c["arm"] == arm and "reward" in c]
         steps = max((c["step"] for c in lines), default=0)
         if steps >= 3:
             thirds[arm] = [
@@ -140,7 +140,7 @@ def table(summary: dict[str, Any], manifest: dict[str, Any]) -> str:
     c = summary["constants"]
     n = manifest.get("eval_size")
     lines = [
-        f"Setting `pick`: {n} held-out questions (never trained on), {manifest.get('steps')} updates of "
+        f"Setting `{manifest['settings'][-1]}`: {n} held-out questions (never trained on), {manifest.get('steps')} updates of "
         f"{manifest.get('prompts_per_step')} prompts x {manifest.get('rollouts_per_prompt')} rollouts per arm, "
         f"policy {manifest.get('policy')} (LoRA r 16), learning rate {manifest.get('learning_rate')} "
         f"({manifest.get('lr_schedule', 'linear')}). Intervals: 95% t over seeds; one seed: no interval.",
@@ -190,7 +190,7 @@ def table(summary: dict[str, Any], manifest: dict[str, Any]) -> str:
 def build(folder: Path) -> tuple[dict[str, Any], str]:
     """(summary, table) of the study in `folder`; writes summary.json and table.md there."""
     manifest = json.loads((folder / "manifest.json").read_text())
-    summary = summarise(base.read_rows(folder), base.read_curves(folder))
+    summary = summarise(base.read_rows(folder), base.read_curves(folder), manifest["settings"][-1])
     text = table(summary, manifest)
     (folder / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
     (folder / "table.md").write_text(text)
