@@ -63,6 +63,22 @@ def test_a_pick_is_read_from_the_committed_number_or_one_name_and_nothing_else(
     assert team.picked(reply, named, view) == (chosen, how)
 
 
+def test_the_positive_control_is_taught_the_reply_its_seat_asks_for() -> None:
+    import crl_team_control
+
+    example = Example(**team.pick_questions(3, 3)[1][2])  # a Ben question
+    assert example.fields["kind"] == "ben"
+    named = crl_team_control.oracle_reply({"graph": "crl_team_graphs:pick"}, example)
+    number = crl_team_control.oracle_reply({"graph": "crl_team_graphs:pick_number"}, example)
+    assert named == "Ben." and number == f"The answer is {example.answer}."
+    # Both are read by the team as a pick of the right teammate.
+    view = view_for(example)
+    answers = team.pick_answers(example.input)
+    assert answers is not None
+    shown = [(n, str(answers[n])) for n in team.pick_named(example.input, team.PICK_TEAMMATES)]
+    assert team.picked(named, shown, view)[0] == team.picked(number, shown, view)[0] == "ben"
+
+
 @pytest.mark.slow
 def test_a_tiny_pick_study_runs_end_to_end_with_its_positive_control(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
