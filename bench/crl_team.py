@@ -345,7 +345,8 @@ def evaluate_pick(
                     for m in team.pick_named(example.input, mates, reverse)
                 ]
                 reply = replies.get("pick", "")
-                chosen, how = team.picked(reply, named, view)
+                first = "number" if setting == "pick_number" else "name"
+                chosen, how = team.picked(reply, named, view, first)
                 policy_answer = view.extract(reply) or ""
                 rows.append(
                     {

@@ -466,49 +466,67 @@ def team_named(inputs: dict[str, Any], *, task: TaskView, swap: bool = False, **
 _NAME = re.compile(r"\b(" + "|".join(PICK_TEAMMATES) + r")\b", re.IGNORECASE)
 
 
-def picked(reply: str, named: Sequence[tuple[str, str]], task: TaskView) -> tuple[str, str]:
-    """(teammate, how) a reply picks among `named` (display order): the teammate whose answer the reply
-    commits to ("number"), else the one teammate it names ("name"), else the first shown ("none").
+def picked(
+    reply: str, named: Sequence[tuple[str, str]], task: TaskView, first: str = "name"
+) -> tuple[str, str]:
+    """(teammate, how) a reply picks among `named` (display order): the one teammate it names ("name"), or the
+    teammate whose answer it commits to ("number"), in the order `first` says (what the seat asks for comes
+    first: a name in `pick`, "Ben: 129" picking Ben; a number in `pick_number`, picking 129's teammate), else
+    the first shown ("none").
 
     Defends against: a number no teammate gave (no pick: the first shown stands), a reply naming two or
     more teammates ("Ana or Ben"), a name inside another word ("Banana" names nobody), and a number that two
     teammates share (the first shown of them)."""
     if not named:
         return "", "none"
-    answer = task.extract(reply or "")
-    if answer:
+
+    def by_number() -> str | None:
+        answer = task.extract(reply or "")
         for name, given in named:
-            if given and task.same(given, answer):
-                return name, "number"
-    names = {m.lower() for m in _NAME.findall(reply or "")} & {n for n, _ in named}
-    if len(names) == 1:
-        return names.pop(), "name"
+            if answer and given and task.same(given, answer):
+                return name
+        return None
+
+    def by_name() -> str | None:
+        names = {m.lower() for m in _NAME.findall(reply or "")} & {n for n, _ in named}
+        return names.pop() if len(names) == 1 else None
+
+    readers = {"name": by_name, "number": by_number}
+    for how in (first, *(k for k in readers if k != first)):
+        chosen = readers[how]()
+        if chosen is not None:
+            return chosen, how
     return named[0][0], "none"
 
 
 @aggregator("crl_team_pick")
-def team_pick(inputs: dict[str, Any], *, task: TaskView, swap: bool = False, **_: Any) -> str:
+def team_pick(
+    inputs: dict[str, Any], *, task: TaskView, swap: bool = False, first: str = "name", **_: Any
+) -> str:
     """The answer of the teammate the policy picks (`picked`); no pick, the first shown teammate's."""
     named = _named_answers(inputs, task, swap)
-    name, _ = picked(str(inputs.get("choice") or ""), named, task)
+    name, _ = picked(str(inputs.get("choice") or ""), named, task, first)
     return dict(named).get(name, "")
 
 
-def pick(members: list[str], policy: str = "policy", swap: bool = False, ask: str = PICK) -> GraphSpec:
+def pick(
+    members: list[str], policy: str = "policy", swap: bool = False, ask: str = PICK, first: str = "name"
+) -> GraphSpec:
     """Three named teammates answer; the policy, shown their answers by name, picks one; that one stands."""
     b, mates = _team("crl_team_pick", members, policy, "named teammates answer; the policy picks one")
     reads = {"question": "input", **{m: f"answer:{m}?" for m in PICK_TEAMMATES}}
     b.aggregate("slots", "crl_team_named", reads=reads, writes="slots", swap=swap)
     b.edge([f"answer_{m}" for m in mates] or [START], "slots")
     b.seat("pick", member=policy, prompt=ask, reads={"slots": "slots"}, writes="choice")
-    b.aggregate("final", "crl_team_pick", reads={**reads, "choice": "choice?"}, writes="final", swap=swap)
+    final = {**reads, "choice": "choice?"}
+    b.aggregate("final", "crl_team_pick", reads=final, writes="final", swap=swap, first=first)
     b.edge("slots", "pick").edge("pick", "final").edge("final", END)
     return b.output("final").build()
 
 
 def pick_number(members: list[str], policy: str = "policy", swap: bool = False) -> GraphSpec:
     """The `pick` team, the policy asked for the right teammate's number instead of its name."""
-    return pick(members, policy, swap, ask=PICK_NUMBER)
+    return pick(members, policy, swap, ask=PICK_NUMBER, first="number")
 
 
 GRAPHS = {"vote": vote, "gate": gate, "pick": pick, "pick_number": pick_number}

@@ -42,25 +42,28 @@ def test_each_teammate_is_right_exactly_on_its_cue_words_and_the_right_answer_ha
 
 
 @pytest.mark.parametrize(
-    ("reply", "chosen", "how"),
+    ("reply", "first", "chosen", "how"),
     [
-        ("The answer is 85.", "cal", "number"),
-        ("\\boxed{95}", "ana", "number"),
-        ("Ben is right.", "ben", "name"),
-        ("**Cal**", "cal", "name"),
-        ("Ana or Ben.", "ana", "none"),  # two names: no pick, the first shown stands
-        ("Banana bread.", "ana", "none"),  # a name inside a word names nobody
-        ("The answer is 90.", "ana", "none"),  # a number no teammate gave
-        ("Ben says 75, but the answer is 85.", "cal", "number"),  # the committed number decides
-        ("", "ana", "none"),
+        ("The answer is 85.", "name", "cal", "number"),
+        ("\\boxed{95}", "number", "ana", "number"),
+        ("Ben is right.", "number", "ben", "name"),
+        ("**Cal**", "name", "cal", "name"),
+        ("Ben: 85", "name", "ben", "name"),  # the seat asks for a name: the name decides
+        ("Ben: 85", "number", "cal", "number"),  # the seat asks for a number: the number decides
+        ("Ana or Ben.", "name", "ana", "none"),  # two names: no pick, the first shown stands
+        ("Ana or Ben: 85.", "name", "cal", "number"),  # two names, one committed number
+        ("Banana bread.", "name", "ana", "none"),  # a name inside a word names nobody
+        ("The answer is 90.", "number", "ana", "none"),  # a number no teammate gave
+        ("Ben says 75, but the answer is 85.", "number", "cal", "number"),  # the committed number decides
+        ("", "name", "ana", "none"),
     ],
 )
-def test_a_pick_is_read_from_the_committed_number_or_one_name_and_nothing_else(
-    reply: str, chosen: str, how: str
+def test_a_pick_is_read_from_one_name_or_the_committed_number_and_nothing_else(
+    reply: str, first: str, chosen: str, how: str
 ) -> None:
     view = view_for(Example(id="q", input="Bank question: What is 40 + 45?", answer="85"))
     named = [("ana", "95"), ("ben", "75"), ("cal", "85")]
-    assert team.picked(reply, named, view) == (chosen, how)
+    assert team.picked(reply, named, view, first) == (chosen, how)
 
 
 def test_the_positive_control_is_taught_the_reply_its_seat_asks_for() -> None:
