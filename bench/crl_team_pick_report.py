@@ -201,12 +201,34 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path)
     parser.add_argument("--pack", type=Path, help="first ship the run's rows here, then report from them")
+    parser.add_argument(
+        "--doc", type=Path, help="replace this file's <!-- crl-SETTING-table --> block with the table"
+    )
     args = parser.parse_args(argv)
     folder = args.folder
     if args.pack:
         base.pack(folder, args.pack)
         folder = args.pack
-    print(build(folder)[1])
+    _, text = build(folder)
+    if args.doc:
+        setting = json.loads((folder / "manifest.json").read_text())["settings"][-1]
+        args.doc.write_text(replace_block(args.doc.read_text(), text, setting, str(args.doc)))
+    print(text)
+
+
+def markers(setting: str) -> tuple[str, str]:
+    """The markers of `setting`'s table in a page (docs/crl-study.md)."""
+    name = setting.replace("_", "-")
+    return f"<!-- crl-{name}-table -->", f"<!-- /crl-{name}-table -->"
+
+
+def replace_block(text: str, block: str, setting: str, where: str) -> str:
+    """`text` with the part between `setting`'s markers replaced by `block`."""
+    start, end = markers(setting)
+    if start not in text or end not in text:
+        raise SystemExit(f"{where}: no {start} ... {end} block")
+    head, rest = text.split(start, 1)
+    return f"{head}{start}\n{block}{end}{rest.split(end, 1)[1]}"
 
 
 if __name__ == "__main__":
