@@ -83,6 +83,7 @@ def test_the_positive_control_is_taught_the_reply_its_seat_asks_for() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # three trainings and four evaluations of a 135M policy on 2 shared cores
 def test_a_tiny_pick_study_runs_end_to_end_with_its_positive_control(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -96,7 +97,7 @@ def test_a_tiny_pick_study_runs_end_to_end_with_its_positive_control(
     study, pack = tmp_path / "study", tmp_path / "pack"
     argv = [
         "crl_team.py", "--out", str(study), "--settings", "pick", "--arms", "control", "own", "uniform",
-        "--seeds", "0", "--steps", "2", "--prompts", "1", "--eval-size", "6", "--train-size", "12",
+        "--seeds", "0", "--steps", "2", "--prompts", "1", "--eval-size", "3", "--train-size", "6",
         "--tokens", "6", "--lr", "1e-3", "--lr-schedule", "constant",
     ]  # fmt: skip
     monkeypatch.setattr(sys, "argv", argv)
