@@ -158,6 +158,6 @@ def test_the_study_page_tables_are_rebuilt_from_the_shipped_rows_alone(tmp_path:
     page = (ROOT / "docs" / "crl-study.md").read_text()
     assert page.split(start, 1)[1].split(end, 1)[0] == "\n" + text
     assert text == (shipped / "table.md").read_text()
-    # The go / no-go the page states: the control closes half the gap in `pick`, not in `pick_number`.
+    # The control's gap closed (floor -> oracle) is the one the page states for the seat.
     closed = summary["arms"]["control"]["gap_closed"][0]
-    assert (closed >= 0.5) == (setting == "pick")
+    assert f"{closed:+.3f}" in page.split(start, 1)[1].split(end, 1)[0]
