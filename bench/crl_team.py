@@ -62,30 +62,52 @@ import crl_team_graphs as team  # noqa: E402  (sets the process defaults first: 
 
 ARMS = {
     "solo": {"reward": "solo"},
+    "own": {"reward": "own"},
     "sft": {"reward": "sft"},
     "uniform": {"reward": "system", "credit": "uniform"},
     "replay": {"reward": "system", "credit": "replay"},
+    # The positive control: the same LoRA, optimizer, schedule and number of updates (of as many sequences),
+    # trained with supervision on the oracle's answer (`crl_team_control.py`); not a TrainConfig reward.
+    "control": {"reward": "sft"},
 }
+SETTINGS = team.GRAPHS
+TRANSFER_SEATS = ("vote", "gate")
+"""The seats `--transfer` evaluates a policy in besides its own (the pick seat has questions of its own)."""
 TEMPERATURE = 0.7  # rollouts' sampling temperature (at 1.0 SmolLM2-135M mostly writes off-topic text)
 EVAL_SEED = 0  # the evaluation's draws (greedy policy; it fixes nothing else): the same for every arm
 
 
-def write_data(out: Path, n_train: int, n_eval: int) -> tuple[Path, Path, Path]:
-    """The training, held-out and transfer-task files (no question in two of them, operand order included)."""
-    train, held = team.questions(n_train, n_eval)
+def write_data(
+    out: Path, n_train: int, n_eval: int, settings: list[str] | None = None
+) -> tuple[Path, Path, Path]:
+    """The training, held-out and transfer-task files (no question in two of them, operand order included).
+
+    The `pick` setting has questions of its own (cued sums, `crl_team_graphs.pick_questions`) and no transfer
+    task: a study of it is a study of it alone."""
+    picks = [s for s in settings or [] if s in team.PICK_SEATS]
+    if picks and len(settings or []) > 1:
+        raise SystemExit(
+            f"--settings: {picks[0]} has questions of its own; run it in a study (--out) of its own"
+        )
+    if picks:
+        train, held = team.pick_questions(n_train, n_eval)
+        transfer: list[dict] = []
+    else:
+        train, held = team.questions(n_train, n_eval)
+        transfer = team.transfer_questions(n_eval)
     folder = out / "data"
     folder.mkdir(parents=True, exist_ok=True)
     paths = folder / "train.jsonl", folder / "eval.jsonl", folder / "transfer.jsonl"
-    for path, records in zip(paths, (train, held, team.transfer_questions(n_eval)), strict=True):
+    for path, records in zip(paths, (train, held, transfer), strict=True):
         path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return paths
 
 
-def pool_settings(tokens: int) -> dict[str, dict]:
-    """The policy (its model set by the trainer) and the two teammates, which sample their phrasing."""
+def pool_settings(tokens: int, setting: str = "vote") -> dict[str, dict]:
+    """The policy (its model set by the trainer) and the setting's teammates, which sample their phrasing."""
     return {
         "policy": {"max_tokens": tokens},
-        **{m: {"temperature": TEMPERATURE} for m in team.TEAMMATES},
+        **{m: {"temperature": TEMPERATURE} for m in team.TEAMS[setting]},
     }
 
 
@@ -93,8 +115,8 @@ def settings(args: argparse.Namespace, setting: str, arm: str, seed: int, data: 
     """One arm's training config: everything but `reward` / `credit` shared by all arms."""
     return {
         "graph": f"crl_team_graphs:{setting}",
-        "pool": pool_settings(args.tokens),
-        "scripted_members": team.teammate_configs(),
+        "pool": pool_settings(args.tokens, setting),
+        "scripted_members": team.teammates_of(setting),
         "policy_model": args.policy,
         "data": str(data[0]),
         # The trainer's own held-out evaluation runs on one question only (it is not this study's: that is the
@@ -106,6 +128,7 @@ def settings(args: argparse.Namespace, setting: str, arm: str, seed: int, data: 
         "per_device_train_batch_size": 4 * args.prompts,
         "max_steps": args.steps,
         "learning_rate": args.lr,
+        "lr_scheduler_type": args.lr_schedule,
         "lora": True,
         "lora_r": 16,
         "lora_alpha": 32,
@@ -132,6 +155,10 @@ def train_arm(args: argparse.Namespace, setting: str, arm: str, seed: int, data:
     folder = Path(values["output_dir"])
     if (folder / "summary.json").exists():
         return folder / "policy"
+    if arm == "control":
+        import crl_team_control
+
+        return crl_team_control.train_control(values, args.bf16)
     if any((folder / "checkpoints").glob("checkpoint-*")):
         values["resume_from_checkpoint"] = True
     started = time.perf_counter()
@@ -279,6 +306,93 @@ def evaluate(
     return result
 
 
+def evaluate_pick(
+    name: str, held: list[Any], tokens: int, swap: bool = True, setting: str = "pick"
+) -> dict[str, list[dict]]:
+    """The rows of the policy served as `name` in the `pick` seat on `held`: the team as trained on
+    (`audit`), and with the teammates' display order reversed (`swap`: a policy that follows the cue and the
+    names scores the same; one that copies a position does not). Without the policy the team's answer is the
+    first shown teammate's: the policy's leave-one-out value is the team minus the `floor` constant."""
+    from colab_graphs.audit.game import CoalitionGame, coalition_id
+    from colab_graphs.models.client import ModelClient
+    from colab_graphs.pool import Pool
+    from colab_graphs.tasks.scoring import view_for
+    from colab_graphs.testing.server import server_for_configs
+    from colab_graphs.trainers.rollout import LoopThread
+
+    mates = team.PICK_TEAMMATES
+    players = frozenset(["policy", *mates])
+    result: dict[str, list[dict]] = {}
+    with server_for_configs(team.teammates_of(setting), "teammates") as server:
+        members = pool_settings(tokens, setting)
+        members["policy"] = {"model": f"local/{name}", "temperature": 0.0, "max_tokens": tokens}
+        for m in mates:
+            members[m].update(server.litellm_kwargs(m))
+        pool = Pool.from_dict(members)
+        client = ModelClient(None, max_concurrency=32)  # no cache: every policy's calls are its own
+        for kind, reverse in [("audit", False), *([("swap", True)] if swap else [])]:
+            game = CoalitionGame(team.GRAPHS[setting](pool.names, swap=reverse), pool, held, client=client)
+            LoopThread.shared().run(game.evaluate([players], []))
+            rows = []
+            for example in held:
+                view = view_for(example)
+                play = game.plays[
+                    (coalition_id("coalition", [n for n in pool.names if n in players]), example.id)
+                ]
+                replies = {c.seat: c.completion or "" for c in play.calls if c.seat}
+                named = [
+                    (m, view.extract(replies.get(f"answer_{m}", "")) or "")
+                    for m in team.pick_named(example.input, mates, reverse)
+                ]
+                reply = replies.get("pick", "")
+                first = "number" if setting == "pick_number" else "name"
+                chosen, how = team.picked(reply, named, view, first)
+                policy_answer = view.extract(reply) or ""
+                rows.append(
+                    {
+                        "id": example.id,
+                        "kind": example.fields.get("kind"),
+                        "cue": example.fields.get("cue"),
+                        "input": example.input,
+                        "answer": example.answer,
+                        "final": play.answer,
+                        "score": play.score or 0.0,
+                        "failed": play.failed,
+                        "slot_members": [m for m, _ in named],
+                        "slots": [a for _, a in named],
+                        "slots_right": [bool(a) and view.same(a, example.answer) for _, a in named],
+                        "policy_reply": reply,
+                        "policy_answer": policy_answer,
+                        "picked": chosen,
+                        "picked_by": how,
+                        "own": float(bool(policy_answer) and view.same(policy_answer, example.answer)),
+                    }
+                )
+            result[kind] = rows
+    return result
+
+
+def pick_constants(rows: list[dict]) -> dict[str, list[dict]]:
+    """The constant policies of the `pick` seat as per-question rows, from any evaluation's rows (the
+    teammates' answers and display order are fixed per question): `floor` (no pick: the first shown
+    teammate's answer, what a policy blind to the question gets), `copy-NAME` (always pick NAME: needs the
+    names, not the question), `oracle` (right whenever a teammate is: the right one is picked)."""
+    keep = ("id", "kind", "cue", "input", "answer", "slot_members", "slots", "slots_right")
+    out: dict[str, list[dict]] = {}
+    for arm in ("floor", *(f"copy-{m}" for m in team.PICK_TEAMMATES), "oracle"):
+        out[arm] = []
+        for row in rows:
+            right = dict(zip(row["slot_members"], row["slots_right"], strict=True))
+            if arm == "floor":
+                score = row["slots_right"][0]
+            elif arm == "oracle":
+                score = any(row["slots_right"])
+            else:
+                score = right[arm.removeprefix("copy-")]
+            out[arm].append({**{k: row[k] for k in keep}, "score": float(score)})
+    return out
+
+
 def write_rows(path: Path, rows: list[dict], meta: dict) -> None:
     """One JSON line per held-out question, each carrying `meta` (setting, arm, seed, evaluation)."""
     tmp = path.with_suffix(".tmp")
@@ -301,9 +415,29 @@ def run_evaluations(
     rows_dir = args.out / "rows"
     rows_dir.mkdir(parents=True, exist_ok=True)
     base = f"{setting}-{arm}-{seed if seed is not None else 'all'}"
+    if setting in team.PICK_SEATS:
+        if (rows_dir / f"{base}-audit.jsonl").exists():
+            return
+        name = load(folder, base, args.bf16)
+        try:
+            started = time.perf_counter()
+            result = evaluate_pick(name, held, args.tokens, setting=setting)
+        finally:
+            from colab_graphs.local.provider import unload
+
+            unload(f"crl-team-{base}")
+        meta = {"setting": setting, "evaluated_in": setting, "arm": arm, "seed": seed}
+        write_rows(rows_dir / f"{base}-swap.jsonl", result["swap"], {**meta, "eval": "swap"})
+        if arm == "before":
+            for constant, rows in pick_constants(result["audit"]).items():
+                meta_c = {**meta, "arm": constant, "eval": "audit"}
+                write_rows(rows_dir / f"{setting}-{constant}-all-audit.jsonl", rows, meta_c)
+        write_rows(rows_dir / f"{base}-audit.jsonl", result["audit"], {**meta, "eval": "audit"})
+        print(json.dumps({"evaluated": base, "wall_s": round(time.perf_counter() - started)}), flush=True)
+        return
     targets = [(setting, setting, held, base, True)]
     if args.transfer:
-        targets += [(s, s, held, f"{base}-in-{s}", False) for s in team.GRAPHS if s != setting]
+        targets += [(s, s, held, f"{base}-in-{s}", False) for s in TRANSFER_SEATS if s != setting]
         targets += [(setting, f"{setting}/big", transfer, f"{base}-on-big", False)]
     todo = [t for t in targets if not (rows_dir / f"{t[3]}-audit.jsonl").exists()]
     if not todo:
@@ -382,15 +516,19 @@ def resume_from(pack: Path, out: Path, transfer: bool) -> dict[str, int]:
     for training in report.read_trainings(pack):
         run = f"{training['setting']}-{training['arm']}-{training['seed']}"
         base = {"setting": training["setting"], "arm": training["arm"], "seed": training["seed"]}
-        needed = {
-            row_file({**base, "evaluated_in": training["setting"], "eval": e})
-            for e in ROW_FILES
-            if e != "curve"
-        }
+        evals = (
+            ("audit", "swap")
+            if training["setting"] in team.PICK_SEATS
+            else [e for e in ROW_FILES if e != "curve"]
+        )
+        needed = {row_file({**base, "evaluated_in": training["setting"], "eval": e}) for e in evals}
         if transfer:
             needed |= {
                 row_file({**base, "evaluated_in": w, "eval": "audit"})
-                for w in [*[s for s in team.GRAPHS if s != training["setting"]], f"{training['setting']}/big"]
+                for w in [
+                    *[s for s in TRANSFER_SEATS if s != training["setting"]],
+                    f"{training['setting']}/big",
+                ]
             }
         folder = out / "runs" / run
         if (folder / "summary.json").exists() or not all((rows_dir / n).exists() for n in needed):
@@ -414,6 +552,13 @@ def _git(*argv: str) -> str:
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return ""
+
+
+def tree_state() -> dict[str, Any]:
+    """Whether the whole work tree differed from its commit (any tracked change or untracked file, not only
+    under bench/), and which paths did."""
+    changed = [line[3:] for line in _git("status", "--porcelain", "--", ":/").splitlines() if line.strip()]
+    return {"tree_dirty": bool(changed), "dirty_paths": changed[:50]}
 
 
 def manifest(args: argparse.Namespace, data: tuple[Path, ...], started: float) -> dict[str, Any]:
@@ -447,13 +592,14 @@ def manifest(args: argparse.Namespace, data: tuple[Path, ...], started: float) -
         "policy": args.policy,
         "tokens": args.tokens,
         "learning_rate": args.lr,
+        "lr_schedule": args.lr_schedule,
         "transfer": args.transfer,
         "transfer_task": "three-digit operands (add, mul, sub; bench/crl_team_graphs.transfer_questions)",
         "bf16": args.bf16,
         "eval_seed": EVAL_SEED,
         "config": config,
         "commit": _git("rev-parse", "HEAD"),
-        "tree_dirty": bool(_git("status", "--porcelain", "--", ".")),
+        **tree_state(),
         # Every process that worked on the study (a long one is many, `--stop-after`), with the commit it
         # started on: the code each seed ran is known even when the tree moved on between processes.
         "processes": [
@@ -480,12 +626,18 @@ def main() -> None:
         pid=os.getpid(),
         started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         commit=_git("rev-parse", "HEAD"),
-        tree_dirty=bool(_git("status", "--porcelain", "--", ".")),
+        **tree_state(),
     )
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/crl_team"))
     parser.add_argument("--settings", nargs="+", default=["vote"], choices=list(team.GRAPHS))
-    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument(
+        "--arms",
+        nargs="+",
+        default=["solo", "sft", "uniform", "replay"],
+        choices=list(ARMS),
+        help="own: RL on the policy's own correctness in the seat; control: the positive control",
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=8, help="policy updates per arm")
     parser.add_argument("--prompts", type=int, default=2, help="prompts per update (x 4 rollouts)")
@@ -494,6 +646,12 @@ def main() -> None:
     parser.add_argument("--policy", default="smollm2-135m", help="zoo name or HF folder")
     parser.add_argument("--tokens", type=int, default=10, help="most tokens per policy turn")
     parser.add_argument("--lr", type=float, default=3e-4, help="LoRA (r 16) learning rate")
+    parser.add_argument(
+        "--lr-schedule",
+        default="linear",
+        choices=["linear", "constant"],
+        help="linear decay to 0 over --steps (the first study's), or constant (a plateau cannot be the schedule)",
+    )
     parser.add_argument("--save-steps", type=int, default=4, help="checkpoint every N updates (resume)")
     parser.add_argument(
         "--transfer", action="store_true", help="also evaluate each policy in the other setting"
@@ -525,10 +683,13 @@ def main() -> None:
             )
         )
     started = time.time()
-    data = write_data(args.out, args.train_size, args.eval_size)
+    if set(args.settings) & set(team.PICK_SEATS) and args.transfer:
+        raise SystemExit("--transfer: the pick settings have no transfer task")
+    data = write_data(args.out, args.train_size, args.eval_size, args.settings)
     from colab_graphs.tasks.loaders import load_examples
 
-    held, transfer = load_examples(str(data[1])), load_examples(str(data[2]))
+    held = load_examples(str(data[1]))
+    transfer = load_examples(str(data[2])) if data[2].read_text().strip() else []
     train_keys = {team.question_key(e.input) for e in load_examples(str(data[0]))}
     overlap = [e.id for e in [*held, *transfer] if team.question_key(e.input) in train_keys]
     overlap += [

@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> None:
         "--steps", type=int, nargs="+", required=True, help="checkpoints (updates) to evaluate"
     )
     parser.add_argument("--bf16", action="store_true", help="evaluate bf16 weights (as the study's --bf16)")
+    parser.add_argument(
+        "--running", action="store_true", help="also evaluate the checkpoints of trainings not finished yet"
+    )
     args = parser.parse_args(argv)
     manifest = json.loads((args.study / "manifest.json").read_text())
     from colab_graphs.local.provider import unload
@@ -66,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
         for setting in args.settings:
             for arm in args.arms:
                 run = args.study / "runs" / f"{setting}-{arm}-{seed}"
-                if not (run / "summary.json").exists():
+                if not (run / "summary.json").exists() and not args.running:
                     print(json.dumps({"skipped": run.name, "why": "not trained yet"}), flush=True)
                     continue
                 for step in args.steps:
@@ -82,8 +85,12 @@ def main(argv: list[str] | None = None) -> None:
                     started = time.perf_counter()
                     name = load_checkpoint(manifest["policy"], checkpoint, label, args.bf16)
                     try:
-                        result: dict[str, Any] = crl_team.evaluate(
-                            name, setting, held, label, args.study, manifest["tokens"], full=False
+                        result: dict[str, Any] = (
+                            crl_team.evaluate_pick(name, held, manifest["tokens"], False, setting)
+                            if setting in crl_team.team.PICK_SEATS
+                            else crl_team.evaluate(
+                                name, setting, held, label, args.study, manifest["tokens"], full=False
+                            )
                         )
                     finally:
                         unload(name)

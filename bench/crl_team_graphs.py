@@ -45,12 +45,18 @@ in the vote.
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 import re
 from collections.abc import Sequence
 from typing import Any
 
-import colab_graphs._env  # noqa: F401  (process defaults before transformers / litellm load)
+# Passive OpenMP waits before torch loads (the engine sets it too, but the trainer may load torch first): on
+# this shared 2-core machine one LoRA forward and backward of 8 x 100 tokens took 100 s with spinning waits and
+# 36 s without (load average 11-16).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import colab_graphs._env  # noqa: E402, F401  (process defaults before transformers / litellm load)
 from colab_graphs.builder import GraphBuilder
 from colab_graphs.protocols.prompts import ANSWER
 from colab_graphs.registry import aggregator
@@ -80,6 +86,8 @@ GATE = (
 )
 
 _QUESTION = re.compile(r"What is (-?\d+) ([+*-]) (-?\d+)\?")
+_CUED = re.compile(r"(?:(\w+) question: )?(What is -?\d+ [+*-] -?\d+\?)")
+"""A question, with the cue word of the `pick` setting before it or none."""
 
 
 # --- questions -----------------------------------------------------------------------------------------------
@@ -115,12 +123,14 @@ def make_question(kind: str, rng: random.Random, big: bool = False) -> tuple[str
 
 
 def question_key(text: str) -> tuple:
-    """What makes two questions the same: the operation and its operands, unordered for + and *.
+    """What makes two questions the same: the operation and its operands, unordered for + and * (a `pick`
+    question's cue word aside: no operand pair is asked twice under two cues).
 
     Raises:
         ValueError: `text` is not one of this module's questions.
     """
-    match = _QUESTION.fullmatch(" ".join(text.split()))
+    cued = _CUED.fullmatch(" ".join(text.split()))
+    match = _QUESTION.fullmatch(cued[2]) if cued else None
     if match is None:
         raise ValueError(f"not a team question: {text!r}")
     a, op, b = int(match[1]), match[2], int(match[3])
@@ -340,4 +350,192 @@ def gate(members: list[str], policy: str = "policy", swap: bool = False) -> Grap
     return b.output("final").build()
 
 
-GRAPHS = {"vote": vote, "gate": gate}
+# --- the pick seat: teammates under stable names, each reliable on the questions one cue word marks ---------
+
+PICK_TEAMMATES = ("ana", "ben", "cal")
+CUES = {"ana": ("farm", "garden"), "ben": ("ship", "harbor"), "cal": ("bank", "market")}
+"""Each teammate is right on the questions of its two cue words and wrong (each in its own way) on the rest."""
+OWNER = {cue: name for name, cues in CUES.items() for cue in cues}
+OFFSETS = (-20, -11, -10, -9, -2, -1, 1, 2, 9, 10, 11, 20)
+"""How far a wrong teammate's sum is off (two distinct ones per question, drawn from the question): the right
+answer is no fixed rank among the three (not the middle, not the smallest), so no number comparison finds it."""
+PICK = (
+    "{input}\n\nYour teammates answered:\n{slots}\n\nOnly one of them is right. Which teammate is right? "
+    "Reply with the teammate's name."
+)
+"""The `pick` seat's question: the right teammate's name (a cue word -> name mapping)."""
+PICK_NUMBER = (
+    "{input}\n\nYour teammates answered:\n{slots}\n\nOnly one of them is right. Which answer is right? "
+    "Reply with that number."
+)
+"""The `pick_number` seat's question (the first version of the seat): the right teammate's number, i.e. the
+mapping and copying that teammate's number from its line. Its positive control failed (docs/crl-study.md)."""
+PICK_SEATS = ("pick", "pick_number")
+
+
+def pick_question(cue: str, rng: random.Random) -> tuple[str, int, tuple]:
+    """(question, answer, key) of one `pick` question: a two-digit sum marked by a cue word."""
+    if cue not in OWNER:
+        raise ValueError(f"unknown cue {cue!r}; cues: {', '.join(OWNER)}")
+    a, b = rng.randint(10, 99), rng.randint(10, 99)
+    text = f"{cue.capitalize()} question: What is {a} + {b}?"
+    return text, a + b, question_key(text)
+
+
+def pick_questions(n_train: int, n_eval: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """`n_train` training and `n_eval` held-out `pick` records (`id`, `input`, `answer`, `kind`: the teammate
+    who is right, `cue`), the cue words in turn (so every teammate owns a third of each split), no operand
+    pair twice across both (held out drawn first)."""
+    rng = random.Random(f"crl-team-pick:{seed}")
+    cues = list(OWNER)
+    seen: set[tuple] = set()
+    out: dict[str, list[dict]] = {"eval": [], "train": []}
+    for split, n in (("eval", n_eval), ("train", n_train)):
+        while len(out[split]) < n:
+            cue = cues[len(out[split]) % len(cues)]
+            text, answer, key = pick_question(cue, rng)
+            if key in seen:
+                continue
+            seen.add(key)
+            out[split].append(
+                {
+                    "id": f"{split}-{len(out[split])}",
+                    "input": text,
+                    "answer": str(answer),
+                    "kind": OWNER[cue],
+                    "cue": cue,
+                }
+            )
+    return out["train"], out["eval"]
+
+
+def pick_answers(text: str) -> dict[str, int] | None:
+    """What each `pick` teammate answers to `text` (None: not a cued sum): the cue's owner the sum, the
+    other two the sum off by two distinct offsets drawn from the question."""
+    cued = _CUED.search(text)
+    match = _QUESTION.fullmatch(cued[2]) if cued and cued[1] else None
+    if cued is None or match is None or match[2] != "+" or cued[1].lower() not in OWNER:
+        return None
+    total = int(match[1]) + int(match[3])
+    owner = OWNER[cued[1].lower()]
+    offsets = random.Random(hashlib.sha256(cued[0].encode()).digest()).sample(OFFSETS, 2)
+    wrong = iter(offsets)
+    return {name: total if name == owner else total + next(wrong) for name in PICK_TEAMMATES}
+
+
+def pick_teammate(name: str) -> Any:
+    """A scripted `pick` teammate: its answer, in a phrasing drawn from the request's seed."""
+    if name not in PICK_TEAMMATES:
+        raise ValueError(f"name must be one of {', '.join(PICK_TEAMMATES)}, got {name!r}")
+
+    def script(messages: Messages, params: dict[str, Any]) -> str:
+        text = last_user_text(messages)
+        answers = pick_answers(text)
+        if answers is None:
+            return "I see no question I can answer."
+        pick = int(unit_draw("crl-team-pick", name, params.get("seed"), text) * len(PHRASINGS))
+        return PHRASINGS[pick].format(a=answers[name])
+
+    return script
+
+
+SCRIPTS.setdefault("crl_team_pick_specialist", pick_teammate)
+
+
+def pick_named(question: str, names: Sequence[str], swap: bool = False) -> list[str]:
+    """The present teammates in display order: by sha256 of (question, name), reversed when `swap`
+    (shuffled per question, the same in every rollout of it)."""
+    ordered = sorted(names, key=lambda n: hashlib.sha256(f"{question}\x1f{n}".encode()).digest())
+    return ordered[::-1] if swap else ordered
+
+
+def _named_answers(inputs: dict[str, Any], task: TaskView, swap: bool) -> list[tuple[str, str]]:
+    """(name, extracted answer) of each present teammate in display order."""
+    present = [n for n in PICK_TEAMMATES if str(inputs.get(n) or "").strip()]
+    order = pick_named(str(inputs.get("question") or ""), present, swap)
+    return [(n, task.extract(str(inputs[n])) or "") for n in order]
+
+
+@aggregator("crl_team_named")
+def team_named(inputs: dict[str, Any], *, task: TaskView, swap: bool = False, **_: Any) -> str:
+    """What the policy is shown: "Ana: 85\nCal: 95\nBen: 75" (present teammates, display order)."""
+    lines = [f"{n.capitalize()}: {a or '(no answer)'}" for n, a in _named_answers(inputs, task, swap)]
+    return "\n".join(lines) or "(none)"
+
+
+_NAME = re.compile(r"\b(" + "|".join(PICK_TEAMMATES) + r")\b", re.IGNORECASE)
+
+
+def picked(
+    reply: str, named: Sequence[tuple[str, str]], task: TaskView, first: str = "name"
+) -> tuple[str, str]:
+    """(teammate, how) a reply picks among `named` (display order): the one teammate it names ("name"), or the
+    teammate whose answer it commits to ("number"), in the order `first` says (what the seat asks for comes
+    first: a name in `pick`, "Ben: 129" picking Ben; a number in `pick_number`, picking 129's teammate), else
+    the first shown ("none").
+
+    Defends against: a number no teammate gave (no pick: the first shown stands), a reply naming two or
+    more teammates ("Ana or Ben"), a name inside another word ("Banana" names nobody), and a number that two
+    teammates share (the first shown of them)."""
+    if not named:
+        return "", "none"
+
+    def by_number() -> str | None:
+        answer = task.extract(reply or "")
+        for name, given in named:
+            if answer and given and task.same(given, answer):
+                return name
+        return None
+
+    def by_name() -> str | None:
+        names = {m.lower() for m in _NAME.findall(reply or "")} & {n for n, _ in named}
+        return names.pop() if len(names) == 1 else None
+
+    readers = {"name": by_name, "number": by_number}
+    for how in (first, *(k for k in readers if k != first)):
+        chosen = readers[how]()
+        if chosen is not None:
+            return chosen, how
+    return named[0][0], "none"
+
+
+@aggregator("crl_team_pick")
+def team_pick(
+    inputs: dict[str, Any], *, task: TaskView, swap: bool = False, first: str = "name", **_: Any
+) -> str:
+    """The answer of the teammate the policy picks (`picked`); no pick, the first shown teammate's."""
+    named = _named_answers(inputs, task, swap)
+    name, _ = picked(str(inputs.get("choice") or ""), named, task, first)
+    return dict(named).get(name, "")
+
+
+def pick(
+    members: list[str], policy: str = "policy", swap: bool = False, ask: str = PICK, first: str = "name"
+) -> GraphSpec:
+    """Three named teammates answer; the policy, shown their answers by name, picks one; that one stands."""
+    b, mates = _team("crl_team_pick", members, policy, "named teammates answer; the policy picks one")
+    reads = {"question": "input", **{m: f"answer:{m}?" for m in PICK_TEAMMATES}}
+    b.aggregate("slots", "crl_team_named", reads=reads, writes="slots", swap=swap)
+    b.edge([f"answer_{m}" for m in mates] or [START], "slots")
+    b.seat("pick", member=policy, prompt=ask, reads={"slots": "slots"}, writes="choice")
+    final = {**reads, "choice": "choice?"}
+    b.aggregate("final", "crl_team_pick", reads=final, writes="final", swap=swap, first=first)
+    b.edge("slots", "pick").edge("pick", "final").edge("final", END)
+    return b.output("final").build()
+
+
+def pick_number(members: list[str], policy: str = "policy", swap: bool = False) -> GraphSpec:
+    """The `pick` team, the policy asked for the right teammate's number instead of its name."""
+    return pick(members, policy, swap, ask=PICK_NUMBER, first="number")
+
+
+GRAPHS = {"vote": vote, "gate": gate, "pick": pick, "pick_number": pick_number}
+TEAMS = {"vote": TEAMMATES, "gate": TEAMMATES, "pick": PICK_TEAMMATES, "pick_number": PICK_TEAMMATES}
+"""The teammates of each setting's team."""
+
+
+def teammates_of(setting: str) -> dict[str, dict]:
+    """The training config's `scripted_members` for `setting`."""
+    if setting in PICK_SEATS:
+        return {n: {"script": "crl_team_pick_specialist", "args": {"name": n}} for n in PICK_TEAMMATES}
+    return teammate_configs()

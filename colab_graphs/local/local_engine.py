@@ -343,9 +343,12 @@ class LocalEngine:
         # Callers that announced they may still send a request (a trainer's rollouts that are running but not
         # inside a policy call; see `expecting`): while there are any, the worker keeps collecting for up to
         # `expect_wait_ms`, so a step's turns decode as one batch rather than as several that each pay every
-        # decoding step.
+        # decoding step. The wait ends as soon as every announced caller has sent its request (or finished):
+        # it is bounded by the slowest rollout's way to its policy turn, which on a loaded machine (a rollout
+        # waits on its collaborators' HTTP calls) exceeded the former 100 ms and split one update in four into two
+        # batches (load average 16.6, BENCHMARKS.md).
         self.expected = 0
-        self.expect_wait_ms = 100.0
+        self.expect_wait_ms = float(os.environ.get("COLAB_GRAPHS_EXPECT_WAIT_MS", "2000"))
         self._expect_lock = threading.Lock()
         self.batches_run = 0
         self.steps = 0  # forward passes of the batch loop (a prompt pass and each decoding step)

@@ -10,6 +10,10 @@ processes. They differ only in what is rolled out and what the loss is:
   policy gradient on the policy's turns, weighted by each turn's credit (`credit: uniform | replay`).
 - `reward: solo` (standard RL): G rollouts per prompt of the `solo` protocol, the policy answering alone;
   the same GRPO loss, rewarded by the policy's own score.
+- `reward: own` (RL on the policy's own correctness in the seat): G system rollouts per prompt, as C-RL; the
+  same GRPO loss, rewarded by the policy's own score there (its last turn scored against the example's
+  answer, `Rollout.policy_score`) instead of the system's: what the policy sees is C-RL's, what it is
+  rewarded for is its own answer.
 - `reward: sft` (collaborative rejection-sampling fine-tuning): G system rollouts per prompt, as C-RL; the
   turns of rollouts scoring at least `sft_min_reward` (`sft_turns`) are kept, and the loss is their mean
   token cross-entropy (log-probabilities at temperature 1, whatever the rollouts' sampling temperature),

@@ -24,7 +24,7 @@ from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-REWARDS = ("system", "solo", "sft")
+REWARDS = ("system", "solo", "own", "sft")
 CREDITS = ("uniform", "replay")
 LOSS_TYPES = ("dapo", "cispo")
 """TRL losses normalised by the global count of policy tokens: exact over any split of a batch into processes,
@@ -142,9 +142,11 @@ class CRLFields:
         "COLAB_GRAPHS_SANDBOX, else auto. Checked before the first call.",
     )
     # --- the objective -----------------------------------------------------------------------------------
-    reward: Literal["system", "solo", "sft"] = _f(
+    reward: Literal["system", "solo", "own", "sft"] = _f(
         "system",
         "system: GRPO on the system's score (C-RL); solo: GRPO on the policy's own score answering alone; "
+        "own: GRPO on the policy's own score in the system (its last turn scored against the answer, the "
+        "teammates shown as in C-RL: the baseline that asks whether the team's reward adds anything); "
         "sft: cross-entropy on the policy's turns from system rollouts scoring at least sft_min_reward, "
         "through the same TRL trainer (optimizer, schedule, clipping, precision, LoRA) as the GRPO runs.",
     )

@@ -212,7 +212,7 @@ def _train(
 
         before = run_eval("before") if config.eval_before else None
         rollout_spec = system.solo_spec(config, pool) if config.reward == "solo" else spec
-        runner = RolloutRunner(rollout_spec, pool, router, config.scorer)
+        runner = RolloutRunner(rollout_spec, pool, router, config.scorer, own_reward=config.reward == "own")
         metrics_path = out / "metrics.jsonl"
         if main:
             for log in (metrics_path, out / "rollouts.jsonl"):

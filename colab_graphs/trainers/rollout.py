@@ -452,15 +452,25 @@ class RolloutRunner:
         pool: the pool, with the policy member pointing at the in-process policy (`local/<name>`).
         router: the call path (see `PolicyRouter`).
         scorer: scorer name or callable (None: chosen from each example's fields).
+        own_reward: a rollout's reward is the policy's own score (`Rollout.policy_score`: its last turn
+            scored against the answer; 0 when it made no turn) instead of the system's (`reward: own`).
     """
 
-    def __init__(self, spec: GraphSpec, pool: Pool, router: PolicyRouter, scorer: Any = None):
+    def __init__(
+        self,
+        spec: GraphSpec,
+        pool: Pool,
+        router: PolicyRouter,
+        scorer: Any = None,
+        own_reward: bool = False,
+    ):
         from colab_graphs.compile import compile_graph
 
         self.spec = spec
         self.pool = pool
         self.router = router
         self.scorer = scorer
+        self.own_reward = own_reward
         self.graph = compile_graph(spec, pool, router.client, fuse=True)
         self._batches = itertools.count()
 
@@ -496,6 +506,8 @@ class RolloutRunner:
             verdict = await apply_scorer(self._scorer_for(example), turns[-1].text, example)
             policy_score = verdict.value
         reward = None if outcome.failed else float(outcome.score or 0.0)
+        if self.own_reward and reward is not None:
+            reward = float(policy_score or 0.0)
         return Rollout(example, outcome.trace, reward, turns, policy_score, key)
 
     async def arun(self, examples: Sequence[Example], keys: Sequence[tuple] | None = None) -> list[Rollout]:

@@ -1,0 +1,235 @@
+"""The `pick` seat's study (`bench/crl_team.py --settings pick`): summary and table from its rows alone.
+
+    python bench/crl_team_pick_report.py runs/crl_pick --pack bench/results/crl_pick   # ship, then report
+    python bench/crl_team_pick_report.py bench/results/crl_pick                        # report a shipped study
+
+Per (arm, seed), over the held-out questions: the team's score (primary), the team with the teammates'
+display order reversed (position swap), the team minus the question-blind floor (the policy seat's
+leave-one-out value: without the policy the first shown teammate's answer stands), how often the policy's own
+answer is right, how often it picks the teammate the cue word names, and how it picks (a teammate's number, a
+name, nothing). The constants (floor, copy each teammate by name, oracle) are shipped as rows and recomputed
+here from the untrained policy's rows; a mismatch stops the report.
+
+The primary comparison, named before the arms ran: the held-out team score at the last update, C-RL (uniform)
+minus RL on the policy's own correctness in the seat (`own`), and C-RL minus collaborative SFT (`sft`); paired
+by seed, 95% t-interval over seeds. Everything else is secondary. The positive control passes when it closes
+at least half the gap from the floor to the oracle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+import crl_team_report as base  # noqa: E402
+
+ARMS = {
+    "before": "before (untrained)",
+    "control": "positive control: supervised on the oracle's answer",
+    "solo": "solo RL (policy alone, no teammates)",
+    "own": "RL on the policy's own correctness in the seat",
+    "sft": "collaborative SFT (team-rewarded rollouts)",
+    "uniform": "C-RL, uniform credit (team reward)",
+}
+CONSTANTS = ("floor", "copy-ana", "copy-ben", "copy-cal", "oracle")
+PRIMARY = (("uniform", "own"), ("uniform", "sft"))
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def per_seed(rows: list[dict], arm: str, key: Any, kind: str = "audit") -> dict[Any, list[float]]:
+    """seed -> the values `key(row)` of `arm`'s rows of evaluation `kind`."""
+    out: dict[Any, list[float]] = {}
+    for r in rows:
+        if r["arm"] == arm and r["eval"] == kind:
+            out.setdefault(r["seed"], []).append(float(key(r)))
+    return out
+
+
+def check_constants(rows: list[dict]) -> dict[str, float]:
+    """Each constant's held-out score, from its shipped rows, after recomputing them from the untrained
+    policy's rows (stops on a mismatch)."""
+    import crl_team
+
+    before = sorted((r for r in rows if r["arm"] == "before" and r["eval"] == "audit"), key=lambda r: r["id"])
+    recomputed = crl_team.pick_constants(before)
+    out = {}
+    for name in CONSTANTS:
+        shipped = {r["id"]: r["score"] for r in rows if r["arm"] == name}
+        again = {r["id"]: r["score"] for r in recomputed[name]}
+        if shipped != again:
+            raise SystemExit(
+                f"constant {name}: the shipped rows differ from the ones recomputed from the rows"
+            )
+        out[name] = _mean(list(shipped.values()))
+    return out
+
+
+def _fmt(stat: tuple[float, float, float], signed: bool = False) -> str:
+    mean, low, high = stat
+    sign = "+" if signed else ""
+    if math.isnan(low):
+        return f"{mean:{sign}.3f}"
+    return f"{mean:{sign}.3f} [{low:{sign}.3f}, {high:{sign}.3f}]"
+
+
+def summarise(rows: list[dict], curves: list[dict], setting: str = "pick") -> dict[str, Any]:
+    """Every figure of the table, from the rows (and the trainings' metrics lines for the training curve)."""
+    rows = [r for r in rows if r.get("setting") == setting]
+    constants = check_constants(rows)
+    floor, oracle = constants["floor"], constants["oracle"]
+    measures = {
+        "team": ("audit", lambda r: r["score"]),
+        "swap": ("swap", lambda r: r["score"]),
+        "loo": ("audit", lambda r: r["score"] - float(r["slots_right"][0])),
+        "own": ("audit", lambda r: r["own"]),
+        "owner": ("audit", lambda r: r["picked_by"] != "none" and r["picked"] == r["kind"]),
+        "by_number": ("audit", lambda r: r["picked_by"] == "number"),
+        "by_name": ("audit", lambda r: r["picked_by"] == "name"),
+        "by_none": ("audit", lambda r: r["picked_by"] == "none"),
+    }
+    arms: dict[str, Any] = {}
+    for arm in ARMS:
+        team = per_seed(rows, arm, measures["team"][1])
+        if not team:
+            continue
+        seeds = sorted(team, key=lambda s: -1 if s is None else s)
+        entry: dict[str, Any] = {"seeds": seeds}
+        for name, (kind, key) in measures.items():
+            values = per_seed(rows, arm, key, kind)
+            entry[name] = base.t_interval([_mean(values[s]) for s in seeds if s in values])
+            entry[f"{name}_per_seed"] = [_mean(values[s]) for s in seeds if s in values]
+        gap = [(m - floor) / (oracle - floor) for m in entry["team_per_seed"]]
+        entry["gap_closed"] = base.t_interval(gap)
+        arms[arm] = entry
+    pairs = {}
+    for a, b in [*PRIMARY, *((a, "before") for a in arms if a != "before")]:
+        if a not in arms or b not in arms:
+            continue
+        ta, tb = per_seed(rows, a, measures["team"][1]), per_seed(rows, b, measures["team"][1])
+        if b == "before":
+            common = [s for s in ta]
+            diffs = [_mean(ta[s]) - _mean(tb[None]) for s in common]
+        else:
+            common = [s for s in ta if s in tb]
+            diffs = [_mean(ta[s]) - _mean(tb[s]) for s in common]
+        if diffs:
+            pairs[f"{a} - {b}"] = {"seeds": common, "diff": base.t_interval(diffs), "per_seed": diffs}
+    thirds: dict[str, list[float]] = {}
+    for arm in arms:
+        lines = [c for c in curves if c.get("setting") == setting and c["arm"] == arm and "reward" in c]
+        steps = max((c["step"] for c in lines), default=0)
+        if steps >= 3:
+            thirds[arm] = [
+                _mean([c["reward"] for c in lines if lo <= c["step"] <= hi]) for lo, hi in base._thirds(steps)
+            ]
+    return {"constants": constants, "arms": arms, "pairs": pairs, "training_reward_thirds": thirds}
+
+
+def table(summary: dict[str, Any], manifest: dict[str, Any]) -> str:
+    """The markdown table (and the lines around it) of `summary`."""
+    c = summary["constants"]
+    n = manifest.get("eval_size")
+    lines = [
+        f"Setting `{manifest['settings'][-1]}`: {n} held-out questions (never trained on), {manifest.get('steps')} updates of "
+        f"{manifest.get('prompts_per_step')} prompts x {manifest.get('rollouts_per_prompt')} rollouts per arm, "
+        f"policy {manifest.get('policy')} (LoRA r 16), learning rate {manifest.get('learning_rate')} "
+        f"({manifest.get('lr_schedule', 'linear')}). Intervals: 95% t over seeds; one seed: no interval.",
+        "",
+        f"Constants (per-question rows, recomputed from the rows): question-blind floor (the first shown "
+        f"teammate) {c['floor']:.3f}; copy Ana {c['copy-ana']:.3f}, copy Ben {c['copy-ben']:.3f}, copy Cal "
+        f"{c['copy-cal']:.3f} (each needs the names, not the question); oracle {c['oracle']:.3f}.",
+        "",
+        "| arm | seeds | team score | per seed | gap closed (floor -> oracle) | team - floor (LOO) | position "
+        "swap | policy's own answer right | picks the cue's teammate | picks by number / name / none |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for arm, e in summary["arms"].items():
+        seeds = ",".join("-" if s is None else str(s) for s in e["seeds"])
+        picks = " / ".join(f"{e[k][0]:.2f}" for k in ("by_number", "by_name", "by_none"))
+        lines.append(
+            f"| {ARMS[arm]} | {seeds} | {_fmt(e['team'])} | "
+            f"{' / '.join(f'{v:.3f}' for v in e['team_per_seed'])} | {_fmt(e['gap_closed'], True)} | "
+            f"{_fmt(e['loo'], True)} | {_fmt(e['swap'])} | {_fmt(e['own'])} | {_fmt(e['owner'])} | {picks} |"
+        )
+    lines += [
+        "",
+        "| paired difference of the team score | seeds | mean [t 95%] | per seed | |",
+        "|---|---|---|---|---|",
+    ]
+    for name, p in summary["pairs"].items():
+        a, b = name.split(" - ")
+        tag = "**primary**" if (a, b) in PRIMARY else "secondary"
+        lines.append(
+            f"| {ARMS[a]} minus {ARMS[b]} | {len(p['seeds'])} | {_fmt(p['diff'], True)} | "
+            f"{' / '.join(f'{v:+.3f}' for v in p['per_seed'])} | {tag} |"
+        )
+    if summary["training_reward_thirds"]:
+        parts = [
+            f"{ARMS[a]} {' / '.join(f'{v:.2f}' for v in t)}"
+            for a, t in summary["training_reward_thirds"].items()
+        ]
+        lines += [
+            "",
+            "Training reward by thirds of the updates (seed means; each arm's own reward: the team's for C-RL "
+            "and SFT, the policy's own correctness for `own`, the policy alone for solo; the control's is its "
+            "loss, not shown): " + "; ".join(parts) + ".",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def build(folder: Path) -> tuple[dict[str, Any], str]:
+    """(summary, table) of the study in `folder`; writes summary.json and table.md there."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    summary = summarise(base.read_rows(folder), base.read_curves(folder), manifest["settings"][-1])
+    text = table(summary, manifest)
+    (folder / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    (folder / "table.md").write_text(text)
+    return summary, text
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--pack", type=Path, help="first ship the run's rows here, then report from them")
+    parser.add_argument(
+        "--doc", type=Path, help="replace this file's <!-- crl-SETTING-table --> block with the table"
+    )
+    args = parser.parse_args(argv)
+    folder = args.folder
+    if args.pack:
+        base.pack(folder, args.pack)
+        folder = args.pack
+    _, text = build(folder)
+    if args.doc:
+        setting = json.loads((folder / "manifest.json").read_text())["settings"][-1]
+        args.doc.write_text(replace_block(args.doc.read_text(), text, setting, str(args.doc)))
+    print(text)
+
+
+def markers(setting: str) -> tuple[str, str]:
+    """The markers of `setting`'s table in a page (docs/crl-study.md)."""
+    name = setting.replace("_", "-")
+    return f"<!-- crl-{name}-table -->", f"<!-- /crl-{name}-table -->"
+
+
+def replace_block(text: str, block: str, setting: str, where: str) -> str:
+    """`text` with the part between `setting`'s markers replaced by `block`."""
+    start, end = markers(setting)
+    if start not in text or end not in text:
+        raise SystemExit(f"{where}: no {start} ... {end} block")
+    head, rest = text.split(start, 1)
+    return f"{head}{start}\n{block}{end}{rest.split(end, 1)[1]}"
+
+
+if __name__ == "__main__":
+    main()

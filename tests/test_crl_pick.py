@@ -1,0 +1,163 @@
+"""The C-RL study's `pick` seat (bench/crl_team*.py): named teammates, each right on the questions one cue word
+marks; the policy picks one. The questions and teammates do what the seat's design says, the reading of a
+pick resists replies written to fool it, and a tiny real study (SmolLM2-135M from the offline zoo, real TRL
+updates, the positive control's supervised updates) runs end to end through the study's own commands: its
+constants recompute from its rows, each trained policy's weights moved, each arm trained on its own reward."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from colab_graphs.tasks.example import Example
+from colab_graphs.tasks.scoring import view_for
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import crl_team_graphs as team  # noqa: E402
+
+
+def test_each_teammate_is_right_exactly_on_its_cue_words_and_the_right_answer_has_no_fixed_rank() -> None:
+    train, held = team.pick_questions(300, 90)
+    keys = {team.question_key(r["input"]) for r in train}
+    assert not [r for r in held if team.question_key(r["input"]) in keys]  # never trained on
+    assert {r["kind"] for r in held} == set(team.PICK_TEAMMATES)
+    assert sum(r["kind"] == "ana" for r in held) == 30  # a third each
+    ranks = set()
+    for r in [*train, *held]:
+        answers = team.pick_answers(r["input"])
+        assert answers is not None and len(set(answers.values())) == 3, r
+        right = [n for n, a in answers.items() if a == int(r["answer"])]
+        assert right == [team.OWNER[r["cue"]]] == [r["kind"]], r
+        ranks.add(sorted(answers.values()).index(int(r["answer"])))
+    # Smallest, middle and largest all occur: no number comparison finds the right one.
+    assert ranks == {0, 1, 2}
+    assert team.pick_answers("What is 47 + 38?") is None  # no cue: not a pick question
+    reply = team.pick_teammate("ben")([{"role": "user", "content": held[0]["input"]}], {"seed": 1})
+    assert str(team.pick_answers(held[0]["input"])["ben"]) in reply
+
+
+@pytest.mark.parametrize(
+    ("reply", "first", "chosen", "how"),
+    [
+        ("The answer is 85.", "name", "cal", "number"),
+        ("\\boxed{95}", "number", "ana", "number"),
+        ("Ben is right.", "number", "ben", "name"),
+        ("**Cal**", "name", "cal", "name"),
+        ("Ben: 85", "name", "ben", "name"),  # the seat asks for a name: the name decides
+        ("Ben: 85", "number", "cal", "number"),  # the seat asks for a number: the number decides
+        ("Ana or Ben.", "name", "ana", "none"),  # two names: no pick, the first shown stands
+        ("Ana or Ben: 85.", "name", "cal", "number"),  # two names, one committed number
+        ("Banana bread.", "name", "ana", "none"),  # a name inside a word names nobody
+        ("The answer is 90.", "number", "ana", "none"),  # a number no teammate gave
+        ("Ben says 75, but the answer is 85.", "number", "cal", "number"),  # the committed number decides
+        ("", "name", "ana", "none"),
+    ],
+)
+def test_a_pick_is_read_from_one_name_or_the_committed_number_and_nothing_else(
+    reply: str, first: str, chosen: str, how: str
+) -> None:
+    view = view_for(Example(id="q", input="Bank question: What is 40 + 45?", answer="85"))
+    named = [("ana", "95"), ("ben", "75"), ("cal", "85")]
+    assert team.picked(reply, named, view, first) == (chosen, how)
+
+
+def test_the_positive_control_is_taught_the_reply_its_seat_asks_for() -> None:
+    import crl_team_control
+
+    example = Example(**team.pick_questions(3, 3)[1][2])  # a Ben question
+    assert example.fields["kind"] == "ben"
+    named = crl_team_control.oracle_reply({"graph": "crl_team_graphs:pick"}, example)
+    number = crl_team_control.oracle_reply({"graph": "crl_team_graphs:pick_number"}, example)
+    assert named == "Ben." and number == f"The answer is {example.answer}."
+    # Both are read by the team as a pick of the right teammate.
+    view = view_for(example)
+    answers = team.pick_answers(example.input)
+    assert answers is not None
+    shown = [(n, str(answers[n])) for n in team.pick_named(example.input, team.PICK_TEAMMATES)]
+    assert team.picked(named, shown, view)[0] == team.picked(number, shown, view)[0] == "ben"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)  # three trainings and four evaluations of a 135M policy on 2 shared cores
+def test_a_tiny_pick_study_runs_end_to_end_with_its_positive_control(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import crl_team
+    import crl_team_pick_report as pick_report
+    import crl_team_report as report
+    from safetensors.torch import load_file
+
+    from colab_graphs.local.zoo import resolve
+
+    study, pack = tmp_path / "study", tmp_path / "pack"
+    argv = [
+        "crl_team.py", "--out", str(study), "--settings", "pick", "--arms", "control", "own", "uniform",
+        "--seeds", "0", "--steps", "2", "--prompts", "1", "--eval-size", "3", "--train-size", "6",
+        "--tokens", "6", "--lr", "1e-3", "--lr-schedule", "constant",
+    ]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    crl_team.main()
+    printed = capsys.readouterr().out
+    assert '"evaluated": "pick-control-0"' in printed and '"trained": "pick-uniform-0"' in printed
+    manifest = json.loads((study / "manifest.json").read_text())
+    assert manifest["lr_schedule"] == "constant" and "dirty_paths" in manifest
+    # A policy moved away from the starting weights exactly when one of its updates had a gradient (LoRA's B
+    # starts at 0: a GRPO arm whose groups all scored alike keeps the base weights); the control always moves.
+    # The learning rate is constant; `own` trained on the policy's own correctness, C-RL on the team's.
+    base = load_file(str(resolve("smollm2-135m") / "model.safetensors"))
+    for arm in ("control", "own", "uniform"):
+        lines = [json.loads(x) for x in (study / "runs" / f"pick-{arm}-0" / "metrics.jsonl").open()]
+        assert len(lines) == 2 and {x["learning_rate"] for x in lines} == {1e-3}, arm
+        moved = load_file(str(study / "runs" / f"pick-{arm}-0" / "policy" / "model.safetensors"))
+        name = next(k for k in moved if k.endswith("layers.0.self_attn.q_proj.weight"))
+        pushed = any(x["grad_norm"] > 0 for x in lines)
+        assert bool((moved[name] - base[name]).abs().max() > 0) == pushed, arm
+        assert pushed or arm != "control"
+    own = [json.loads(x) for x in (study / "runs" / "pick-own-0" / "metrics.jsonl").open()]
+    assert all(x["reward"] == x["policy_correct"] for x in own)
+    # The report, from the pack alone: the constants recompute from the untrained policy's rows.
+    pick_report.main([str(study), "--pack", str(pack)])
+    summary, text = pick_report.build(pack)
+    rows = [r for r in report.read_rows(pack) if r["arm"] == "before" and r["eval"] == "audit"]
+    floor = sum(r["slots_right"][0] for r in rows) / len(rows)
+    assert summary["constants"]["floor"] == pytest.approx(floor) and summary["constants"]["oracle"] == 1.0
+    copies = [summary["constants"][f"copy-{m}"] for m in team.PICK_TEAMMATES]
+    assert sum(copies) == pytest.approx(1.0)  # exactly one teammate is right on each question
+    assert "| C-RL, uniform credit (team reward) minus RL on the policy's own correctness" in text
+    assert "**primary**" in text and "| positive control: supervised on the oracle's answer | 0 |" in text
+    # A tampered constant row is refused.
+    shipped = report.read_rows(pack)
+    for r in shipped:
+        if r["arm"] == "oracle":
+            r["score"] = 0.0
+            break
+    report._gzip_lines(pack / "rows.jsonl.gz", shipped)
+    with pytest.raises(SystemExit, match="constant oracle"):
+        pick_report.build(pack)
+
+
+@pytest.mark.parametrize("study", ["crl_pick", "crl_pick_number"])
+def test_the_study_page_tables_are_rebuilt_from_the_shipped_rows_alone(tmp_path: Path, study: str) -> None:
+    import shutil
+
+    import crl_team_pick_report as pick_report
+
+    shipped = ROOT / "bench" / "results" / study
+    folder = tmp_path / study
+    shutil.copytree(shipped, folder)
+    for made in ("summary.json", "table.md"):
+        (folder / made).unlink()
+    summary, text = pick_report.build(folder)
+    setting = json.loads((folder / "manifest.json").read_text())["settings"][-1]
+    start, end = pick_report.markers(setting)
+    page = (ROOT / "docs" / "crl-study.md").read_text()
+    assert page.split(start, 1)[1].split(end, 1)[0] == "\n" + text
+    assert text == (shipped / "table.md").read_text()
+    # The control's gap closed (floor -> oracle) is the one the page states for the seat.
+    closed = summary["arms"]["control"]["gap_closed"][0]
+    assert f"{closed:+.3f}" in page.split(start, 1)[1].split(end, 1)[0]
