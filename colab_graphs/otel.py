@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from colab_graphs.otel_common import INSTALL_HINT, TracingUnavailable, clean
 from colab_graphs.redaction import hide_secrets, redact
 
 T = TypeVar("T")
@@ -56,7 +57,6 @@ SEMCONV_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 EXPORTERS = ("otlp", "console", "global")
 OFF = ("", "0", "off", "none", "false", "no")
 TRACER_NAME = "colab_graphs"
-INSTALL_HINT = "pip install 'colab-graphs[otel]'"
 
 # LiteLLM provider prefixes -> the GenAI conventions' `gen_ai.provider.name` (other prefixes are kept as they are).
 _PROVIDERS = {
@@ -85,11 +85,6 @@ _REQUEST_SETTINGS = {
     "presence_penalty": "gen_ai.request.presence_penalty",
     "n": "gen_ai.request.choice.count",
 }
-
-
-class TracingUnavailable(ValueError):
-    """Tracing was asked for and cannot be given (the `otel` extra missing, an unknown exporter): said before
-    any call, never skipped in silence."""
 
 
 @dataclass
@@ -238,15 +233,6 @@ def _make_provider(exporter: str) -> Any:
     from colab_graphs.otel_export import make_provider
 
     return make_provider(exporter)
-
-
-def clean(value: Any) -> Any:
-    """An attribute value as a span may carry it: strings (alone or in a list) without registered secrets."""
-    if isinstance(value, str):
-        return hide_secrets(value)
-    if isinstance(value, tuple | list):
-        return tuple(hide_secrets(v) if isinstance(v, str) else v for v in value)
-    return value
 
 
 # --- spans ---------------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export import (
 )
 from opentelemetry.trace import Status
 
-from colab_graphs.otel import INSTALL_HINT, TracingUnavailable, clean
+from colab_graphs.otel_common import INSTALL_HINT, TracingUnavailable, clean
 from colab_graphs.redaction import redact
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import cli_in_process, write_pool_file
 
-from colab_graphs.compare import CompareError, compare_folders
+from colab_graphs.audit.compare import CompareError, compare_folders
 from colab_graphs.testing import ScriptedServer, answer_key
 from colab_graphs.viewer import ViewerServer
 from tests.test_viewer import browser  # noqa: F401  (the viewer's Chromium, skipped with the reason where none)

@@ -365,12 +365,12 @@ CALL_IN_A_FRESH_PROCESS = textwrap.dedent(
     from colab_graphs.models.cache import CallCache
     from colab_graphs.testing import ScriptedServer
 
-    priced, cache_dir = sys.argv[1] == "priced", sys.argv[2]
+    priced, cache_dir, model = sys.argv[1] == "priced", sys.argv[2], sys.argv[3]
     prices = {"input_cost_per_token": 1e-6, "output_cost_per_token": 1e-6} if priced else {}
 
     async def main():
-        with ScriptedServer({"alpha": "The answer is 42."}) as server:
-            member = Member(name="a", settings={**server.litellm_kwargs("alpha"), **prices})
+        with ScriptedServer({model: "The answer is 42."}) as server:
+            member = Member(name="a", settings={**server.litellm_kwargs(model), **prices})
             client = ModelClient(CallCache(cache_dir) if cache_dir else None)
             return await client.complete(member, [{"role": "user", "content": "6 x 7?"}])
 
@@ -380,11 +380,20 @@ CALL_IN_A_FRESH_PROCESS = textwrap.dedent(
 )
 
 
-def call_in_a_fresh_process(priced: bool, cache_dir: str = "", direct: str | None = None) -> dict[str, Any]:
+def call_in_a_fresh_process(
+    priced: bool, cache_dir: str = "", direct: str | None = None, model: str = "alpha"
+) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k != "COLAB_GRAPHS_DIRECT"}
     if direct is not None:
         env["COLAB_GRAPHS_DIRECT"] = direct
-    command = [sys.executable, "-c", CALL_IN_A_FRESH_PROCESS, "priced" if priced else "unpriced", cache_dir]
+    command = [
+        sys.executable,
+        "-c",
+        CALL_IN_A_FRESH_PROCESS,
+        "priced" if priced else "unpriced",
+        cache_dir,
+        model,
+    ]
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Unclosed" not in proc.stderr and "Traceback" not in proc.stderr  # the session closed at exit
@@ -400,10 +409,15 @@ def test_a_process_whose_calls_go_direct_never_loads_litellm(direct, through_lit
 
 
 def test_a_price_looked_up_in_litellms_map_is_remembered_in_the_cache_for_the_next_process(tmp_path) -> None:
-    first = call_in_a_fresh_process(priced=False, cache_dir=str(tmp_path / "cache"))
-    again = call_in_a_fresh_process(priced=False, cache_dir=str(tmp_path / "cache"))
+    # "alpha-chat" ends in a piece of names the bundled map prices ("chat"): only LiteLLM can say it has none.
+    first = call_in_a_fresh_process(priced=False, cache_dir=str(tmp_path / "cache"), model="alpha-chat")
+    again = call_in_a_fresh_process(priced=False, cache_dir=str(tmp_path / "cache"), model="alpha-chat")
     assert first == {"cost": None, "litellm": True}  # LiteLLM was loaded to look the price up: it has none
     assert again == {"cost": None, "litellm": False}
+
+
+def test_a_model_the_bundled_map_names_nowhere_is_unpriced_without_loading_litellm() -> None:
+    assert call_in_a_fresh_process(priced=False) == {"cost": None, "litellm": False}
 
 
 # --- a server that serves canned bodies -----------------------------------------------------------------------

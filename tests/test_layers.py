@@ -5,7 +5,8 @@ and resolve, models/, local/, serve/, langchain/, tasks/, log/, testing/, ...) s
 nothing from the upper layers. Above it, each layer may import only the layers below it (`LAYERS`, lowest
 first):
 
-- base: the plain modules the model packages stand on (`BASE`: pool, trace, redaction, watch, files, _env).
+- base: the plain modules the model packages stand on (`BASE`: pool, trace, redaction, watch, files, _env, and
+  the OpenTelemetry spans every layer opens: otel, otel_common, otel_export).
 - local: in-process inference (`local/`): the LiteLLM provider, the engine, the zoo, merges, logit decoding.
 - models: the call path (`models/`); it knows local inference only as a LiteLLM provider: its one door into
   `local/` is `colab_graphs.local.provider` (`test_the_call_path_knows_local_inference_only_as_a_provider`).
@@ -38,7 +39,19 @@ MEETING_POINTS = {"colab_graphs", "colab_graphs.builtins", "colab_graphs.api"}
 # The core's own packages below the rest of it, and the plain modules they stand on.
 MODEL_PACKAGES = ("local", "models", "serve", "langchain")
 BASE = frozenset(
-    f"colab_graphs.{m}" for m in ("_env", "files", "pool", "pool_settings", "redaction", "trace", "watch")
+    f"colab_graphs.{m}"
+    for m in (
+        "_env",
+        "files",
+        "otel",
+        "otel_common",
+        "otel_export",
+        "pool",
+        "pool_settings",
+        "redaction",
+        "trace",
+        "watch",
+    )
 )
 # The package layers, lowest first (the module docstring says why): a package imports its own layer or below.
 LAYERS: tuple[frozenset[str], ...] = (

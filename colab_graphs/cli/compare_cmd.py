@@ -1,4 +1,4 @@
-"""`colab-graphs compare A B`: two runs or two audits side by side (`colab_graphs.compare`)."""
+"""`colab-graphs compare A B`: two runs or two audits side by side (`colab_graphs.audit.compare`)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def compare(
 ) -> None:
     """Compare two runs or two audits: scores, members' values, calls and cost side by side, and the examples
     whose score changed (B - A). Exit 2 when they cannot be compared."""
-    from colab_graphs.compare import CompareError, compare_folders
+    from colab_graphs.audit.compare import CompareError, compare_folders
     from colab_graphs.log import LogError
 
     try:

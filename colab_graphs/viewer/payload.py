@@ -318,9 +318,9 @@ def _play_json(log: Log, play: Trace, order: dict[str, int] | None) -> dict[str,
 
 
 def compare_payload(root: Path, a: str, b: str, cache: LogCache) -> dict[str, Any]:
-    """Two runs or two audits under the served folder side by side (`colab_graphs.compare`); folders that
+    """Two runs or two audits under the served folder side by side (`colab_graphs.audit.compare`); folders that
     cannot be compared are a 422 naming why."""
-    from colab_graphs.compare import COMPARABLE, CompareError, compare_logs
+    from colab_graphs.audit.compare import COMPARABLE, CompareError, compare_logs
 
     logs = []
     for rel in (a, b):
