@@ -788,21 +788,10 @@ def _with_needed_blocks(solution: str, blocks: list[str], entry_point: str | Non
     return "\n".join(blocks[i] if blocks[i].endswith("\n") else blocks[i] + "\n" for i in sorted(chosen))
 
 
-# CPython 3.11's parser counts its recursion depth per interpreter, not per thread: two threads parsing at once
-# (sync routers and scorers run in executor threads) can fail with "SystemError: AST constructor recursion depth
-# mismatch" (python/cpython#106905), which ended a study here. One parse at a time.
-_PARSE_LOCK = threading.Lock()
-
-
-def _parse(code: str) -> ast.Module:
-    with _PARSE_LOCK:
-        return ast.parse(code)
-
-
 def parse_python(code: str) -> ast.Module | None:
     """`code`'s syntax tree, or None when it is not Python."""
     try:
-        return _parse(code)
+        return ast.parse(code)  # (serialized on Python < 3.12: colab_graphs._env says why)
     except (SyntaxError, ValueError):
         return None
 
@@ -940,7 +929,7 @@ def _preorder(node: ast.AST) -> Iterator[ast.AST]:
 def canonical_code(code: str) -> str:
     """Source with formatting, comments and docstrings normalised away (ast round trip), for "same answer"."""
     try:
-        tree = _parse(code)
+        tree = ast.parse(code)
     except (SyntaxError, ValueError):
         return " ".join((code or "").split())
     for node in ast.walk(tree):
@@ -959,7 +948,7 @@ def canonical_code(code: str) -> str:
 def defined_functions(code: str) -> list[str]:
     """Names of the top-level functions `code` defines, in order ([] when it does not parse)."""
     try:
-        tree = _parse(code)
+        tree = ast.parse(code)
     except (SyntaxError, ValueError):
         return re.findall(r"^def\s+([A-Za-z_]\w*)\s*\(", code or "", re.MULTILINE)
     return [n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
