@@ -39,6 +39,7 @@ PLAIN_PYTHON: dict[str, tuple[str, str, str, str]] = {
         "assert squares([1, 2, 3]) == [1, 4, 9]\nassert round_trip(2, 5) == (2, 5)\n",
         "def squares(xs):\n    return [x * 2 for x in xs]\n\ndef round_trip(x, y):\n    return (x, y)\n",
         d("""\
+            import concurrent.futures
             import multiprocessing
             import pickle
 
@@ -49,18 +50,14 @@ PLAIN_PYTHON: dict[str, tuple[str, str, str, str]] = {
             def square(x):
                 return x * x
 
-            def _worker(conn):
-                function, values = conn.recv()
-                conn.send([function(v) for v in values])
-
             def squares(xs):
-                mine, theirs = multiprocessing.Pipe()
-                worker = multiprocessing.Process(target=_worker, args=(theirs,))
-                worker.start()
-                mine.send((square, xs))
-                result = mine.recv()
-                worker.join()
-                return result
+                with multiprocessing.Pool(2) as pool:
+                    forked = pool.map(square, xs)
+                spawn = multiprocessing.get_context("spawn")
+                with concurrent.futures.ProcessPoolExecutor(2, mp_context=spawn) as ex:
+                    spawned = list(ex.map(square, xs))
+                assert forked == spawned
+                return forked
 
             def round_trip(x, y):
                 point = pickle.loads(pickle.dumps(Point(x, y)))
@@ -68,45 +65,52 @@ PLAIN_PYTHON: dict[str, tuple[str, str, str, str]] = {
             """),
     ),
 }
-# The same task where the run has a `/dev/shm` of its own (the namespaces backend): the workers come from
-# `multiprocessing.Pool` and `ProcessPoolExecutor` (semaphores in /dev/shm), forked and spawned (a spawned
-# worker imports `solution` afresh). Under landlock no private /dev/shm can be made (docs/sandbox.md): the
-# pipe above stands in there.
-THROUGH_A_POOL = d("""\
-    import concurrent.futures
+# Shared state between processes, forked and spawned: a `Lock`, `Value`, `Array`, `Event` and `Queue` (semaphores
+# and an arena in the run's /dev/shm: its own tmpfs under namespaces, `colab_graphs.sandbox.private_shm` under
+# landlock) and a `shared_memory` segment. The wrong reply uses the same machinery and drops the last item.
+SHARED_STATE = d("""\
     import multiprocessing
-    import pickle
+    from multiprocessing import shared_memory
 
-    class Point:
-        def __init__(self, x, y):
-            self.x, self.y = x, y
+    def _add(name, start, stop, total, lock, ready, done):
+        segment = shared_memory.SharedMemory(name=name)
+        part = sum(segment.buf[start:stop])
+        segment.close()
+        ready.wait(20)
+        with lock:
+            total.value += part
+        done.put(stop - start)
 
-    def square(x):
-        return x * x
-
-    def squares(xs):
-        with multiprocessing.Pool(2) as pool:
-            forked = pool.map(square, xs)
-        spawn = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(2, mp_context=spawn) as ex:
-            spawned = list(ex.map(square, xs))
-        assert forked == spawned
-        return forked
-
-    def round_trip(x, y):
-        point = pickle.loads(pickle.dumps(Point(x, y)))
-        return (point.x, point.y)
+    def parallel_sum(xs):
+        sums = []
+        for method in ("fork", "spawn"):
+            ctx = multiprocessing.get_context(method)
+            segment = shared_memory.SharedMemory(create=True, size=max(len(xs), 1))
+            segment.buf[: len(xs)] = bytes(xs)
+            total, lock, ready, done = ctx.Value("q", 0, lock=False), ctx.Lock(), ctx.Event(), ctx.Queue()
+            seen = ctx.Array("q", [0, 0])
+            half = len(xs) // 2
+            bounds = [(0, half), (half, STOP)]
+            workers = [ctx.Process(target=_add, args=(segment.name, a, b, total, lock, ready, done)) for a, b in bounds]
+            for worker in workers:
+                worker.start()
+            ready.set()
+            for i in range(2):
+                seen[i] = done.get(timeout=20)
+            for worker in workers:
+                worker.join()
+            segment.close()
+            segment.unlink()
+            sums.append(total.value)
+        assert sums[0] == sums[1]
+        return sums[0]
     """)
-
-
-def plain_python(backend: str) -> dict[str, tuple[str, str, str, str]]:
-    """`PLAIN_PYTHON` as a run of `backend` is asked it: with a private /dev/shm (namespaces) the reply's
-    functions go to a process pool."""
-    if backend != "namespaces":
-        return PLAIN_PYTHON
-    name = "functions_and_classes_of_the_reply_pickle"
-    question, test, wrong, _ = PLAIN_PYTHON[name]
-    return {**PLAIN_PYTHON, name: (question, test, wrong, THROUGH_A_POOL)}
+PLAIN_PYTHON["shared_state_across_processes"] = (
+    "Write parallel_sum(xs), which sums the small non-negative ints xs in two worker processes through shared memory.",
+    "assert parallel_sum([1, 2, 3, 4]) == 10\nassert parallel_sum([5]) == 5\nassert parallel_sum([]) == 0\n",
+    SHARED_STATE.replace("STOP", "max(len(xs) - 1, half)"),
+    SHARED_STATE.replace("STOP", "len(xs)"),
+)
 
 
 if find_spec("numpy") is not None:

@@ -7,9 +7,10 @@ each copy in prose around a fenced block. Every wrong reply scores 0 and every c
 - identity as in one process: a returned argument is the test's own object (``clone`` returning its argument
   fails a test asserting a new list), a change inside a nested argument reaches the test's own row, the
   solution's functions and classes pickle (workers of a `multiprocessing.Pool` and a spawning
-  `ProcessPoolExecutor` get them where the run has a private /dev/shm, namespaces; a worker process over a
-  `multiprocessing` pipe under landlock, which has none), numpy
-  scalars and arrays compare as numpy's (`== 2`, `np.array_equal`);
+  `ProcessPoolExecutor` get them), processes share state through `Lock`, `Value`, `Array`, `Event`, `Queue`
+  and `shared_memory` (forked and spawned, on the run's own /dev/shm: a tmpfs under namespaces, a directory
+  of its work directory under landlock), numpy scalars and arrays compare as numpy's (`== 2`,
+  `np.array_equal`);
 - the candidate's signals reach only its own processes: a correct answer that ignores SIGTERM and sends it to
   its own process group (`kill(0, ...)`, `killpg(getpgrp(), ...)`) scores 1, its judge alive;
 - nothing outside the run changes: replies that try to renice, re-limit (open files, CPU, memory), pin,
@@ -37,13 +38,11 @@ from pathlib import Path
 import pytest
 from conftest import score_code_replies
 
-from colab_graphs.sandbox import runner
 from colab_graphs.testing.scripts import last_user_text
 from tests.reach_cases import (
     PLAIN_PYTHON,
     file_state,
     host_header,
-    plain_python,
     process_cases,
     process_state,
 )
@@ -86,7 +85,7 @@ def scored(host, tmp_path_factory) -> Iterator[tuple[dict[str, float], dict[str,
     header = host_header(host["pids"], host["files"], host["marker"])
     replies, wanted, records = {}, {}, []
     add = HUMANEVAL["HumanEval/53"]
-    for name, (question, test, wrong, right) in plain_python(runner.resolve().name).items():
+    for name, (question, test, wrong, right) in PLAIN_PYTHON.items():
         for verdict, code, score in (("wrong", wrong, 0.0), ("right", right, 1.0)):
             variant = f"{name}-{verdict}"
             replies[variant], wanted[variant] = code, score

@@ -49,7 +49,7 @@ for path, mode in zip(files, (0o666, 0o644)):
 pids = [os.getpid(), bystander.pid]
 add_test = "assert add(2, 3) == 5\\nassert add(-1, 1) == 0\\n"
 cases = {{n: (code, want, add_test) for n, (code, want) in reach.process_cases(reach.host_header(pids, files, {marker!r})).items()}}
-for name, (question, test, wrong, right) in reach.plain_python({backend!r}).items():
+for name, (question, test, wrong, right) in reach.PLAIN_PYTHON.items():
     if "numpy" not in wrong + right:
         cases[name + "-wrong"], cases[name + "-right"] = (wrong, 0.0, test), (right, 1.0, test)
 before = {{str(p): reach.process_state(p) for p in pids}} | {{f: reach.file_state(f) for f in files}}

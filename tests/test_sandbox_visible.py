@@ -8,6 +8,7 @@ package the setting adds, a name that is not installed.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ import pytest
 from colab_graphs.sandbox import SandboxUnavailable, runner, visible
 from colab_graphs.sandbox.code_tests import run_tests
 from colab_graphs.sandbox.runner import run_code
+from tests.reach_cases import PLAIN_PYTHON
 from tests.test_reward_hacks_answer_key import SOURCES, probe_code
 from tests.test_sandbox import (
     SAFE_BACKENDS,
@@ -171,30 +173,129 @@ def test_multiprocessing_runs_on_the_runs_own_dev_shm_which_dies_with_it():
     assert later.stdout == "[]\n"
 
 
+@pytest.mark.parametrize("backend", SAFE_BACKENDS)
+@pytest.mark.parametrize(
+    "case", ["shared_state_across_processes", "functions_and_classes_of_the_reply_pickle"]
+)
+def test_correct_multiprocessing_code_scores_one_and_wrong_code_zero(backend, case):
+    """Pools and executors (forked and spawned), `Lock`, `Value`, `Array`, `Event`, `Queue` and
+    `shared_memory` (`tests/reach_cases.py`): the run's own /dev/shm, a tmpfs under namespaces and
+    `colab_graphs.sandbox.private_shm` under landlock."""
+    _, test, wrong, right = PLAIN_PYTHON[case]
+    verdicts = {code: run_tests(code, test, sandbox=backend, timeout_s=60) for code in (wrong, right)}
+    assert verdicts[right].passed, verdicts[right].reason
+    assert not verdicts[wrong].passed and "AssertionError" in verdicts[wrong].reason
+
+
+# Named semaphores (the spawn context keeps their names) and a segment: where they live, listed by the run.
+NAMED = (
+    "import multiprocessing, os\nfrom multiprocessing import shared_memory\n"
+    "ctx = multiprocessing.get_context('spawn')\n"
+    "lock, sem = ctx.Lock(), ctx.Semaphore(2)\n"
+    "segment = shared_memory.SharedMemory(create=True, size=64)\n"
+    "here = os.path.join(os.environ['TMPDIR'], '.shm')\n"
+    "print(here, sorted(os.listdir(here)), segment.name, lock._semlock.name)\n"
+)
+
+
 @requires_landlock
-@pytest.mark.xfail(strict=True, reason="no private /dev/shm without a mount namespace (docs/sandbox.md)")
-def test_multiprocessing_under_landlock():
-    verdict = run_tests(MULTIPROCESSING, MULTIPROCESSING_TEST, sandbox="landlock", timeout_s=30)
-    assert verdict.passed, verdict.reason
+def test_under_landlock_multiprocessing_gets_a_private_directory_that_goes_with_the_run():
+    result = run_code(NAMED, backend="landlock")
+    assert result.passed, result.stderr[-2000:]
+    here, listed = result.stdout.split(" ", 1)
+    assert here.startswith(tempfile.gettempdir()) and os.path.basename(os.path.dirname(here)).startswith(
+        "cg_sandbox_"
+    )
+    assert "'sem.mp-" in listed and "'psm_" in listed  # the semaphores and the segment are files of its own
+    assert not os.path.exists(os.path.dirname(here))  # removed with the run's work directory
+
+
+# Run A: a segment and a named semaphore of its own, held until the host (root, outside) flips byte 1 of the
+# segment's file; its secret (byte 0) and the semaphore's value must then be as it left them.
+HOLDER = (
+    "import multiprocessing, time\nfrom multiprocessing import shared_memory\n"
+    "sem = multiprocessing.get_context('spawn').Semaphore(3)\n"
+    "segment = shared_memory.SharedMemory(name='cg_{tag}', create=True, size=16)\n"
+    "segment.buf[0] = 42\n"
+    "end = time.monotonic() + 60\n"
+    "while segment.buf[1] == 0 and time.monotonic() < end:\n    time.sleep(0.05)\n"
+    "print(segment.buf[0], segment.buf[1], sem.get_value())\n"
+    "segment.close()\nsegment.unlink()\n"
+)
+# Run B: A's segment and semaphore by name (its own private directory has neither), by their files' paths
+# (outside its work directory: Landlock), the host's /dev/shm, and `sem_open` itself (the C library's path).
+SNOOPER = (
+    "import ctypes, multiprocessing, os\nfrom multiprocessing import shared_memory, synchronize\n"
+    "import _multiprocessing\n"
+    "def attempt(act):\n    try:\n        act()\n        return 'done'\n    except OSError as exc:\n"
+    "        return type(exc).__name__\n"
+    "def sem_open():\n    libc = ctypes.CDLL(None, use_errno=True)\n    libc.sem_open.restype = ctypes.c_void_p\n"
+    "    if libc.sem_open(b'/cg_c_{tag}', os.O_CREAT, 0o600, 1) in (None, 0):\n"
+    "        raise OSError(ctypes.get_errno(), 'sem_open')\n"
+    "print([attempt(a) for a in (\n"
+    "    lambda: shared_memory.SharedMemory(name='cg_{tag}'),\n"
+    "    lambda: _multiprocessing.SemLock._rebuild(0, 1, synchronize.SEM_VALUE_MAX, {sem!r}),\n"
+    "    lambda: open({segment_file!r}, 'r+b').write(b'x'),\n"
+    "    lambda: open({sem_file!r}, 'r+b').write(b'x'),\n"
+    "    lambda: os.listdir('/dev/shm'),\n"
+    "    sem_open,\n"
+    ")])\n"
+)
+
+
+@requires_landlock
+def test_under_landlock_a_run_cannot_reach_another_runs_semaphores_or_segments():
+    tag = uuid.uuid4().hex[:12]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        holder = pool.submit(run_code, HOLDER.format(tag=tag), backend="landlock", timeout_s=90)
+        segment_file = None
+        for _ in range(600):
+            found = list(Path(tempfile.gettempdir()).glob(f"cg_sandbox_*/.shm/cg_{tag}"))
+            if found:
+                segment_file = found[0]
+                break
+            time.sleep(0.1)
+        assert segment_file is not None, holder.result().stderr if holder.done() else "run A never made it"
+        sem_file = next(p for p in segment_file.parent.iterdir() if p.name.startswith("sem."))
+        sem = "/" + sem_file.name.removeprefix("sem.")
+        snooper = SNOOPER.format(tag=tag, sem=sem, segment_file=str(segment_file), sem_file=str(sem_file))
+        snooped = run_code(snooper, backend="landlock")
+        with open(segment_file, "r+b") as fh:  # the host tells run A to finish
+            fh.seek(1)
+            fh.write(b"\x01")
+        held = holder.result()
+    assert snooped.passed, snooped.stderr[-2000:]
+    assert snooped.stdout == (
+        "['FileNotFoundError', 'FileNotFoundError', 'PermissionError', 'PermissionError', 'PermissionError',"
+        " 'PermissionError']\n"
+    )
+    assert held.passed and held.stdout == "42 1 3\n", held.stderr[-2000:]
+    assert not segment_file.parent.exists()
+    assert not Path(f"/dev/shm/sem.cg_c_{tag}").exists()
 
 
 @requires_landlock
 def test_under_landlock_the_hosts_dev_shm_stays_out_of_reach():
+    """The host's /dev/shm is not granted: not its files, not a new one, not the C library's `sem_open` (a C
+    extension calling it fails closed); `_multiprocessing.SemLock` makes its file in the run's own directory."""
     name = f"cg-shm-{uuid.uuid4().hex}"
     host = Path("/dev/shm") / name
     host.write_text("host")
     host.chmod(0o666)
     try:
         probe = (
-            f"import _multiprocessing, os\nfor act in (lambda: open({str(host)!r}).read(), "
-            f"lambda: open('/dev/shm/x-{name}', 'w'), lambda: _multiprocessing.SemLock(1, 1, 1, '/{name}', True)):\n"
+            f"import _multiprocessing, ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            f"def sem_open():\n    if libc.sem_open(b'/{name}', os.O_CREAT, 0o600, 1) in (None, 0):\n"
+            "        raise OSError(ctypes.get_errno(), 'sem_open')\n"
+            f"for act in (lambda: open({str(host)!r}).read(), lambda: open('/dev/shm/x-{name}', 'w'), sem_open,\n"
+            f"            lambda: _multiprocessing.SemLock(1, 1, 1, '/{name}', False)):\n"
             "    try:\n        act()\n        print('done')\n    except OSError as exc:\n        print(exc.errno)\n"
         )
         result = run_code(probe, backend="landlock")
     finally:
         host.unlink()
-    assert result.stdout == "13\n13\n13\n", result.stderr  # EACCES, each
-    assert not Path(f"/dev/shm/x-{name}").exists()
+    assert result.stdout == "13\n13\n13\ndone\n", result.stderr  # EACCES, each; the SemLock in its own
+    assert not Path(f"/dev/shm/x-{name}").exists() and not Path(f"/dev/shm/sem.{name}").exists()
 
 
 # --- Landlock below ABI 3 --------------------------------------------------------------------------------------

@@ -108,7 +108,7 @@ def main(config_fd: int) -> None:
         for name, text in plan["files"].items():
             _write(os.path.join(files_dir, name), text, plan["uids"]["candidate"])
         if plan["landlock"]:
-            _link_packages(plan["view"], os.path.join(workdir, _PACKAGES_DIR))
+            _link_packages(plan["view"], workdir, plan["uids"]["candidate"])
     else:
         _die("the plan has neither a private root nor a work directory")
     if plan["uids"]["candidate"] is not None:
@@ -238,20 +238,71 @@ def _show_interpreter(root: str, view: View, sources: dict[str, int]) -> None:
 
 
 _PACKAGES_DIR = ".packages"
+_SHM_DIR = ".shm"  # the landlock backend's private /dev/shm (`colab_graphs.sandbox.private_shm`)
+_SHM_MODULE = "_cg_private_shm"
 
 
-def _link_packages(view: View, where: str) -> None:
+def _link_packages(view: View, workdir: str, uid: int | None) -> None:
     """The landlock backend's package directory (it has no mounts to build one): a directory of links to the
     allowed packages' entries, on the candidate's path (`PYTHONPATH`), and a `sitecustomize` that takes the
     interpreter's own package directories off the path and puts this one after the standard library. Landlock lets the code read what the links lead
     to, and nothing else of those directories; listing them is not granted (Python would then find every
-    installed package by name, and an optional import of one would fail with PermissionError, not ImportError)."""
+    installed package by name, and an optional import of one would fail with PermissionError, not ImportError).
+
+    The same `sitecustomize` gives `multiprocessing` the run's private /dev/shm, a directory of the work
+    directory (no mount can make one here, and the host's is not granted): `_PRIVATE_SHM` patches
+    `_multiprocessing`, `_posixshmem` and `multiprocessing.heap` when they are imported, to
+    `colab_graphs.sandbox.private_shm`, copied beside the links."""
+    where = os.path.join(workdir, _PACKAGES_DIR)
     os.mkdir(where, 0o755)
     for entry in _allowed_entries(view):
         os.symlink(entry, os.path.join(where, os.path.basename(entry)))
+    shm = os.path.join(workdir, _SHM_DIR)
+    os.mkdir(shm, 0o700)
+    if uid is not None:
+        os.chown(shm, uid, uid)
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "private_shm.py"), "rb") as fh:
+        _write(os.path.join(where, _SHM_MODULE + ".py"), fh.read(), None)
     # After the standard library, where a package directory would be: no package shadows a standard module.
     hide = f"import sys\nsys.path[:] = [p for p in sys.path if p not in {[*view['listed'], where]!r}] + [{where!r}]\n"
-    _write(os.path.join(where, "sitecustomize.py"), hide, None)
+    _write(
+        os.path.join(where, "sitecustomize.py"), hide + _PRIVATE_SHM.format(shm=shm, module=_SHM_MODULE), None
+    )
+
+
+# The rest of the run's `sitecustomize` (`{shm}`: the private directory; `{module}`: the copy of
+# `colab_graphs.sandbox.private_shm`): a finder that patches the modules
+# behind `multiprocessing`'s shared state as they are imported, so that a run without them pays nothing.
+_PRIVATE_SHM = """
+class _PrivateShm:
+    names = ("_multiprocessing", "_posixshmem", "multiprocessing.heap")
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.names:
+            return None
+        for finder in sys.meta_path:
+            spec = None if finder is self else finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _Patched(spec.loader)
+                return spec
+        return None
+
+
+class _Patched:
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        import {module}
+        {module}.install({shm!r}, module)
+
+
+sys.meta_path.insert(0, _PrivateShm())
+"""
 
 
 def _allowed_entries(view: View) -> list[str]:
