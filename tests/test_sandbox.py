@@ -11,9 +11,11 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ from colab_graphs.sandbox.runner import arun_code, run_code
 from colab_graphs.tasks.example import Example
 from colab_graphs.tasks.loaders import DatasetError, load_examples
 from colab_graphs.tasks.scoring import apply_scorer, get_scorer
+from tests import plain_user
 
 FULL_ISOLATION = {
     "netns",
@@ -826,37 +829,56 @@ def test_where_unshare_is_refused_auto_picks_landlock_and_without_landlock_refus
 
 @requires_landlock
 @pytest.mark.parametrize("user", ["root", "unprivileged"])
-def test_every_reward_hack_suite_holds_under_landlock_with_unshare_refused(user, tmp_path):
+def test_every_reward_hack_suite_holds_under_landlock_with_unshare_refused(user):
     """Every tests/test_reward_hacks*.py, run in a container that refuses namespaces (Docker's default seccomp
     profile, reproduced by `colab_graphs.testing.container`) with the landlock backend: each wrong answer 0,
     each correct one 1, nothing reaches the host (the suites assert all of that themselves). As the caller,
-    and as an unprivileged uid where this environment (its interpreter, this checkout) is open to one."""
+    and as an unprivileged uid (`tests/plain_user.py` shows it this environment's interpreter where a closed
+    directory hides it, in a mount namespace of the test's own)."""
+    as_user = ["--user", str(NOBODY)] if user == "unprivileged" else []
+    _run_reward_hack_suites(user, "landlock", lambda argv: [*CONTAINER, *as_user, "--", *argv])
+
+
+@requires_namespaces
+def test_every_reward_hack_suite_holds_for_a_plain_user_under_namespaces():
+    """The same suites as a plain user (`nobody`) with the namespaces backend, in a user namespace of its own."""
+    setpriv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+    _run_reward_hack_suites("unprivileged", "namespaces", lambda argv: [*setpriv, *argv])
+
+
+def _run_reward_hack_suites(user: str, backend: str, wrap: Callable[[list[str]], list[str]]) -> None:
+    """Run every tests/test_reward_hacks*.py with `backend`, through `wrap` (which drops to the user); as a plain
+    user, in a mount namespace of its own where this interpreter is reachable (skipped, with the reason, where
+    that cannot be made)."""
     files = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_reward_hacks*.py"))
-    env = {**os.environ, "COLAB_GRAPHS_SANDBOX": "landlock", "PYTHONPATH": str(REPO)}
-    as_user: list[str] = []
-    if user == "unprivileged":
-        if os.geteuid() != 0:
-            pytest.skip("the caller is unprivileged already: the root case is this one")
-        # Tried as that uid, the way the suite would run: this interpreter with its pytest, on this checkout.
-        probe = f"import os, pytest; os.listdir({str(REPO / 'tests')!r})"
-        tried = subprocess.run(
-            [*CONTAINER, "--user", str(NOBODY), "--", sys.executable, "-c", probe],
-            capture_output=True, text=True, timeout=120, cwd=REPO, env=env,
-        )  # fmt: skip
-        if tried.returncode != 0:
-            pytest.skip(f"uid {NOBODY} cannot run {sys.executable} on {REPO}: {tried.stderr.strip()[-200:]}")
-        tmp_path.chmod(0o777)
-        env |= {"HOME": str(tmp_path), "TMPDIR": str(tmp_path)}
-        as_user = ["--user", str(NOBODY)]
-    pytest_argv = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *files]
-    done = subprocess.run(
-        [*CONTAINER, *as_user, "--", *pytest_argv],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        cwd=REPO,
-    )
+    env = {**os.environ, "COLAB_GRAPHS_SANDBOX": backend, "PYTHONPATH": str(REPO)}
+    reach: Callable[[list[str]], list[str]] = list
+    with tempfile.TemporaryDirectory(prefix="cg-plain-user-") as home:
+        if user == "unprivileged":
+            if os.geteuid() != 0:
+                pytest.skip("the caller is unprivileged already: the root case is this one")
+            if not shutil.which("setpriv"):
+                pytest.skip("setpriv (util-linux) is needed to switch to an unprivileged uid")
+            reach = plain_user.command
+            Path(home).chmod(
+                0o777
+            )  # the plain user's HOME and TMPDIR (pytest's tmp_path is root's, mode 700)
+            env |= {"HOME": home, "TMPDIR": home}
+            # Tried as that uid, the way the suite would run: this interpreter with its pytest, on this checkout.
+            probe = f"import os, pytest; os.listdir({str(REPO / 'tests')!r})"
+            tried = subprocess.run(
+                reach(wrap([sys.executable, "-c", probe])),
+                capture_output=True, text=True, timeout=120, cwd=REPO, env=env,
+            )  # fmt: skip
+            if tried.returncode == plain_user.CANNOT:
+                pytest.skip(
+                    f"this interpreter cannot be shown to uid {NOBODY}: {tried.stderr.strip()[-300:]}"
+                )
+            assert tried.returncode == 0, tried.stderr[-2000:]
+        pytest_argv = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *files]
+        done = subprocess.run(
+            reach(wrap(pytest_argv)), capture_output=True, text=True, timeout=900, env=env, cwd=REPO
+        )
     summary = done.stdout.strip().splitlines()[-1]
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert " passed" in summary and "skipped" not in summary, done.stdout[-3000:]

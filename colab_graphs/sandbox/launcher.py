@@ -11,7 +11,8 @@ what it reports back (the status and the verdict) are Python literals, one per l
    its standard library and allowed packages, every other package directory masked), bound read-only, a `/dev` of
    null/zero/full/random/urandom, a fresh `/proc`, a size-capped tmpfs `/tmp` (the work directory and the
    only writable place) and a size-capped `/dev/shm`; then `pivot_root`s into it and detaches the host's tree.
-   landlock: writes the programs into the host's per-run work directory and becomes a child subreaper;
+   landlock: writes the programs into the host's per-run work directory, with the links to the allowed packages
+   and a private /dev/shm for `multiprocessing` (`_link_packages`), and becomes a child subreaper;
 3. starts the **judge** (when the plan has one): a fork of this process, in a session of its own, that drops
    to its own uid (or all capabilities), turns non-dumpable, keeps only its pipes (landlock: confines itself,
    reading only and writing nothing), runs the harness program's `judge(...)` and writes the verdict, with

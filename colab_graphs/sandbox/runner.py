@@ -34,8 +34,9 @@ seccomp profile; `launcher` has the details):
 - ``landlock_fs`` (``landlock_abi_N`` names the kernel's ABI): reading only the system directories, the files
   of `/etc` that the C library and Python read, and the view of the interpreter (``package_allow_list``);
   writing only the work directory (a fresh `cg_sandbox_*` directory of the run's uid, named by its scorer,
-  which the next scorer removes if this one was killed); no `/proc` at all. ``landlock_tcp`` (ABI 4):
-  no TCP bind or connect. ``landlock_scopes`` (ABI 6): no signal to, and no abstract Unix socket of, any
+  which the next scorer removes if this one was killed; `multiprocessing`'s semaphores and shared memory
+  live in a directory of it, `colab_graphs.sandbox.private_shm`, not the host's `/dev/shm`); no `/proc` at
+  all. ``landlock_tcp`` (ABI 4): no TCP bind or connect. ``landlock_scopes`` (ABI 6): no signal to, and no abstract Unix socket of, any
   process outside the run's Landlock domain.
 - ``seccomp``: no `socket()` (Landlock does not cover connecting to a Unix socket by path), only connected
   AF_UNIX `socketpair`s; no ptrace, `process_vm_*`, namespaces, mounts, BPF, keyrings, file handles, perf,
