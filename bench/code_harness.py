@@ -12,11 +12,16 @@ shared machine), the CPU time of a score: the sandbox's processes (`RUSAGE_CHILD
 The same script runs against an older checkout (`PYTHONPATH=OLD python bench/code_harness.py`): its scorer
 path is then the old harness, which is how BENCHMARKS.md compares before and after.
 
-`--sandbox` picks the backend (`namespaces`, `landlock`, ...: env `COLAB_GRAPHS_SANDBOX` for the whole run), so
-the same figures compare the backends.
+`--sandbox` picks the backend (`namespaces`, `landlock`, ...: env `COLAB_GRAPHS_SANDBOX` while it is measured);
+a comma-separated list measures each in the same process, interleaved round by round, and gives each one's CPU
+per score over the first's (one machine, one load: the ratio is the figure to read when the load moves).
+`--multiprocessing N` adds a mode: N sandboxed runs of a program that shares state between processes (a fork
+`Pool`, a `Queue`, a `Lock`, a `Value` and a `shared_memory` segment: semaphores and segments on the run's own
+/dev/shm, a tmpfs under namespaces and `colab_graphs.sandbox.private_shm` under landlock).
 
 Usage:
-    python bench/code_harness.py [--records 20] [--rounds 3] [--sandbox auto] [--json out.json]
+    python bench/code_harness.py [--records 20] [--rounds 3] [--sandbox auto|B1,B2] [--multiprocessing 0]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -80,6 +85,49 @@ async def _single_process(examples: list, parallel: bool) -> list[float]:
     return await _timed(one, examples, parallel)
 
 
+_SHARED_STATE = """\
+import multiprocessing
+from multiprocessing import shared_memory
+
+def square(x):
+    return x * x
+
+def add(total, lock, queue, name):
+    segment = shared_memory.SharedMemory(name=name)
+    with lock:
+        total.value += sum(segment.buf[:4])
+    segment.close()
+    queue.put(True)
+
+if __name__ == "__main__":
+    with multiprocessing.Pool(2) as pool:
+        assert pool.map(square, range(8)) == [x * x for x in range(8)]
+    total, lock, queue = multiprocessing.Value("i", 0), multiprocessing.Lock(), multiprocessing.Queue()
+    segment = shared_memory.SharedMemory(create=True, size=4)
+    segment.buf[:4] = bytes([1, 2, 3, 4])
+    workers = [multiprocessing.Process(target=add, args=(total, lock, queue, segment.name)) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    assert [queue.get(timeout=20) for _ in workers] == [True, True]
+    for worker in workers:
+        worker.join()
+    assert total.value == 20
+    segment.close()
+    segment.unlink()
+"""
+
+
+async def _shared_state(count: int) -> list[float]:
+    """Wall ms of each of `count` sandboxed runs of `_SHARED_STATE` (each must pass)."""
+    times = []
+    for _ in range(count):
+        start = time.perf_counter()
+        result = await sandbox.arun_code(_SHARED_STATE, timeout_s=60, cpu_s=60)
+        assert result.passed, result.stderr[-500:]
+        times.append((time.perf_counter() - start) * 1000)
+    return times
+
+
 def _cpu_s() -> float:
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     return children.ru_utime + children.ru_stime + time.process_time()
@@ -91,46 +139,78 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each mode, interleaved")
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument(
-        "--sandbox", default="auto", help="the sandbox backend (auto, namespaces, landlock, ...)"
+        "--sandbox",
+        default="auto",
+        help="the sandbox backend(s), comma-separated (auto, namespaces, landlock, ...)",
+    )
+    parser.add_argument(
+        "--multiprocessing",
+        type=int,
+        default=0,
+        help="runs per round of a program sharing state between processes",
     )
     args = parser.parse_args()
-    os.environ["COLAB_GRAPHS_SANDBOX"] = args.sandbox
-    backend = sandbox.resolve(args.sandbox).name
+    backends = [sandbox.resolve(name.strip()).name for name in args.sandbox.split(",")]
     examples = load_examples("humaneval", limit=args.records)
-    asyncio.run(_scored(examples[:2], parallel=False))  # warm: namespace probes, the harness source
     modes = {
-        "scorer, sequential": lambda: _scored(examples, False),
-        "single process, sequential": lambda: _single_process(examples, False),
-        "scorer, parallel": lambda: _scored(examples, True),
-        "single process, parallel": lambda: _single_process(examples, True),
+        "scorer, sequential": (lambda: _scored(examples, False), len(examples)),
+        "single process, sequential": (lambda: _single_process(examples, False), len(examples)),
+        "scorer, parallel": (lambda: _scored(examples, True), len(examples)),
+        "single process, parallel": (lambda: _single_process(examples, True), len(examples)),
     }
-    samples: dict[str, list[float]] = {name: [] for name in modes}
-    cpu: dict[str, float] = dict.fromkeys(modes, 0.0)
+    if args.multiprocessing:
+        modes["shared state between processes"] = (
+            lambda: _shared_state(args.multiprocessing),
+            args.multiprocessing,
+        )
+    for backend in backends:  # warm: namespace probes, the harness source, the view of the interpreter
+        os.environ["COLAB_GRAPHS_SANDBOX"] = backend
+        asyncio.run(_scored(examples[:2], parallel=False))
+    samples: dict[str, dict[str, list[float]]] = {b: {name: [] for name in modes} for b in backends}
+    cpu: dict[str, dict[str, float]] = {b: dict.fromkeys(modes, 0.0) for b in backends}
     for _ in range(args.rounds):
-        for name, run in modes.items():
-            before = _cpu_s()
-            samples[name] += asyncio.run(run())
-            cpu[name] += _cpu_s() - before
-    figures = {name: round(statistics.median(ms), 1) for name, ms in samples.items()}
-    cpu_ms = {name: round(s * 1000 / (args.rounds * len(examples)), 1) for name, s in cpu.items()}
-    ratios = {
-        kind: round(figures[f"scorer, {kind}"] / figures[f"single process, {kind}"], 2)
-        for kind in ("sequential", "parallel")
-    }
+        for backend in backends:
+            os.environ["COLAB_GRAPHS_SANDBOX"] = backend
+            for name, (run, _) in modes.items():
+                before = _cpu_s()
+                samples[backend][name] += asyncio.run(run())
+                cpu[backend][name] += _cpu_s() - before
+    per_backend = {}
+    for backend in backends:
+        figures = {name: round(statistics.median(ms), 1) for name, ms in samples[backend].items()}
+        cpu_ms = {
+            name: round(s * 1000 / (args.rounds * modes[name][1]), 1) for name, s in cpu[backend].items()
+        }
+        ratios = {
+            kind: round(figures[f"scorer, {kind}"] / figures[f"single process, {kind}"], 2)
+            for kind in ("sequential", "parallel")
+        }
+        per_backend[backend] = {
+            "median_ms_per_score": figures,
+            "scorer_over_single_process": ratios,
+            "cpu_ms_per_score": cpu_ms,
+            "cpu_scorer_over_single_process": round(
+                cpu_ms["scorer, sequential"] / cpu_ms["single process, sequential"], 2
+            ),
+        }
+    first = per_backend[backends[0]]["cpu_ms_per_score"]
     report = {
         "date": date.today().isoformat(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
-        "backend": backend,
         "python": sandbox.sandbox_python(),
         "records": args.records,
         "rounds": args.rounds,
         "parallelism": sandbox.max_parallel(),
-        "median_ms_per_score": figures,
-        "scorer_over_single_process": ratios,
-        "cpu_ms_per_score": cpu_ms,
-        "cpu_scorer_over_single_process": round(
-            cpu_ms["scorer, sequential"] / cpu_ms["single process, sequential"], 2
-        ),
+        **(per_backend[backends[0]] if len(backends) == 1 else {}),
+        "backend": backends[0] if len(backends) == 1 else backends,
+        "backends": per_backend,
+        f"cpu_over_{backends[0]}": {
+            backend: {
+                name: round(ms / first[name], 2)
+                for name, ms in per_backend[backend]["cpu_ms_per_score"].items()
+            }
+            for backend in backends[1:]
+        },
     }
     print(json.dumps(report, indent=2))
     if args.json:

@@ -282,7 +282,8 @@ class _PrivateShm:
         if name not in self.names:
             return None
         for finder in sys.meta_path:
-            spec = None if finder is self else finder.find_spec(name, path, target)
+            find = None if finder is self else getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find else None
             if spec is not None and spec.loader is not None:
                 spec.loader = _Patched(spec.loader)
                 return spec
