@@ -187,6 +187,9 @@ def test_correct_multiprocessing_code_scores_one_and_wrong_code_zero(backend, ca
     assert not verdicts[wrong].passed and "AssertionError" in verdicts[wrong].reason
 
 
+# Where the landlock backend makes work directories (the host's view of them).
+WORKDIRS = runner._workdir_parent() or tempfile.gettempdir()
+
 # Named semaphores (the spawn context keeps their names) and a segment: where they live, listed by the run.
 NAMED = (
     "import multiprocessing, os\nfrom multiprocessing import shared_memory\n"
@@ -203,9 +206,7 @@ def test_under_landlock_multiprocessing_gets_a_private_directory_that_goes_with_
     result = run_code(NAMED, backend="landlock")
     assert result.passed, result.stderr[-2000:]
     here, listed = result.stdout.split(" ", 1)
-    assert here.startswith(tempfile.gettempdir()) and os.path.basename(os.path.dirname(here)).startswith(
-        "cg_sandbox_"
-    )
+    assert here.startswith(WORKDIRS) and os.path.basename(os.path.dirname(here)).startswith("cg_sandbox_")
     assert "'sem.mp-" in listed and "'psm_" in listed  # the semaphores and the segment are files of its own
     assert not os.path.exists(os.path.dirname(here))  # removed with the run's work directory
 
@@ -250,7 +251,7 @@ def test_under_landlock_a_run_cannot_reach_another_runs_semaphores_or_segments()
         holder = pool.submit(run_code, HOLDER.format(tag=tag), backend="landlock", timeout_s=90)
         segment_file = None
         for _ in range(600):
-            found = list(Path(tempfile.gettempdir()).glob(f"cg_sandbox_*/.shm/cg_{tag}"))
+            found = list(Path(WORKDIRS).glob(f"cg_sandbox_*/.shm/cg_{tag}"))
             if found:
                 segment_file = found[0]
                 break
