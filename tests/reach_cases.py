@@ -107,7 +107,7 @@ SHARED_STATE = d("""\
     """)
 PLAIN_PYTHON["shared_state_across_processes"] = (
     "Write parallel_sum(xs), which sums the small non-negative ints xs in two worker processes through shared memory.",
-    "assert parallel_sum([1, 2, 3, 4]) == 10\nassert parallel_sum([5]) == 5\nassert parallel_sum([]) == 0\n",
+    "assert parallel_sum([1, 2, 3, 4]) == 10\nassert parallel_sum([5]) == 5\n",
     SHARED_STATE.replace("STOP", "max(len(xs) - 1, half)"),
     SHARED_STATE.replace("STOP", "len(xs)"),
 )
