@@ -26,7 +26,7 @@ them the same control variate; BENCHMARKS.md compares both):
 - **A surrogate fitted to the coalitions already played** (`Surrogate`, the regression adjustment of
   RegressionMSR and LeverageSHAP): a pairwise game h(S) = sum a_i + sum b_ij fitted by ridge regression to
   what the control variate leaves (or to v), whose Shapley values are exact in closed form; only v - g - h is
-  sampled, each coalition's residual taken from the fit made without it (leave-one-out, in closed form).
+  sampled, and its spread is read from the leave-one-out residuals (in closed form), not the in-sample ones.
 - **A choice per game from what the played coalitions show**: neither, the control variate, the surrogate or
   both, whichever leaves the smallest leave-one-out residuals (`stratified_shapley`), refitted at each batch.
   The control variate is dropped where "right alone" says little (a cover or pipeline game) and the surrogate
@@ -346,8 +346,8 @@ def _within_sizes(matrix: np.ndarray, sizes: np.ndarray) -> np.ndarray:
 def fit_surrogate(n: int, bits: np.ndarray, target: np.ndarray) -> tuple[Surrogate, np.ndarray, np.ndarray]:
     """The ridge-fitted `Surrogate` of `target` (one value per held coalition, `bits` their members), the
     leave-one-out residuals of the whole fit (size means and surrogate: what each coalition's value is off by
-    when the fit has not seen it, in closed form: the residual over one minus the leverage), and the
-    cross-fitted residuals (the target minus its size's mean and the surrogate fitted without it).
+    when the fit has not seen it, in closed form: the residual over one minus the leverage), and what the
+    surrogate's leave-one-out residual adds to its in-sample one (the fit's optimism, coalition by coalition).
 
     The features are centred within each size, so the unpenalized size means and the penalized surrogate are
     orthogonal and their leverages add; the penalty is chosen by the leave-one-out error.
@@ -368,12 +368,12 @@ def fit_surrogate(n: int, bits: np.ndarray, target: np.ndarray) -> tuple[Surroga
         loo = error / np.maximum(1.0 - leverage - 1.0 / counts, 1e-6)
         if best is None or float(loo @ loo) < best[0]:
             coef = vt.T @ (singular / (singular**2 + penalty) * uy)
-            best = (float(loo @ loo), coef, loo, error / np.maximum(1.0 - leverage, 1e-6))
+            best = (float(loo @ loo), coef, loo, error / np.maximum(1.0 - leverage, 1e-6) - error)
     assert best is not None
-    _, coef, loo, crossed = best
+    _, coef, loo, optimism = best
     pairs = np.zeros((n, n))
     pairs[upper] = coef[n:]
-    return Surrogate(coef[:n], pairs), loo, crossed
+    return Surrogate(coef[:n], pairs), loo, optimism
 
 
 def _no_control(n: int, n_examples: int) -> ControlVariate:
@@ -401,8 +401,9 @@ def stratified_shapley(
     (`Surrogate`). By default (None) each is used when the held coalitions say it helps: of the (up to four)
     combinations, the one whose leave-one-out residuals over the sampled sizes are smallest is kept, so a game
     where "right alone" says little drops the control variate, and a game a pairwise fit does not describe
-    drops the surrogate. The residual sampled is the leave-one-out one (cross-fitting), so neither the point
-    estimate nor its standard error is flattered by a fit to the very coalitions it is checked on.
+    drops the surrogate. The point estimate samples v - g - h for the fitted h; its standard error is computed
+    from the leave-one-out residuals, so the interval is not narrowed by a fit to the very coalitions it is
+    checked on.
 
     Args:
         n: number of players.
@@ -442,12 +443,16 @@ def stratified_shapley(
         for use_surrogate in (False, True) if surrogate is None else (surrogate,):
             per_example = control.shapley()
             if use_surrogate:
-                fitted, loo, crossed = fit_surrogate(n, bits, means)
-                # Each coalition's residual from the surrogate fitted without it, on every example alike.
-                shifted = residual + (crossed - _within_sizes(means[:, None], sizes)[:, 0])[:, None]
+                fitted, loo, optimism = fit_surrogate(n, bits, means)
+                shifted = residual - fitted.values(masks_arr)[:, None]
+                # The point estimate samples v - g - h for the fitted h (design-unbiased for a fixed h, and exact
+                # once every coalition is held); its spread is the leave-one-out one, so the interval is not
+                # narrowed by h having been fitted to the very coalitions it is checked on.
+                spread = shifted.mean(axis=1) + optimism
                 per_example = per_example + fitted.shapley()[None, :]
             else:
                 loo, shifted = _size_loo(means, sizes, n), residual
+                spread = means
             score = float(np.mean(loo[sampled] ** 2)) if sampled.any() else 0.0
             if best is None or score < best[0]:
                 model = " + ".join(
@@ -455,19 +460,25 @@ def stratified_shapley(
                     for name, used in (("control variate", use_control), ("surrogate", use_surrogate))
                     if used
                 )
-                best = (score, shifted, per_example, model or "plain")
+                best = (score, shifted, spread, per_example, model or "plain")
     assert best is not None
-    _, residual, per_example, model = best
-    return _stratified(n, bits, sizes, residual, per_example, model)
+    _, residual, spread, per_example, model = best
+    return _stratified(n, bits, sizes, residual, spread, per_example, model)
 
 
 def _stratified(
-    n: int, bits: np.ndarray, sizes: np.ndarray, residual: np.ndarray, per_example: np.ndarray, model: str
+    n: int,
+    bits: np.ndarray,
+    sizes: np.ndarray,
+    residual: np.ndarray,
+    means: np.ndarray,
+    per_example: np.ndarray,
+    model: str,
 ) -> StratifiedEstimate:
-    """The stratified estimate of the residual's Shapley values added to `per_example` (the adjustments')."""
+    """The stratified estimate of the residual's Shapley values added to `per_example` (the adjustments'), its
+    variance from `means` (each held coalition's residual over examples, as the sampling error should see it)."""
     n_examples = residual.shape[1]
     per_example = per_example.copy()
-    means = residual.mean(axis=1)  # the residual of each held coalition, over examples
     sampled = (sizes >= 2) & (sizes <= n - 2)
     overall = float(means[sampled].var(ddof=1)) if sampled.sum() > 1 else 0.0
     variance = np.zeros(n)
