@@ -26,14 +26,20 @@ so the exact Shapley values are known). An estimator asks for the coalitions it 
   vote of three families of members that make the same mistakes; "the most confident member answers", with
   miscalibrated members; a two-skill cover (a question is solved when S can do both of its steps). See
   `weighted_table`, `judge_table`, `cover_table`.
+- **router**, **moa**, **pipeline** (issue 43's games, made alongside the surrogate): a router that sends each
+  question to the member of S it rates best on its topic; a mixture of agents whose aggregator's answer
+  depends on its own skill and on its proposers'; strong complementarity (a question needs a member of each
+  of three roles able on it; nobody scores alone). See `router_table`, `moa_table`, `pipeline_table`.
 
 Information. This package's stratified estimator gets each question's value of every coalition it asks (what
-an audit's game returns) and uses it in a per-example control variate (`ControlVariate`). shapiq's estimators
+an audit's game returns) and uses it in a per-example control variate (`ControlVariate`) and a pairwise
+surrogate fitted to the coalitions it played (`Surrogate`), each used where the played coalitions show it
+helps (`stratified_shapley`). shapiq's estimators
 are run two ways: **plain**, on the mean game v(S) only, and **+ control variate**, given the same per-question
 values and the same control variate: they estimate the residual game v - g, and g's exact Shapley values are
 added back (`shapiq_estimator`). For a linear estimator (SVARM, KernelSHAP) running it on each question's game
 and averaging is the plain estimator, so "+ control variate" is the equal-information form. Ours is also run
-with its control variate ablated (`control_variate=False`).
+with its adjustments forced (issue 32's control variate alone; none).
 
 For each estimator and game, the smallest budget at which at least 90% of `--runs` runs (seeds) reach the
 target (max error < 0.01 over members; `--targets tau`: Kendall tau = 1), reported as the 90th percentile of
@@ -215,7 +221,70 @@ def cover_table(n: int, n_examples: int, seed: int) -> np.ndarray:
     return (((present @ has_a.T) > 0) & ((present @ has_b.T) > 0)).astype(float)
 
 
-GAMES = ("vote", "debate", "weighted", "judge", "cover")
+def router_table(n: int, n_examples: int, seed: int) -> np.ndarray:
+    """A router: each question has one of four topics, and the router sends it to the member of S it rates
+    best on that topic; the answer is that member's. Members are specialists (a skill per topic), and the
+    router's ratings are its own noisy estimates of those skills, so it sometimes routes to a worse member and
+    a member adds value only on the topics where it is (rated) the best present."""
+    rng = np.random.default_rng([seed, n, 5])
+    topic = rng.integers(0, 4, n_examples)
+    skill = rng.normal(0.0, 1.0, (4, n)) + np.linspace(0.8, -0.8, n)[None, :]
+    rating = skill + rng.normal(0.0, 0.7, (4, n))
+    difficulty = rng.normal(0.0, 1.0, n_examples)
+    right = skill[topic] - difficulty[:, None] + 0.6 * rng.normal(0.0, 1.0, (n_examples, n)) > 0
+    masks = np.arange(1 << n)
+    out = np.zeros((1 << n, n_examples))
+    for e in range(n_examples):
+        answered = np.zeros(1 << n, dtype=bool)
+        for i in np.argsort(-rating[topic[e]]):  # the best-rated present member answers
+            takes = ~answered & ((masks >> i) & 1).astype(bool)
+            out[takes, e] = right[e, i]
+            answered |= takes
+    return out
+
+
+def moa_table(n: int, n_examples: int, seed: int) -> np.ndarray:
+    """Mixture of agents: the member of S with the best aggregation skill aggregates, the others propose. The
+    aggregator is right with a probability that rises with its own skill and with the lead of right over wrong
+    proposals (a proposal is a member's first answer); alone, a member gives its own answer. A good aggregator
+    with good proposers is worth far more than either, and a strong aggregator raises what weak proposers add."""
+    rng = np.random.default_rng([seed, n, 6])
+    skill = rng.permutation(np.linspace(1.2, -1.0, n))
+    aggregation = rng.permutation(np.linspace(1.0, -1.0, n))
+    difficulty = rng.normal(0.0, 1.0, n_examples)
+    right = skill[None, :] - difficulty[:, None] + 0.8 * rng.normal(0.0, 1.0, (n_examples, n)) > 0
+    draw = rng.random(n_examples)
+    present = _present(n)
+    aggregator = np.where(present, aggregation[None, :], -np.inf).argmax(axis=1)  # (2^n,)
+    out = np.zeros((1 << n, n_examples))
+    sizes = present.sum(axis=1)
+    for e in range(n_examples):
+        signs = np.where(right[e], 1.0, -1.0)
+        lead = present @ signs - signs[aggregator]  # right minus wrong proposals (the aggregator excluded)
+        logit = 0.8 * aggregation[aggregator] - difficulty[e] + 0.9 * lead
+        out[:, e] = np.where(sizes == 1, right[e, aggregator], 1.0 / (1.0 + np.exp(-logit)) > draw[e])
+    out[0] = 0.0
+    return out
+
+
+def pipeline_table(n: int, n_examples: int, seed: int) -> np.ndarray:
+    """Strong complementarity: a question needs a plan, code and a check, three roles held by a third of the
+    pool each; it is solved when S holds a member of every role able to do its step on that question. No
+    member solves anything alone and no pair of one role does, so "right alone" is always 0 and a member's
+    worth lies entirely in the coalitions that hold the other two roles."""
+    rng = np.random.default_rng([seed, n, 7])
+    role = rng.permutation(np.arange(n) % 3)
+    level = rng.normal(0.0, 0.7, n)
+    hard = rng.normal(0.0, 1.0, (n_examples, 3))
+    able = level[None, :] - hard[:, role] + 0.8 * rng.normal(0.0, 1.0, (n_examples, n)) > 0  # (examples, n)
+    present = _present(n).astype(np.int64)
+    solved = np.ones((1 << n, n_examples), dtype=bool)
+    for r in range(3):
+        solved &= present[:, role == r] @ able[:, role == r].T > 0
+    return solved.astype(float)
+
+
+GAMES = ("vote", "debate", "weighted", "judge", "cover", "router", "moa", "pipeline")
 
 
 def game_table(game: str, n: int, n_examples: int, seed: int) -> np.ndarray:
@@ -223,7 +292,11 @@ def game_table(game: str, n: int, n_examples: int, seed: int) -> np.ndarray:
     if game in ("vote", "debate"):
         classes = first_answers(n, n_examples, seed)
         return vote_table(classes) if game == "vote" else debate_table(classes, seed)
-    return {"weighted": weighted_table, "judge": judge_table, "cover": cover_table}[game](n, n_examples, seed)
+    tables = {
+        "weighted": weighted_table, "judge": judge_table, "cover": cover_table, "router": router_table,
+        "moa": moa_table, "pipeline": pipeline_table,
+    }  # fmt: skip
+    return tables[game](n, n_examples, seed)
 
 
 # --- estimators: each (table, n, budget, seed) -> (values (n,), coalitions evaluated as bitmasks) ------------
@@ -242,11 +315,13 @@ def stratified_run(
     budget: int | None = None,
     calls: bool = False,
     target_error: float | None = None,
-    control_variate: bool = True,
+    control_variate: bool | None = None,
+    surrogate: bool | None = None,
     simultaneous: bool = False,
 ) -> tuple[StratifiedEstimate, set[int]]:
     """The stratified estimator until its budget (coalitions, or debate calls with `calls`) or target error:
-    (the last estimate, the coalitions it evaluated)."""
+    (the last estimate, the coalitions it evaluated). `control_variate`, `surrogate`: None lets the estimator
+    choose from the held coalitions (the package's default); True / False forces one on / off."""
     examples = table.shape[1]
     sampler = StratifiedSampler(
         n, seed=seed, target_error=target_error, max_coalitions=None if calls else budget,
@@ -255,7 +330,7 @@ def stratified_run(
     held = sampler.held
     spend = math.inf if budget is None else budget
     while True:
-        est = stratified_shapley(n, held, table[held], control_variate=control_variate)
+        est = stratified_shapley(n, held, table[held], control_variate=control_variate, surrogate=surrogate)
         if sampler.stop(est):
             break
         if calls:
@@ -273,10 +348,20 @@ def stratified_run(
 
 
 def ours(
-    table: np.ndarray, n: int, budget: int, seed: int, *, calls: bool = False, control_variate: bool = True
+    table: np.ndarray,
+    n: int,
+    budget: int,
+    seed: int,
+    *,
+    calls: bool = False,
+    control_variate: bool | None = None,
+    surrogate: bool | None = None,
 ) -> tuple[np.ndarray, set[int]]:
-    """The stratified estimator (with its control variate unless ablated); budget in coalitions or calls."""
-    est, held = stratified_run(table, n, seed, budget=budget, calls=calls, control_variate=control_variate)
+    """The stratified estimator (its adjustments chosen per game unless forced); budget in coalitions or
+    calls."""
+    est, held = stratified_run(
+        table, n, seed, budget=budget, calls=calls, control_variate=control_variate, surrogate=surrogate
+    )
     return est.values, held
 
 
@@ -422,9 +507,11 @@ def geometric(low: int, high: int, ratio: float = 1.12) -> list[int]:
     return grid
 
 
-OURS = "ours: stratified + control variate"
-OURS_PLAIN = "ours: stratified without control variate"
-OURS_CALLS = "ours: stratified + control variate by calls"
+OURS = "ours: stratified with adjustments chosen per game"
+OURS_CV = "ours (issue 32): stratified + control variate"
+OURS_SURROGATE = "ours: stratified + control variate + surrogate (forced)"
+OURS_PLAIN = "ours: stratified with no adjustment"
+OURS_CALLS = "ours: stratified with adjustments chosen per game by calls"
 OURS_BEFORE = "ours before: antithetic permutations"
 PLAIN, WITH_CONTROL = "", " + control variate"
 
@@ -435,8 +522,18 @@ def estimators_for(table: np.ndarray, n: int, game: str, examples: int) -> dict:
     first_batch = len(warmup_masks(n, 0))
     estimators: dict[str, tuple[Callable, list[int], str]] = {
         OURS: (partial(ours, table, n), geometric(first_batch, total), "coalitions"),
+        OURS_CV: (
+            partial(ours, table, n, control_variate=True, surrogate=False),
+            geometric(first_batch, total),
+            "coalitions",
+        ),
+        OURS_SURROGATE: (
+            partial(ours, table, n, control_variate=True, surrogate=True),
+            geometric(first_batch, total),
+            "coalitions",
+        ),
         OURS_PLAIN: (
-            partial(ours, table, n, control_variate=False),
+            partial(ours, table, n, control_variate=False, surrogate=False),
             geometric(first_batch, total),
             "coalitions",
         ),

@@ -574,3 +574,82 @@ def test_permutation_prefixes_that_cover_every_coalition_give_the_exact_values(g
         exact = estimate(plan_coalitions(players, "exact"), values, n_boot=10)
         for p in players:
             np.testing.assert_allclose(sampled[p].per_example, exact[p].per_example, atol=1e-12)
+
+
+# The adjustments the estimator chooses from the held coalitions
+
+
+def run_sampler(table: np.ndarray, n: int, budget: int, seed: int):
+    sampler = StratifiedSampler(n, seed=seed, max_coalitions=budget)
+    while True:
+        est = stratified_shapley(n, sampler.held, table[sampler.held])
+        if sampler.stop(est) or not sampler.next_batch(est):
+            return est
+
+
+def pairwise_game(n: int = 8) -> np.ndarray:
+    """One example: each member's own worth plus a synergy or a clash with each other member."""
+    rng = np.random.default_rng(5)
+    own, pair = rng.random(n) / n, np.triu(rng.normal(0.0, 1.0, (n, n)), 1) / n
+    bits = ((np.arange(1 << n)[:, None] >> np.arange(n)) & 1).astype(float)
+    return (bits @ own + np.einsum("mi,ij,mj->m", bits, pair, bits))[:, None]
+
+
+def pipeline_game(n: int = 9, examples: int = 30) -> np.ndarray:
+    """A question is solved when S holds a member of each of three roles able on it: nobody scores alone."""
+    rng = np.random.default_rng(6)
+    role = np.arange(n) % 3
+    able = rng.random((examples, n)) < 0.5
+    bits = ((np.arange(1 << n)[:, None] >> np.arange(n)) & 1).astype(np.int64)
+    solved = np.ones((1 << n, examples), dtype=bool)
+    for r in range(3):
+        solved &= bits[:, role == r] @ able[:, role == r].T > 0
+    return solved.astype(float)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_pairwise_game_is_fitted_by_the_surrogate_once_the_samples_outnumber_its_terms(seed):
+    table = pairwise_game()
+    exact = exact_shapley_table(table).mean(axis=0)
+    first = warmup_masks(8, seed)  # 27-30 sampled coalitions for 36 terms: the surrogate is not considered
+    assert stratified_shapley(8, first, table[first]).model == "plain"
+    sampler = StratifiedSampler(8, seed=seed, max_coalitions=80)
+    while not sampler.stop(est := stratified_shapley(8, sampler.held, table[sampler.held])):
+        sampler.next_batch(est)
+    held = sampler.held
+    chosen = stratified_shapley(8, held, table[held])
+    bare = stratified_shapley(8, held, table[held], control_variate=False, surrogate=False)
+    assert chosen.model == "surrogate" and not chosen.exact
+    assert np.abs(chosen.values - exact).max() < np.abs(bare.values - exact).max() / 10
+
+
+def test_the_control_variate_is_dropped_where_nobody_scores_alone():
+    table = pipeline_game()
+    assert not table[[1 << i for i in range(9)]].any()  # "right alone" says nothing here
+    est = run_sampler(table, 9, 150, seed=0)
+    assert "control variate" not in est.model
+
+
+def test_forced_adjustments_are_the_ones_used():
+    table = pipeline_game()
+    held = warmup_masks(9, 0)
+    assert stratified_shapley(9, held, table[held], control_variate=True, surrogate=False).model == (
+        "control variate"
+    )
+    assert stratified_shapley(9, held, table[held], control_variate=False, surrogate=False).model == "plain"
+
+
+@pytest.mark.parametrize("game", [pairwise_game, pipeline_game])
+def test_the_chosen_estimate_s_simultaneous_intervals_hold_all_members_in_90_percent_of_runs(game):
+    from colab_graphs.audit.stratified import critical_value
+
+    table = game()
+    n = table.shape[0].bit_length() - 1
+    exact = exact_shapley_table(table).mean(axis=0)
+    held = []
+    for seed in range(30):
+        est = run_sampler(table, n, 2 * len(warmup_masks(n, 0)), seed)
+        held.append(
+            bool((np.abs(est.values - exact) <= est.half_width(critical_value(n, True)) + 1e-9).all())
+        )
+    assert np.mean(held) >= 0.9

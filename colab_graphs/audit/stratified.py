@@ -23,12 +23,20 @@ them the same control variate; BENCHMARKS.md compares both):
   unbiased whatever F is (F is refitted from the held values; its dependence on them is a second-order
   effect). It is most of a vote's variance and little of a game where being right alone says little (a
   cover game: BENCHMARKS.md).
+- **A surrogate fitted to the coalitions already played** (`Surrogate`, the regression adjustment of
+  RegressionMSR and LeverageSHAP): a pairwise game h(S) = sum a_i + sum b_ij fitted by ridge regression to
+  what the control variate leaves (or to v), whose Shapley values are exact in closed form; only v - g - h is
+  sampled, and its spread is read from the leave-one-out residuals (in closed form), not the in-sample ones.
+- **A choice per game from what the played coalitions show**: neither, the control variate, the surrogate or
+  both, whichever leaves the smallest leave-one-out residuals (`stratified_shapley`), refitted at each batch.
+  The control variate is dropped where "right alone" says little (a cover or pipeline game) and the surrogate
+  where a pairwise fit does not predict unseen coalitions.
 - **The coalitions already played.** Every held coalition enters every member's strata, and the allocation
   of the next batch reads the variances of the held ones.
 - **The example-level variance.** The sampling error (over the choice of coalitions, for these examples) is
   reported apart from the example noise (a bootstrap over examples): only the first can drive a stop.
 
-The sampling standard error pools the residual variance of each size over its coalitions (more stable than
+The sampling standard error pools the (leave-one-out) residual variance of each size over its coalitions (more stable than
 per-stratum variances from a handful of samples, and conservative: it includes the spread between the + and
 - strata) and applies the finite-population correction, so a fully enumerated stratum adds none. A sampling
 interval is the standard error times a normal quantile, per member or for all members at once
@@ -166,6 +174,8 @@ class StratifiedEstimate:
         size_variance: residual variance of the held coalitions of each size (0 .. n), for allocation.
         exact: True when the held coalitions are all 2^n (the values are then exact).
         n_coalitions: coalitions the estimate used.
+        model: what was subtracted before sampling: "control variate", "surrogate", both ("control variate +
+            surrogate"), "plain" (neither), or "exact".
     """
 
     per_example: np.ndarray
@@ -173,6 +183,7 @@ class StratifiedEstimate:
     size_variance: np.ndarray
     exact: bool
     n_coalitions: int
+    model: str = "plain"
 
     @property
     def values(self) -> np.ndarray:
@@ -291,18 +302,121 @@ def _counts(masks: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return right_count, bits.sum(axis=1)[:, None] - right_count
 
 
+@dataclass(frozen=True)
+class Surrogate:
+    """A pairwise surrogate of the mean residual game: h(S) = sum_{i in S} a_i + sum_{i<j in S} b_ij.
+
+    Fitted by ridge regression to the held coalitions' mean residuals within each size (a size's mean is the
+    strata's own business), it is the regression adjustment of RegressionMSR and LeverageSHAP in the one form
+    whose Shapley value is exact in closed form for any n: phi_i(h) = a_i + 1/2 sum_j b_ij.
+
+    Attributes:
+        linear: a, shape (n,).
+        pairs: b, shape (n, n), upper triangular.
+    """
+
+    linear: np.ndarray
+    pairs: np.ndarray
+
+    def values(self, masks: Sequence[int]) -> np.ndarray:
+        """h(S) of each coalition (bitmasks): (len(masks),)."""
+        bits = _bits(np.asarray(masks, dtype=np.int64), len(self.linear)).astype(float)
+        return bits @ self.linear + np.einsum("mi,ij,mj->m", bits, self.pairs, bits)
+
+    def shapley(self) -> np.ndarray:
+        """h's exact Shapley values: (n,)."""
+        return self.linear + (self.pairs.sum(axis=0) + self.pairs.sum(axis=1)) / 2.0
+
+
+RIDGE_PENALTIES = (0.03, 0.3, 3.0, 30.0)  # tried in turn; the one with the least leave-one-out error is kept
+MAX_PAIRWISE_PLAYERS = (
+    24  # above, the surrogate is linear (n (n - 1) / 2 pair features would outgrow the samples)
+)
+
+
+def _within_sizes(matrix: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """`matrix` (rows: coalitions) minus the mean of its rows of the same size."""
+    out = np.array(matrix, dtype=float)
+    for t in np.unique(sizes):
+        rows = sizes == t
+        out[rows] -= out[rows].mean(axis=0)
+    return out
+
+
+def fit_surrogate(n: int, bits: np.ndarray, target: np.ndarray) -> tuple[Surrogate, np.ndarray, np.ndarray]:
+    """The ridge-fitted `Surrogate` of `target` (one value per held coalition, `bits` their members), the
+    leave-one-out residuals of the whole fit (size means and surrogate: what each coalition's value is off by
+    when the fit has not seen it, in closed form: the residual over one minus the leverage), and what the
+    surrogate's leave-one-out residual adds to its in-sample one (the fit's optimism, coalition by coalition).
+
+    The features are centred within each size, so the unpenalized size means and the penalized surrogate are
+    orthogonal and their leverages add; the penalty is chosen by the leave-one-out error.
+    """
+    sizes = bits.sum(axis=1)
+    x = bits.astype(float)
+    upper = np.triu_indices(n, 1) if n <= MAX_PAIRWISE_PLAYERS else (np.array([], int), np.array([], int))
+    features = np.hstack([x, x[:, upper[0]] * x[:, upper[1]]])
+    centred, y = _within_sizes(features, sizes), _within_sizes(target[:, None], sizes)[:, 0]
+    counts = np.bincount(sizes, minlength=n + 1)[sizes]
+    u, singular, vt = np.linalg.svd(centred, full_matrices=False)
+    uy = u.T @ y
+    best: tuple[float, np.ndarray, np.ndarray, np.ndarray] | None = None
+    for penalty in RIDGE_PENALTIES:
+        shrink = singular**2 / (singular**2 + penalty)
+        leverage = (u**2) @ shrink
+        error = y - u @ (shrink * uy)
+        loo = error / np.maximum(1.0 - leverage - 1.0 / counts, 1e-6)
+        if best is None or float(loo @ loo) < best[0]:
+            coef = vt.T @ (singular / (singular**2 + penalty) * uy)
+            best = (float(loo @ loo), coef, loo, error / np.maximum(1.0 - leverage, 1e-6) - error)
+    assert best is not None
+    _, coef, loo, optimism = best
+    pairs = np.zeros((n, n))
+    pairs[upper] = coef[n:]
+    return Surrogate(coef[:n], pairs), loo, optimism
+
+
+def _surrogate_terms(n: int) -> int:
+    return n + (n * (n - 1) // 2 if n <= MAX_PAIRWISE_PLAYERS else 0)
+
+
+def _no_control(n: int, n_examples: int) -> ControlVariate:
+    return ControlVariate(np.zeros((n + 1, n + 1)), np.zeros((n_examples, n), dtype=np.int64))
+
+
+def _size_loo(means: np.ndarray, sizes: np.ndarray, n: int) -> np.ndarray:
+    """Leave-one-out residuals of the size means alone (no surrogate)."""
+    counts = np.bincount(sizes, minlength=n + 1)[sizes].astype(float)
+    return _within_sizes(means[:, None], sizes)[:, 0] * counts / np.maximum(counts - 1.0, 1.0)
+
+
 def stratified_shapley(
-    n: int, masks: Sequence[int], values: np.ndarray, *, control_variate: bool = True
+    n: int,
+    masks: Sequence[int],
+    values: np.ndarray,
+    *,
+    control_variate: bool | None = None,
+    surrogate: bool | None = None,
 ) -> StratifiedEstimate:
     """Estimate Shapley values from held coalitions (see the module docstring).
+
+    Two adjustments may be subtracted before the residual is sampled, each with its exact Shapley values added
+    back: the per-example control variate (`ControlVariate`) and a pairwise surrogate of what remains
+    (`Surrogate`). By default (None) each is used when the held coalitions say it helps: of the (up to four)
+    combinations, the one whose leave-one-out residuals over the sampled sizes are smallest is kept, so a game
+    where "right alone" says little drops the control variate, and a game a pairwise fit does not describe
+    drops the surrogate (never considered, unless forced, while it has more terms than sampled coalitions). The
+    point estimate samples v - g - h for the fitted h; its standard error is computed from the leave-one-out
+    residuals, so the interval is not narrowed by a fit to the very coalitions it is checked on.
 
     Args:
         n: number of players.
         masks: the held coalitions as bitmasks, distinct; they must include the border strata and, for each
             middle size, a coalition with and one without every member (`warmup_masks` gives both).
         values: shape (len(masks), n_examples): each held coalition's per-example values.
-        control_variate: sample the residual of the per-example control variate (`ControlVariate`); False
-            samples v itself (the ablation `bench/estimators.py` measures).
+        control_variate: True / False forces the control variate on / off (False: the ablation
+            `bench/estimators.py` measures); None chooses.
+        surrogate: likewise for the pairwise surrogate.
 
     Raises:
         ValueError: a stratum without a coalition, or values whose shape does not match the masks.
@@ -319,19 +433,65 @@ def stratified_shapley(
         table = np.empty_like(values)
         table[masks_arr] = values
         per_example = exact_shapley_table(table)
-        return StratifiedEstimate(per_example, np.zeros(n), np.zeros(n + 1), True, len(masks_arr))
+        return StratifiedEstimate(per_example, np.zeros(n), np.zeros(n + 1), True, len(masks_arr), "exact")
 
     bits = _bits(masks_arr, n)
     sizes = bits.sum(axis=1)
-    n_examples = values.shape[1]
-    control = (
-        ControlVariate.fit(n, masks_arr, values)
-        if control_variate
-        else ControlVariate(np.zeros((n + 1, n + 1)), np.zeros((n_examples, n), dtype=np.int64))
-    )
-    residual = values - control.values(masks_arr)
-    per_example = control.shapley()
-    means = residual.mean(axis=1)  # the residual of each held coalition, over examples
+    sampled = (sizes >= 2) & (sizes <= n - 2)
+    best: tuple[float, np.ndarray, np.ndarray, np.ndarray, str] | None = None
+    # The simpler adjustment first: a later one must do strictly better to be kept.
+    for use_control in (False, True) if control_variate is None else (control_variate,):
+        control = ControlVariate.fit(n, masks_arr, values) if use_control else _no_control(n, values.shape[1])
+        residual = values - control.values(masks_arr)
+        means = residual.mean(axis=1)
+        # A surrogate with more terms than sampled coalitions is not considered unless forced: its
+        # leave-one-out residuals are unreliable there (a six-member debate at 30 of 64 coalitions: the chosen
+        # surrogate's simultaneous intervals held in 7 of 10 audits).
+        # Nor once half the sampled sizes' coalitions are held: the finite-population correction then shrinks
+        # the interval faster than the bias of a fit to the same coalitions (a correlated vote at 200 of 256
+        # coalitions: all members held at once in 35 of 40 runs).
+        middle = sum(math.comb(n, t) for t in range(2, n - 1))
+        fits = _surrogate_terms(n) <= int(sampled.sum()) < middle / 2
+        for use_surrogate in ((False, True) if fits else (False,)) if surrogate is None else (surrogate,):
+            per_example = control.shapley()
+            if use_surrogate:
+                fitted, loo, optimism = fit_surrogate(n, bits, means)
+                # The point estimate samples v - g - h for the fitted h (design-unbiased for a fixed h, and exact
+                # once every coalition is held: a leave-one-out residual there broke the finite-population
+                # correction, the airport game at 200 of 256 coalitions covering 74%); its spread is the
+                # leave-one-out one, so the interval is not narrowed by h having been fitted to these coalitions.
+                shifted = residual - fitted.values(masks_arr)[:, None]
+                spread = shifted.mean(axis=1) + optimism
+                per_example = per_example + fitted.shapley()[None, :]
+            else:
+                loo, shifted = _size_loo(means, sizes, n), residual
+                spread = means
+            score = float(np.mean(loo[sampled] ** 2)) if sampled.any() else 0.0
+            if best is None or score < best[0]:
+                model = " + ".join(
+                    name
+                    for name, used in (("control variate", use_control), ("surrogate", use_surrogate))
+                    if used
+                )
+                best = (score, shifted, spread, per_example, model or "plain")
+    assert best is not None
+    _, residual, spread, per_example, model = best
+    return _stratified(n, bits, sizes, residual, spread, per_example, model)
+
+
+def _stratified(
+    n: int,
+    bits: np.ndarray,
+    sizes: np.ndarray,
+    residual: np.ndarray,
+    means: np.ndarray,
+    per_example: np.ndarray,
+    model: str,
+) -> StratifiedEstimate:
+    """The stratified estimate of the residual's Shapley values added to `per_example` (the adjustments'), its
+    variance from `means` (each held coalition's residual over examples, as the sampling error should see it)."""
+    n_examples = residual.shape[1]
+    per_example = per_example.copy()
     sampled = (sizes >= 2) & (sizes <= n - 2)
     overall = float(means[sampled].var(ddof=1)) if sampled.sum() > 1 else 0.0
     variance = np.zeros(n)
@@ -373,7 +533,7 @@ def stratified_shapley(
             own = (square - linear**2 / np.maximum(counts, 1.0)) / np.maximum(counts - 1.0, 1.0)
             spread = np.maximum(pooled, np.where(counts > 1, own, 0.0))
             variance += spread * np.maximum(1.0 / counts - 1.0 / total, 0.0) / n**2
-    return StratifiedEstimate(per_example, np.sqrt(variance), size_variance, False, len(masks_arr))
+    return StratifiedEstimate(per_example, np.sqrt(variance), size_variance, False, len(bits), model)
 
 
 def _random_new(n: int, size: int, held: set[int], held_of_size: int, rng: np.random.Generator) -> int | None:
