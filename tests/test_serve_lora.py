@@ -4,6 +4,7 @@ and unloaded at run time over HTTP (real server, real tiny model, real PEFT adap
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -216,3 +217,21 @@ def test_adapter_routes_exist_only_when_enabled(tmp_path) -> None:
     with start_server("tiny-random", served_name="tiny") as plain:
         status, payload = _post(plain.base_url, "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": "b"})
     assert status == 404 and payload["error"]["code"] == "not_found"
+
+
+def test_the_users_vllm_command_asks_for_runtime_adapters_and_processed_logprobs(base) -> None:
+    """docs/crl.md's policy server on a GPU: `colab-graphs serve smollm2-135m --backend vllm --enable-lora
+    --logprobs-mode processed_logprobs` runs this vLLM command line in this environment (vLLM is not
+    installed here: the command and its environment are what can be checked)."""
+    from colab_graphs.serve.server import vllm_command, vllm_env
+
+    command = vllm_command("tiny-random", "127.0.0.1", 8000, None, "processed_logprobs", enable_lora=True)
+    assert command[1:3] == ["serve", str(base)]
+    assert command[3:] == [
+        "--host", "127.0.0.1", "--port", "8000", "--served-model-name", "tiny-random",
+        "--logprobs-mode", "processed_logprobs", "--enable-lora",
+    ]  # fmt: skip
+    assert vllm_env(True)["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in vllm_env(False) or os.environ.get(
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+    )

@@ -91,11 +91,9 @@ class PolicyServer:
 
     def load(self, folder: Path, step: int) -> None:
         """Load the adapter saved in `folder` (replacing the one loaded before) and answer with it from now."""
-        body = {
-            "lora_name": self.adapter,
-            "lora_path": str(folder),
-            "load_inplace": self.loaded_step is not None,
-        }
+        # In place always: an adapter of that name may be there from an earlier run against this server (vLLM
+        # loads a new one all the same when none is).
+        body = {"lora_name": self.adapter, "lora_path": str(folder), "load_inplace": True}
         request = urllib.request.Request(
             f"{self.root}/v1/load_lora_adapter",
             data=json.dumps(body).encode(),
