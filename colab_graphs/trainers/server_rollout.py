@@ -65,7 +65,7 @@ class PolicyServer:
         self.url = url.rstrip("/")
         self.adapter = adapter
         self.timeout_s = timeout_s
-        self.base_name, self.base_root = self._base_model()
+        self.base_name = self._base_model()
         self.model = self.base_name  # a fresh adapter is the identity: the base samples the first batch
         self.loaded_step: int | None = None
         self._sessions: dict[asyncio.AbstractEventLoop, Any] = {}
@@ -75,7 +75,7 @@ class PolicyServer:
         """The server's address without ``/v1`` (vLLM's adapter routes hang there)."""
         return self.url.removesuffix("/v1")
 
-    def _base_model(self) -> tuple[str, str | None]:
+    def _base_model(self) -> str:
         try:
             with urllib.request.urlopen(f"{self.url}/models", timeout=30) as response:
                 cards = json.loads(response.read())["data"]
@@ -87,7 +87,7 @@ class PolicyServer:
             raise ConnectionError(
                 f"policy_url: {self.url} serves {len(bases)} base models {names}; expected one"
             )
-        return str(bases[0]["id"]), bases[0].get("root")
+        return str(bases[0]["id"])
 
     def load(self, folder: Path, step: int) -> None:
         """Load the adapter saved in `folder` (replacing the one loaded before) and answer with it from now."""
