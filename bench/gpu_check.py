@@ -1,8 +1,8 @@
 """GPU check of the C-RL trainer's CUDA path, for an air-gapped machine with only PyTorch and transformers.
 
-What it measures, per model shape (random weights built in process from a config: nothing to download or
-carry; `tiny` is the zoo's tiny-random shape, `smollm2-135m` and `qwen2.5-0.5b` are those models' shapes
-with their vocabularies), on `--device` (cuda by default):
+What it measures, per model shape (random weights built in process from a config, on the device: nothing to
+download or carry; `tiny` is the zoo's tiny-random shape, `smollm2-135m`, `qwen2.5-0.5b`, `qwen2.5-1.5b` and
+`qwen2.5-7b` are those models' shapes with their vocabularies), on `--device` (cuda by default):
 
 1. rollout generation with the package's own engine (`colab_graphs.local.local_engine`, what serves the
    policy in training): `--rollouts` seeded requests of `--prompt-tokens` tokens, up to `--new-tokens` new
@@ -11,10 +11,14 @@ with their vocabularies), on `--device` (cuda by default):
    on this device);
 2. the policy update: the rollouts as the trainer's segment batch (`colab_graphs.trainers.segments`, the
    trainer's own code), trained in passes of `--pass-rows` rows with the trainer's loss (`dapo_loss`: TRL
-   1.16's dapo loss with one iteration per generation and beta 0, the project's defaults;
-   tests/test_gpu_check.py checks it equals `CRLTrainer`'s loss and gradient), fp32 master weights with bf16
-   autocast (`bf16: true`) and AdamW, as the trainer runs on a GPU; tokens/s, seconds and peak memory per
-   step, against `memory_estimate`'s formula (what bench/gpu_crl.py prints before a run);
+   1.16's dapo loss; with beta 0 and one iteration tests/test_trainer.py checks it equals `CRLTrainer`'s loss
+   and gradient), fp32 master weights with bf16 autocast (`bf16: true`) and AdamW, as the trainer runs on a
+   GPU, a LoRA adapter of rank `--lora-r` on every linear layer (PEFT, as `lora: true`; `--lora-r 0` trains
+   every weight); `--beta` > 0 adds the KL term to reference log-probs taken with the adapter disabled (the
+   trainer's way; a frozen copy of the start when every weight trains) and `--iterations` 2 trains each
+   generation batch twice (TRL's `num_iterations`: old log-probs taken once, the second pass clipped against
+   them); tokens/s, seconds and peak memory per optimizer step, the KL and the clipped fraction, against
+   `memory_estimate`'s formula (what bench/gpu_crl.py prints before a run);
 3. how far the rollouts' logprobs (fp32, the engine's processed ones) are from the update's (bf16 autocast)
    on the same tokens: the importance-ratio error the GPU's precision adds;
 4. the real trainer (`colab-graphs train` on examples/train_tiny.yaml, 2 steps, bf16 on the GPU) when TRL,
@@ -29,7 +33,10 @@ It imports colab_graphs' torch-only modules without the package's `__init__` (wh
 LiteLLM), so the repository's working tree is all it needs beside torch and transformers.
 
     python bench/gpu_check.py --out runs/gpu_check                     # on the GPU machine (a few minutes)
-    python bench/gpu_check.py --dry-run --bare --out /tmp/gpu_check    # CPU, tiny shape, seconds (the test)
+    python bench/gpu_check.py --dry-run --bare --out /tmp/gpu_check    # CPU, tiny shapes, seconds (the test)
+
+`--dry-run` runs every shape shrunk to a few thousand weights (each keeps its architecture, tied or untied
+embeddings), on CPU, fp32, a few tokens: the same code paths as the GPU run, in seconds.
 
 `--bare` refuses imports of TRL, LiteLLM and LangGraph, as on that machine. Writes OUT/gpu_check.json.
 """
@@ -61,7 +68,22 @@ SHAPES: dict[str, dict[str, Any]] = {
     "qwen2.5-0.5b": {"model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24,
                      "num_attention_heads": 14, "num_key_value_heads": 2, "intermediate_size": 4864,
                      "vocab_size": 151936},
+    "qwen2.5-1.5b": {"model_type": "qwen2", "hidden_size": 1536, "num_hidden_layers": 28,
+                     "num_attention_heads": 12, "num_key_value_heads": 2, "intermediate_size": 8960,
+                     "vocab_size": 151936},
+    "qwen2.5-7b": {"model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28,
+                   "num_attention_heads": 28, "num_key_value_heads": 4, "intermediate_size": 18944,
+                   "vocab_size": 152064, "tie_word_embeddings": False},
 }  # fmt: skip
+DEFAULT_SHAPES = ["tiny", "smollm2-135m", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"]
+
+
+def shrunk(shape: str) -> dict[str, Any]:
+    """`shape` at the dry run's size: the tiny shape's widths, the shape's own architecture and embeddings."""
+    return {**SHAPES["tiny"], "model_type": SHAPES[shape]["model_type"],
+            "tie_word_embeddings": SHAPES[shape].get("tie_word_embeddings", True)}  # fmt: skip
+
+
 TEMPERATURE = 0.7
 
 
@@ -146,14 +168,15 @@ def memory_estimate(
     }
 
 
-def build_model(shape: str, device: str) -> tuple[Any, Any]:
-    """A random-init causal LM of `shape` (fp32, on `device`) and a word-level tokenizer of its vocabulary
-    size (token i is "t{i}"; 0 is the end of a turn), built offline in process."""
+def build_model(shape: str, device: str, dry_run: bool = False) -> tuple[Any, Any]:
+    """A random-init causal LM of `shape` (fp32, made on `device`: a 7B model is not drawn on the CPU first)
+    and a word-level tokenizer of its vocabulary size (token i is "t{i}"; 0 is the end of a turn), built
+    offline in process."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    settings = dict(SHAPES[shape])
+    settings = shrunk(shape) if dry_run else {"tie_word_embeddings": True, **SHAPES[shape]}
     vocab = {f"t{i}": i for i in range(settings["vocab_size"])}
     vocab["<eos>"], vocab["<pad>"] = 0, 1
     vocab.pop("t0"), vocab.pop("t1")
@@ -161,11 +184,10 @@ def build_model(shape: str, device: str) -> tuple[Any, Any]:
     core.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<eos>", pad_token="<pad>")
     tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-    config = AutoConfig.for_model(
-        settings.pop("model_type"), **settings, tie_word_embeddings=True, eos_token_id=0, pad_token_id=1
-    )
+    config = AutoConfig.for_model(settings.pop("model_type"), **settings, eos_token_id=0, pad_token_id=1)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(device)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return model, tokenizer
 
 
@@ -241,23 +263,31 @@ def token_logps(model: Any, batch: dict[str, Any], temperature: float) -> Any:
     return torch.log_softmax(logits, dim=-1).gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
 
 
-def dapo_loss(model: Any, batch: dict[str, Any], temperature: float, epsilon: float = 0.2) -> Any:
-    """TRL 1.16's dapo loss with one iteration per generation and beta 0 (C-RL's defaults): the clipped
-    ratio against the batch's own (detached) logprobs, summed over policy tokens and divided by the policy
-    tokens of the whole batch (`num_items_in_batch`), one process."""
+def dapo_loss(
+    model: Any, batch: dict[str, Any], temperature: float, epsilon: float = 0.2, beta: float = 0.0
+) -> Any:
+    """TRL 1.16's dapo loss (`GRPOTrainer._compute_loss`): the clipped ratio against the batch's old
+    log-probs (`old_per_token_logps`; absent, with one iteration per generation, its own detached ones), plus
+    beta x the k3 KL estimate to `ref_per_token_logps` when beta > 0, summed over policy tokens and divided
+    by the policy tokens of the whole batch (`num_items_in_batch`), one process."""
     import torch
 
     logps = token_logps(model, batch, temperature)
-    ratio = torch.exp(logps - logps.detach())
+    old = batch.get("old_per_token_logps")
+    ratio = torch.exp(logps - (logps.detach() if old is None else old))
     advantages = batch["advantages"].unsqueeze(1)
     per_token = -torch.min(ratio * advantages, torch.clamp(ratio, 1 - epsilon, 1 + epsilon) * advantages)
+    if beta:
+        gap = batch["ref_per_token_logps"] - logps
+        per_token = per_token + beta * (torch.exp(gap) - gap - 1)
     return (per_token * batch["completion_mask"]).sum() / batch["num_items_in_batch"].clamp(min=1.0)
 
 
 def update(
-    model: Any, results: list[Any], pad_id: int, args: argparse.Namespace, device: str
+    model: Any, results: list[Any], pad_id: int, args: argparse.Namespace, device: str, reference: Any = None
 ) -> dict[str, Any]:
-    """`--steps` policy updates on the rollouts, as the trainer takes them; per-step figures."""
+    """`--steps` generation batches, each trained `--iterations` times, as the trainer takes them (`model` a
+    PEFT model when `--lora-r`; `reference` the frozen start when every weight trains and beta > 0)."""
     import random
 
     import torch
@@ -276,38 +306,54 @@ def update(
         sampled[i, : len(r.logprobs)] = torch.tensor(r.logprobs, device=device)
     gap = ((trained - sampled).abs() * batch["completion_mask"]).sum() / batch["completion_mask"].sum()
     worst = ((trained - sampled).abs() * batch["completion_mask"]).max()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
-    model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=args.lr, weight_decay=0.0)
     tokens = int(batch["prompt_mask"].sum() + batch["completion_mask"].sum())
     steps = []
     for _ in range(args.steps):
         _reset_peak(device)
         _sync(device)
         started = time.perf_counter()
-        for piece in row_passes(batch, layout.pass_rows):
-            with autocast:
-                loss = dapo_loss(model, piece, TEMPERATURE)
-            loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad(), autocast:  # what the trainer adds to a batch before its first pass
+            if args.iterations > 1:
+                batch["old_per_token_logps"] = token_logps(model, batch, TEMPERATURE)
+            if args.beta:
+                if reference is not None:
+                    batch["ref_per_token_logps"] = token_logps(reference, batch, TEMPERATURE)
+                else:
+                    with model.disable_adapter():
+                        batch["ref_per_token_logps"] = token_logps(model, batch, TEMPERATURE)
+        model.train()
+        for _ in range(args.iterations):
+            for piece in row_passes(batch, layout.pass_rows):
+                with autocast:
+                    loss = dapo_loss(model, piece, TEMPERATURE, beta=args.beta)
+                loss.backward()
+            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        model.eval()
         _sync(device)
         seconds = time.perf_counter() - started
         steps.append(
             {
                 "seconds": round(seconds, 3),
-                "tokens_per_s": round(tokens / seconds, 1),
+                "tokens_per_s": round(tokens * args.iterations / seconds, 1),
                 "peak_gib": _peak_gib(device),
+                **_drift(model, batch, autocast),
             }
         )
-    model.eval()
     row_tokens = batch["prompt_ids"].size(1) + batch["completion_ids"].size(1)
-    estimate = memory_estimate(model.config.to_dict(), layout.pass_rows, row_tokens, len(results))
+    lora = args.lora_r or None
+    estimate = memory_estimate(model.config.to_dict(), layout.pass_rows, row_tokens, len(results), lora)
     return {
         "segments": len(results),
         "passes_per_step": layout.rows // layout.pass_rows,
         "pass_rows": layout.pass_rows,
         "tokens_per_step": tokens,
+        "trained": f"LoRA r={args.lora_r}" if args.lora_r else "all weights",
+        "beta": args.beta,
+        "iterations": args.iterations,
         "steps": steps,
         "estimate_gib": {k: round(v, 3) for k, v in estimate.items()},
         "estimate_training_peak_gib": round(sum(v for k, v in estimate.items() if k != "kv_cache"), 3),
@@ -315,19 +361,50 @@ def update(
     }
 
 
+def _drift(model: Any, batch: dict[str, Any], autocast: Any) -> dict[str, float]:
+    """After a step: the mean KL estimate to the reference and the fraction of policy tokens whose ratio to
+    the old log-probs left [0.8, 1.2] (TRL's clip region), as the trainer logs `kl` and `clip_ratio`."""
+    import torch
+
+    mask = batch["completion_mask"].bool()
+    out = {}
+    with torch.no_grad(), autocast:
+        logps = token_logps(model, batch, TEMPERATURE)
+    if "ref_per_token_logps" in batch:
+        gap = batch["ref_per_token_logps"] - logps
+        out["kl"] = round(float((torch.exp(gap) - gap - 1)[mask].mean()), 6)
+    if "old_per_token_logps" in batch:
+        ratio = torch.exp(logps - batch["old_per_token_logps"])[mask]
+        out["clipped_fraction"] = round(float(((ratio < 0.8) | (ratio > 1.2)).float().mean()), 4)
+        out["ratio_max_abs_log"] = round(float(torch.log(ratio).abs().max()), 5)
+    return out
+
+
 def check_shape(shape: str, args: argparse.Namespace, device: str) -> dict[str, Any]:
+    import copy
+
     from colab_graphs.local.local_engine import LocalEngine
 
     started = time.perf_counter()
-    model, tokenizer = build_model(shape, device)
+    model, tokenizer = build_model(shape, device, args.dry_run)
     model.eval()
     out: dict[str, Any] = {
         "parameters_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 1),
         "build_s": round(time.perf_counter() - started, 2),
     }
-    engine = LocalEngine(model, tokenizer, name=shape, max_batch_size=args.rollouts)
+    reference = None
+    if args.lora_r:  # as `lora: true`: the engine generates with the adapter's layers in place
+        from peft import LoraConfig, get_peft_model
+
+        config = LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, target_modules="all-linear")
+        trained = get_peft_model(model, config)
+        policy = trained.get_base_model()
+    else:
+        trained = policy = model
+        reference = copy.deepcopy(model).requires_grad_(False) if args.beta else None
+    engine = LocalEngine(policy, tokenizer, name=shape, max_batch_size=args.rollouts)
     results, out["generation"] = generate(engine, args, device)
-    out["update"] = update(model, results, engine.pad_id, args, device)
+    out["update"] = update(trained, results, engine.pad_id, args, device, reference)
     return out
 
 
@@ -358,14 +435,20 @@ def real_trainer(args: argparse.Namespace, device: str, out: Path) -> dict[str, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
-    parser.add_argument(
-        "--shapes", nargs="+", default=["tiny", "smollm2-135m", "qwen2.5-0.5b"], choices=list(SHAPES)
-    )
+    parser.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, choices=list(SHAPES))
     parser.add_argument("--rollouts", type=int, default=64, help="rollouts per step (one generation batch)")
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--pass-rows", type=int, default=8, help="segments per forward/backward pass")
-    parser.add_argument("--steps", type=int, default=3, help="policy updates per shape")
+    parser.add_argument("--steps", type=int, default=3, help="generation batches trained per shape")
+    parser.add_argument(
+        "--iterations", type=int, default=2, help="passes per generation batch (num_iterations)"
+    )
+    parser.add_argument("--beta", type=float, default=0.04, help="KL coefficient (0: no reference pass)")
+    parser.add_argument(
+        "--lora-r", type=int, default=16, help="LoRA rank on every linear layer (0: all weights)"
+    )
+    parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument(
         "--no-bf16", dest="bf16", action="store_false", help="fp32 updates (bf16 autocast by default)"
     )
@@ -377,8 +460,8 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=Path("runs/gpu_check"))
     args = parser.parse_args()
-    if args.dry_run:
-        args.device, args.shapes, args.bf16 = "cpu", ["tiny"], False
+    if args.dry_run:  # every shape shrunk (`shrunk`), CPU, fp32, a large enough step to move the policy
+        args.device, args.bf16, args.lr = "cpu", False, 1e-2
         args.rollouts, args.prompt_tokens, args.new_tokens, args.pass_rows, args.steps = 8, 16, 8, 4, 2
     if args.bare:
         sys.meta_path.insert(0, _Refuse())

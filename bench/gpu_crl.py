@@ -41,11 +41,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from gpu_check import GiB, memory_estimate  # bench/gpu_check.py: the formula, checked there against a GPU
+from gpu_check import SHAPES, GiB, memory_estimate  # bench/gpu_check.py: the formula and the real shapes
 
-import colab_graphs._env  # noqa: F401  (process defaults before transformers / litellm load)
-from colab_graphs.trainers.config import config_from_dict
-from colab_graphs.trainers.pipeline import train
+# colab_graphs is imported only past --estimate-only: the estimate runs where only torch is installed.
 
 
 def parse_collaborator(text: str) -> tuple[str, str, str]:
@@ -106,6 +104,36 @@ def gpu_gib() -> float:
     return 139.0
 
 
+def policy_shape(policy: str, fetch: bool) -> dict:
+    """The policy's config.json: from its folder, a zoo model already on disk, or (not `fetch`, as with
+    --estimate-only) bench/gpu_check.py's shape of that name; nothing is downloaded unless `fetch`."""
+    folder = Path(policy).expanduser()
+    if (folder / "config.json").is_file():
+        return json.loads((folder / "config.json").read_text())
+    try:
+        from colab_graphs.local import zoo
+
+        entry = zoo.get_entry(policy)
+    except (
+        ImportError,
+        KeyError,
+    ):  # the package's dependencies are absent (a bare GPU image), or no zoo name
+        entry = None
+    if entry is not None and (fetch or entry.is_cached()):
+        return json.loads((zoo.resolve(policy) / "config.json").read_text())
+    if not fetch and policy in SHAPES:
+        return {"tie_word_embeddings": True, **SHAPES[policy]}
+    if not fetch:
+        raise SystemExit(
+            f"--estimate-only reads the policy's config.json from a folder, a zoo model already on disk or "
+            f"bench/gpu_check.py's shapes ({', '.join(SHAPES)}); {policy!r} is none of these and nothing is "
+            "downloaded for an estimate"
+        )
+    from colab_graphs.local import zoo  # training needs the whole package: its ImportError says what lacks
+
+    return json.loads((zoo.resolve(policy) / "config.json").read_text())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policy", default="smollm2-135m", help="zoo name, HF folder or hub id")
@@ -136,9 +164,7 @@ def main() -> None:
     if args.batch % args.pass_rows or args.batch % args.generations:
         parser.error("--batch must be a multiple of --pass-rows and of --generations")
 
-    from colab_graphs.local.zoo import resolve
-
-    policy_config = json.loads((resolve(args.policy) / "config.json").read_text())
+    policy_config = policy_shape(args.policy, fetch=not args.estimate_only)
     estimate = memory_estimate(
         policy_config, args.pass_rows, args.row_tokens, args.batch, None, args.gradient_checkpointing
     )
@@ -151,6 +177,10 @@ def main() -> None:
             f"the estimate ({peak:.1f} GiB) exceeds the {budget:.1f} GiB left: lower --pass-rows, add "
             "--gradient-checkpointing or give vLLM less (--vllm-memory); --force to try anyway"
         )
+
+    import colab_graphs._env  # noqa: F401  (process defaults before transformers / litellm load)
+    from colab_graphs.trainers.config import config_from_dict
+    from colab_graphs.trainers.pipeline import train
 
     servers = []
     if args.vllm_python:

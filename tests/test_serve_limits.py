@@ -35,7 +35,7 @@ BAD = {
     "top_p": {**GOOD, "top_p": 0},
     "messages[0].role": {**GOOD, "messages": [{"role": "wizard", "content": "hi"}]},
     "frequency_penalty": {**GOOD, "frequency_penalty": 1.5},
-    "top_k": {**GOOD, "top_k": 5},
+    "top_k": {**GOOD, "top_k": -5},  # vLLM's top_k is served; 0 (or absent) is "all tokens"
 }
 
 

@@ -63,7 +63,7 @@ def test_sft_with_a_kl_term_is_refused() -> None:
 
 
 def test_example_configs_load() -> None:
-    for name in ("train_tiny.yaml", "train_debate.yaml"):
+    for name in ("train_tiny.yaml", "train_debate.yaml", "train_server.yaml"):
         assert isinstance(load_config(ROOT / "examples" / name), TrainConfig)
 
 

@@ -70,6 +70,25 @@ def serve(
     access_log: Annotated[
         bool, typer.Option("--access-log/--no-access-log", help="One line per request on stderr.")
     ] = True,
+    logprobs_mode: Annotated[
+        str,
+        typer.Option(
+            "--logprobs-mode",
+            help="vLLM's: raw_logprobs (the model's distribution) or processed_logprobs (the one each token "
+            "was drawn from; what a trainer's importance-sampling correction needs).",
+        ),
+    ] = "raw_logprobs",
+    enable_lora: Annotated[
+        bool,
+        typer.Option(
+            "--enable-lora",
+            help="Serve vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter (reads folders clients name).",
+        ),
+    ] = False,
+    max_adapters: Annotated[
+        int,
+        typer.Option("--max-adapters", help="Most LoRA adapters held (each is a copy of the weights here)."),
+    ] = 4,
 ) -> None:
     """Serve a model over the OpenAI API (chat and text completions, tools, JSON output, streaming, models list).
 
@@ -96,6 +115,9 @@ def serve(
             max_tokens_limit=max_tokens_limit,
             limits=limits,
             access_log=access_log,
+            logprobs_mode=logprobs_mode,
+            enable_lora=enable_lora,
+            **({"max_adapters": max_adapters} if enable_lora else {}),
         )
     except (KeyError, ValueError, OSError) as err:
         fail(str(err))

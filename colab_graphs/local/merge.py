@@ -37,7 +37,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -352,20 +352,25 @@ def adapter_base(folder: Path) -> Path:
     return model_folder(str(base))
 
 
-def apply_adapter(base: State, adapter: State, config: Mapping[str, Any]) -> State:
-    """``base`` with a LoRA adapter merged in: W + s B A for every adapted module."""
+def lora_deltas(adapter: State, config: Mapping[str, Any]) -> Iterator[tuple[str, str, Any]]:
+    """(adapter key, base weight name, s B A) for every module a LoRA adapter adapts."""
     r = int(config["r"])
     alpha = float(config.get("lora_alpha", r))
     scale = alpha / (r**0.5) if config.get("use_rslora") else alpha / r
-    out = {k: v.clone() for k, v in base.items()}
     for key, a in adapter.items():
         if ".lora_A." not in key:
             continue
         target = key.split(".lora_A.")[0].removeprefix("base_model.model.") + ".weight"
-        b = adapter[key.replace(".lora_A.", ".lora_B.")]
+        yield key, target, scale * (adapter[key.replace(".lora_A.", ".lora_B.")] @ a)
+
+
+def apply_adapter(base: State, adapter: State, config: Mapping[str, Any]) -> State:
+    """``base`` with a LoRA adapter merged in: W + s B A for every adapted module."""
+    out = {k: v.clone() for k, v in base.items()}
+    for key, target, delta in lora_deltas(adapter, config):
         if target not in out:
             raise MergeError(f"adapter module {key} has no weight {target} in its base model")
-        out[target] = out[target] + scale * (b @ a)
+        out[target] = out[target] + delta
     return out
 
 

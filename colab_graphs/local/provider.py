@@ -115,7 +115,7 @@ def build_request(
 
 class MemberSampling(SamplingParams):
     """A pool member's sampling settings for the in-process engine: OpenAI's, and the engine's own `top_k`,
-    `min_p` and `repetition_penalty` (vLLM's names; `serve` refuses them, as OpenAI does)."""
+    `min_p` and `repetition_penalty` (vLLM's names and meaning; `serve` takes them, as vLLM's server does)."""
 
     top_k: int | None = Field(None, ge=0)
     min_p: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)

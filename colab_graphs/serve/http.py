@@ -704,6 +704,7 @@ class OpenAIHandler:
             CHAT_ROUTES: self.chat,
             COMPLETIONS_ROUTES: self.completions,
             EMBEDDINGS_ROUTES: self.embeddings,
+            **self.more_post_routes(),
         }
         try:
             if route in MODELS_ROUTES:
@@ -740,6 +741,10 @@ class OpenAIHandler:
 
     def models(self) -> list[dict[str, Any]]:
         raise NotImplementedError
+
+    def more_post_routes(self) -> dict[tuple[str, ...], Callable[[Any], None]]:
+        """POST routes a server adds (routes -> handler of the parsed JSON body); none by default."""
+        return {}
 
     def chat(self, body: Any) -> None:
         """Answer a chat request; `body` is the parsed JSON."""
@@ -780,6 +785,9 @@ class OpenAIHandler:
     def refuse(self, error: RequestError) -> None:
         body = error_body(error.message, code=error.code, status=error.status, param=error.param)
         self.send_json(error.status, body, error.headers)
+
+    def send_text(self, status: int, text: str) -> None:
+        self.send_bytes(status, text.encode(), {"Content-Type": "text/plain; charset=utf-8"})
 
     def send_json(self, status: int, body: Any, headers: Mapping[str, str] | None = None) -> None:
         self.send_bytes(status, json.dumps(body).encode(), headers)

@@ -17,7 +17,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from colab_graphs.local.sampling import SamplingParams
+from colab_graphs.local.provider import MemberSampling
 from colab_graphs.serve.http import RequestError
 
 MAX_N = 16  # choices per prompt: each is a row of a batch
@@ -61,10 +61,15 @@ class Extension(_Strict):
     token_ids: bool = Field(False, description="return exact token ids and logprobs under colab_graphs")
 
 
-class _Request(SamplingParams):
+class _Request(MemberSampling):
+    """OpenAI's fields, and the vLLM extensions a trainer needs (vLLM's names and meaning, from its
+    ``ChatCompletionRequest`` / ``CompletionRequest``): ``top_k``, ``min_p``, ``repetition_penalty`` (sampling)
+    and ``return_token_ids`` (the prompt's and each choice's token ids in the response)."""
+
     model_config = ConfigDict(strict=True, extra="forbid")
 
     model: str | None = None
+    return_token_ids: bool | None = None
     n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -80,6 +85,12 @@ class _Request(SamplingParams):
         """What is wrong across fields, as (param, message)."""
         if self.stream_options is not None and not self.stream:
             return [("stream_options", "stream_options are only allowed with stream: true")]
+        if self.return_token_ids and self.stream:
+            # vLLM streams each chunk's token ids; this server's chunks carry text only
+            message = (
+                "return_token_ids is served without streaming here; or stream and send colab_graphs.token_ids"
+            )
+            return [("return_token_ids", message)]
         return []
 
 
@@ -252,7 +263,7 @@ class CompletionRequest(_Request):
         return [p for p in self.prompt if not isinstance(p, int)]
 
 
-RequestModel = TypeVar("RequestModel", bound=_Request)
+RequestModel = TypeVar("RequestModel", bound=BaseModel)
 
 
 def parse_body(model: type[RequestModel], body: Any) -> RequestModel:
@@ -274,7 +285,8 @@ def parse_body(model: type[RequestModel], body: Any) -> RequestModel:
     except ValidationError as exc:
         problems += _problems(exc.errors())
     else:
-        problems += [(param, f"{param}: {message}", "invalid_value") for param, message in parsed.problems()]
+        across = parsed.problems() if isinstance(parsed, _Request) else []
+        problems += [(param, f"{param}: {message}", "invalid_value") for param, message in across]
     if problems:
         summary = "; ".join(message for _, message, _ in problems)
         raise RequestError(summary, param=problems[0][0], code=problems[0][2])

@@ -32,6 +32,7 @@ class Serving(Protocol):
 
     engine: LocalEngine
     served_name: str
+    logprobs_mode: str  # the engine's "raw" or "processed" (vLLM's --logprobs-mode)
 
     def completion_budget(self, prompt_tokens: int, asked: int | None, default: int, param: str) -> int: ...
 
@@ -49,6 +50,7 @@ class _Reply:
         self.stream = request.stream
         self.include_usage = bool(request.stream_options and request.stream_options.include_usage)
         self.token_ids = request.colab_graphs.token_ids
+        self.return_token_ids = bool(request.return_token_ids)  # vLLM's fields: prompt_token_ids, token_ids
         self.id = f"{self.id_prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.rows: list[GenerationRequest] = []
@@ -60,9 +62,13 @@ class _Reply:
         for row in self.rows:
             self.engine.cancel(row)
 
+    def _submit(self) -> list[Future[GenerationResult]]:
+        for row in self.rows:
+            row.logprobs_mode = self.state.logprobs_mode
+        return [self.engine.submit(row) for row in self.rows]
+
     def _results(self) -> list[GenerationResult]:
-        futures = [self.engine.submit(row) for row in self.rows]
-        return [future.result() for future in futures]
+        return [future.result() for future in self._submit()]
 
     def _pieces(self) -> Iterator[tuple[int, str | None, GenerationResult | BaseException | None]]:
         """``(row, text, None)`` as rows write, then ``(row, None, result or exception)`` as each ends."""
@@ -73,7 +79,7 @@ class _Reply:
 
         for i, row in enumerate(self.rows):
             row.on_text = lambda piece, i=i: events.put((i, piece, None))
-        futures = [self.engine.submit(row) for row in self.rows]
+        futures = self._submit()
         for i, future in enumerate(futures):
             future.add_done_callback(functools.partial(ended, i))
         left = len(futures)
@@ -194,10 +200,18 @@ class ChatReply(_Reply):
         choices = []
         for i, result in enumerate(results):
             message, finish = self._message(result)
-            choices.append(
-                {"index": i, "message": message, "logprobs": self._logprobs(result), "finish_reason": finish}
-            )
+            choice = {
+                "index": i,
+                "message": message,
+                "logprobs": self._logprobs(result),
+                "finish_reason": finish,
+            }
+            if self.return_token_ids:
+                choice["token_ids"] = result.completion_ids
+            choices.append(choice)
         payload = {**self._head(), "choices": choices, "usage": self._usage(results)}
+        if self.return_token_ids:
+            payload["prompt_token_ids"] = results[0].prompt_ids if results else None
         if self.token_ids:
             payload[DETAILS_KEY] = self._details(results)
         return payload
@@ -317,6 +331,11 @@ class CompletionReply(_Reply):
                 "index": k,
                 "logprobs": self._logprobs(result, len(self.echoes[k])),
                 "finish_reason": result.finish_reason,
+                **(
+                    {"prompt_token_ids": result.prompt_ids, "token_ids": result.completion_ids}
+                    if self.return_token_ids
+                    else {}
+                ),
             }
             for k, result in enumerate(results)
         ]

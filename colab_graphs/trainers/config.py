@@ -30,12 +30,14 @@ LOSS_TYPES = ("dapo", "cispo")
 """TRL losses normalised by the global count of policy tokens: exact over any split of a batch into processes,
 micro-batches and padding rows (the per-sequence or per-micro-batch means of grpo, bnpo, dr_grpo are not)."""
 VLLM_REFUSAL = (
-    "C-RL does not generate the policy with vLLM: the policy's turns run in process with its live weights, "
-    "inside the graph, and each turn's exact token ids are the training segment, so there is no generation "
-    "step for TRL's vLLM (or its importance-sampling ratio) to replace. Serve the collaborators with vLLM "
-    "instead, as pool members (model: hosted_vllm/NAME, api_base: http://HOST:PORT/v1), and remove "
-    "use_vllm from the config"
+    "C-RL does not use TRL's vLLM generation: the policy's turns are calls inside the graph, and each turn's "
+    "exact token ids are the training segment. To generate them with vLLM, set rollout: server and "
+    "policy_url: http://HOST:PORT/v1 (vLLM's OpenAI server with --enable-lora; TRL's vllm_importance_sampling_* "
+    "fields then correct the gap); serve the collaborators with vLLM as pool members (model: "
+    "hosted_vllm/NAME, api_base: ...); and remove use_vllm from the config"
 )
+IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+"""TRL's `vllm_importance_sampling_mode` values (rollout: server corrects the server's log-probs with them)."""
 GENERATION_KWARGS = ("top_k", "top_p", "min_p", "repetition_penalty")
 """The `generation_kwargs` keys the in-process policy engine honours (they override the fields of the same
 name); any other key is refused."""
@@ -54,6 +56,8 @@ GRPO_DEFAULTS: dict[str, Any] = {
     # TRL's own defaults today, pinned: C-RL's checks require them, whatever a later TRL defaults to.
     "loss_type": "dapo",
     "beta": 0.0,
+    # rollout: server corrects each token's ratio to the server's logprob, truncated (TIS), as the issue asks
+    "vllm_importance_sampling_mode": "token_truncate",
 }
 """This project's defaults for GRPO fields, where they differ from TRL's."""
 GRPO_NOTES = {
@@ -78,7 +82,11 @@ GRPO_NOTES = {
     ),
     "loss_type": "C-RL accepts dapo or cispo (both normalise by the policy tokens of the whole batch).",
     "save_steps": "C-RL: 0 (the default) writes no checkpoints, only the final policy.",
-    "use_vllm": "Refused: the policy generates in process; serve the collaborators with vLLM as pool members.",
+    "use_vllm": "Refused: set rollout: server and policy_url for vLLM-generated policy turns.",
+    "vllm_importance_sampling_correction": "C-RL: applies with rollout: server (the server's logprobs vs the trainer's).",
+    "vllm_importance_sampling_mode": "C-RL: with rollout: server; C-RL's default is token_truncate (TIS).",
+    "vllm_importance_sampling_clip_max": "C-RL: with rollout: server.",
+    "vllm_importance_sampling_clip_min": "C-RL: with rollout: server.",
 }
 """What a GRPO field means in C-RL, appended to TRL's help."""
 MANAGED = {
@@ -172,6 +180,16 @@ class CRLFields:
     resume_from_checkpoint: str | bool | None = _f(
         None, "Resume: a checkpoint folder, or true for the latest checkpoint in the output folder."
     )
+    rollout: Literal["local", "server"] = _f(
+        "local",
+        "Where the policy's turns are generated: local (the package's engine, in this process, with the live "
+        "weights) or server (an OpenAI server at policy_url that holds the current policy: vLLM with "
+        "--enable-lora, or colab-graphs serve --enable-lora; the trainer loads its LoRA adapter there after "
+        "each update, checks every turn's token ids and corrects the log-prob gap; needs lora: true).",
+    )
+    policy_url: str | None = _f(
+        None, "rollout: server: the policy server's OpenAI base URL, e.g. http://127.0.0.1:8000/v1."
+    )
     cache_dir: str | None = _f(None, "Call cache for the collaborators (policy calls are never cached).")
     no_cache: bool = _f(False, "Do not cache collaborator calls.")
     max_concurrency: int = _f(16, "In-flight model calls per endpoint.")
@@ -249,6 +267,7 @@ class CRLFields:
             )
         if self.use_vllm:
             bad("use_vllm", VLLM_REFUSAL)
+        self._validate_rollout(bad)
         if self.reward == "sft" and self.beta != 0:
             bad("beta", "reward=sft is plain fine-tuning on kept turns: it has no KL term, set beta to 0")
         if self.eval_size < 0 or self.save_steps < 0:
@@ -280,6 +299,25 @@ class CRLFields:
         if self.scripted_members and self.policy_member in self.scripted_members:
             bad("scripted_members", f"the policy member {self.policy_member!r} cannot be scripted")
         return self
+
+    def _validate_rollout(self, bad: typing.Callable[[str, str], typing.NoReturn]) -> None:
+        if self.rollout == "local":
+            if self.policy_url is not None:
+                bad("policy_url", "only with rollout: server (rollout: local generates in this process)")
+            return
+        if not self.policy_url or not self.policy_url.startswith(("http://", "https://")):
+            bad(
+                "policy_url",
+                f"rollout: server needs the policy server's http(s) URL, got {self.policy_url!r}",
+            )
+        if not self.lora:
+            bad(
+                "lora",
+                "rollout: server needs lora: true: the server holds the base weights and the trainer loads its "
+                "adapter there after each update (vLLM's /v1/load_lora_adapter); full weights are not sent",
+            )
+        if self.vllm_importance_sampling_mode not in IS_MODES:
+            bad("vllm_importance_sampling_mode", f"must be one of {', '.join(IS_MODES)}")
 
 
 if TYPE_CHECKING:

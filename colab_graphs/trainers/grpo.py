@@ -23,6 +23,11 @@ How a generation batch becomes gradient, on any number of processes (`batch_layo
   many rows, accumulating their gradients (DDP syncs only on the last pass), with the columns that are
   padding in every row of a pass cut off first.
 
+With a policy server (`rollout: server`, `colab_graphs.trainers.server_rollout`) the trainer loads its adapter
+there before each generation batch (on-policy), checks every policy turn's token ids against its tokenizer,
+and corrects the gap between the server's log-probs and its own as TRL corrects vLLM generation (the ratio
+goes to TRL's `_compute_loss` as `importance_sampling_ratio`).
+
 `objective="sft"` (the `reward: sft` baseline) keeps the turns of rollouts that scored at least
 `sft_min_reward` and trains their mean token cross-entropy through the same machinery: the same optimizer,
 schedule, clipping, precision, LoRA, gradient accumulation, checkpoints and processes as the GRPO runs.
@@ -31,6 +36,7 @@ schedule, clipping, precision, LoRA, gradient accumulation, checkpoints and proc
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -48,6 +54,12 @@ from colab_graphs.trainers.credit import Outcomes, assign_credit, batch_outcomes
 from colab_graphs.trainers.evaluate import eval_mode
 from colab_graphs.trainers.rollout import LoopThread, PolicyTurn, Rollout, RolloutRunner, check_rollouts
 from colab_graphs.trainers.segments import batch_layout, row_passes, segment_batch
+from colab_graphs.trainers.server_rollout import (
+    PolicyServer,
+    check_turn_tokens,
+    importance_correction,
+    sampling_logps,
+)
 
 TRL_VERSION = "1.16.0"
 OBJECTIVES = ("grpo", "sft")
@@ -142,6 +154,7 @@ class CRLTrainer(GRPOTrainer):
             rollout records: the conversation, the reward, each policy turn's credit).
         loop: the event loop thread rollouts run on (one is made when None).
         on_log: called with each metrics line on the main process (e.g. to print progress).
+        policy_server: the server that generates the policy's turns (`rollout: server`), None in process.
         **kwargs: `GRPOTrainer` arguments (model, args, train_dataset, processing_class, peft_config, ...).
     """
 
@@ -158,6 +171,7 @@ class CRLTrainer(GRPOTrainer):
         loop: LoopThread | None = None,
         on_log: Callable[[dict[str, Any]], None] | None = None,
         step_fields: dict[str, Any] | None = None,
+        policy_server: PolicyServer | None = None,
         **kwargs: Any,
     ):
         from transformers import PrinterCallback
@@ -186,6 +200,14 @@ class CRLTrainer(GRPOTrainer):
         self._seconds = {"generation": 0.0, "credit": 0.0, "step": 0.0}
         self._logged_step: int | None = None  # set by the first training step (a resumed run starts late)
         self._step_started = time.perf_counter()
+        self.policy_server = policy_server
+        self._sampling: dict[str, float] = {}  # the gap and correction of the batch being trained on
+        self.correct_server = policy_server is not None and objective == "grpo"
+        if self.correct_server and self.vllm_importance_sampling_correction:
+            # TRL's `_compute_loss` multiplies each token's loss by `importance_sampling_ratio` when `use_vllm`
+            # and the correction are on: the policy server plays vLLM's part. (TRL's vLLM client is made in
+            # `GRPOTrainer.__init__`, which saw use_vllm false; its generation path is overridden here.)
+            self.use_vllm = True
 
     def policy_module(self) -> torch.nn.Module:
         """The model the rollouts must generate with (adapters applied, wrappers removed)."""
@@ -206,10 +228,14 @@ class CRLTrainer(GRPOTrainer):
                     f"({ids}); make per_device_train_batch_size a multiple of num_generations"
                 )
         examples = [self.examples[i] for i in ids]
+        if mode == "train":
+            self.sync_server_policy()
         with eval_mode(self.model):
             rollouts, outcomes, seconds = self.loop.run(
                 self._rollouts_and_replays(examples, self.rollout_keys(len(examples), group), group)
             )
+        if self.policy_server is not None:
+            check_turn_tokens(rollouts, sorted(self.runner.router.policy_members), self._tokenizer)
         started = time.perf_counter()
         credit = self._credit(rollouts, outcomes, group)
         seconds["credit"] += time.perf_counter() - started
@@ -224,7 +250,7 @@ class CRLTrainer(GRPOTrainer):
             rows, self.pass_rows = layout.rows, layout.pass_rows
         batch = segment_batch(segments, self._tokenizer.pad_token_id, rows, device)
         batch["num_items_in_batch"] = self.accelerator.gather(batch["num_items_in_batch"]).sum()
-        batch.update(self._extra_logps(batch))
+        batch.update(self._extra_logps(batch, segments, mode))
         self.last_rollouts, self.last_batch = rollouts, batch
         self._record(mode, rollouts, segments, group, seconds)
         if mode == "train":
@@ -322,22 +348,48 @@ class CRLTrainer(GRPOTrainer):
         with open(self.rollouts_path, "a", encoding="utf-8") as fh:
             fh.write(hide_secrets("".join(line + "\n" for line in lines)))
 
-    def _extra_logps(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Old-policy logps when a generation batch spans several updates; reference logps when beta > 0."""
+    def sync_server_policy(self) -> None:
+        """Load the current adapter on the policy server, once per optimizer step (main process saves and
+        loads; every process then asks for it). Nothing without a policy server."""
+        server = self.policy_server
+        step = self.state.global_step
+        if server is None or server.loaded_step == step:
+            return
+        started = time.perf_counter()
+        folder = Path(self.args.output_dir).parent / "server_policy" / f"step-{step}"
+        if self.accelerator.is_main_process:
+            previous = server.loaded_step
+            self.accelerator.unwrap_model(self.model).save_pretrained(folder)
+            server.load(folder, step)
+            if previous is not None:  # the server read it when it was loaded
+                shutil.rmtree(folder.parent / f"step-{previous}", ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+        server.loaded_step, server.model = step, server.adapter
+        self._metrics["train"]["policy_sync_s"].append(time.perf_counter() - started)
+
+    def _extra_logps(
+        self, batch: dict[str, torch.Tensor], segments: list[tuple[PolicyTurn, float]], mode: str
+    ) -> dict[str, torch.Tensor]:
+        """Old-policy logps when a generation batch spans several updates or the server's tokens are
+        corrected; reference logps when beta > 0; the server correction's ratio (see `server_rollout`)."""
         out: dict[str, torch.Tensor] = {}
         generate_every = self.args.steps_per_generation * self.num_iterations
         need_old = self.objective == "grpo" and self.args.gradient_accumulation_steps % generate_every != 0
-        if not need_old and self.beta == 0.0:
+        need_old = need_old or (self.correct_server and self.vllm_importance_sampling_correction)
+        if not need_old and self.beta == 0.0 and not self.correct_server:
             return out
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         keep = batch["completion_ids"].size(1)
         size = self.args.per_device_train_batch_size
         with torch.no_grad():
-            if need_old:
-                out["old_per_token_logps"] = self._get_per_token_logps_and_entropies(
+            old = None
+            if need_old or self.correct_server:
+                old = self._get_per_token_logps_and_entropies(
                     self.model, input_ids, attention, keep, batch_size=size
                 )[0]
+            if need_old:
+                out["old_per_token_logps"] = old
             if self.beta != 0.0:
                 if self.ref_model is not None:
                     ref = self._get_per_token_logps_and_entropies(
@@ -350,6 +402,25 @@ class CRLTrainer(GRPOTrainer):
                             self.model, input_ids, attention, keep, size
                         )
                 out["ref_per_token_logps"] = ref[0]
+        if self.correct_server:
+            rows, width = batch["completion_ids"].shape
+            served = sampling_logps([t for t, _ in segments], rows, width, old.device)
+            ratio, metrics = importance_correction(
+                old,
+                served,
+                batch["completion_mask"],
+                self.vllm_importance_sampling_mode,
+                self.vllm_importance_sampling_clip_min,
+                self.vllm_importance_sampling_clip_max,
+            )
+            if self.vllm_importance_sampling_correction:
+                out["importance_sampling_ratio"] = ratio
+            else:  # the gap is still reported; no ratio is applied
+                metrics = {k: v for k, v in metrics.items() if "logp_difference" in k}
+            for name, value in metrics.items():
+                self._metrics[mode][name].append(value)
+            if mode == "train":
+                self._sampling = metrics
         return out
 
     # --- training: bounded passes, one global token normaliser -------------------------------------------
@@ -416,6 +487,11 @@ class CRLTrainer(GRPOTrainer):
             logs["training_s"] = round(max(0.0, step - generation - credit) / steps, 4)
             self._seconds = dict.fromkeys(self._seconds, 0.0)
             self._logged_step = self.state.global_step
+            for (
+                name,
+                value,
+            ) in self._sampling.items():  # a step that reuses a generation batch (num_iterations
+                logs.setdefault(name, round(value, 6))  # > 1) trains with that batch's correction
         super().log(logs, start_time)
         if not training or not self.accelerator.is_main_process:
             return

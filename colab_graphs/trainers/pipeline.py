@@ -27,8 +27,13 @@ Scaling out: `accelerate launch --num_processes P -m colab_graphs.cli.app train 
 for CPU processes). Each process runs the rollouts of its share of every step (whole groups per process)
 and the evaluation of its share of the held-out examples; the gradient is the one a single process would
 take over the whole step (see `colab_graphs.trainers.grpo`); only the main process writes files.
-Collaborators served by vLLM are ordinary pool members (`hosted_vllm/...` with `api_base`); the policy itself
-always generates in process with its live weights, so `use_vllm: true` is refused when the config is read.
+Collaborators served by vLLM are ordinary pool members (`hosted_vllm/...` with `api_base`). The policy generates
+in process with its live weights (`rollout: local`) or on a policy server that holds its current LoRA adapter
+(`rollout: server`, `policy_url`: vLLM or `colab-graphs serve`, see `colab_graphs.trainers.server_rollout`);
+TRL's own `use_vllm: true` is refused when the config is read. With a policy server every metrics line also
+has `sampling/sampling_logp_difference/mean|max` (|trainer - server| log-prob per policy token),
+`sampling/importance_sampling_ratio/min|mean|max` (the correction) and `policy_sync_s` (saving and loading
+the adapter).
 """
 
 from __future__ import annotations
@@ -187,9 +192,17 @@ def _train(
         cache = None if config.no_cache else CallCache(config.cache_dir)
         client = ModelClient(cache, max_concurrency=config.max_concurrency)
         policy = [config.policy_member]
-        router = PolicyRouter(client, policy, system.policy_overrides(config), config.seed, "train")
+        policy_server, policy_client = _policy_server(config)
+        router = PolicyRouter(
+            client, policy, system.policy_overrides(config), config.seed, "train", policy_client
+        )
         eval_router = PolicyRouter(
-            client, policy, system.policy_overrides(config, config.eval_temperature), config.seed, "eval"
+            client,
+            policy,
+            system.policy_overrides(config, config.eval_temperature),
+            config.seed,
+            "eval",
+            policy_client,
         )
 
         def run_eval(name: str) -> dict[str, Any] | None:
@@ -217,10 +230,25 @@ def _train(
         if main:
             for log in (metrics_path, out / "rollouts.jsonl"):
                 _trim_log(log, resume)
-        policy, steps = _train_policy(
-            config, model, tokenizer, runner, split.train, loop, metrics_path, out, on_step, resume, sandbox
-        )
-        after = run_eval("after")
+        try:
+            policy, steps = _train_policy(
+                config,
+                model,
+                tokenizer,
+                runner,
+                split.train,
+                loop,
+                metrics_path,
+                out,
+                on_step,
+                resume,
+                sandbox,
+                policy_server,
+            )
+            after = run_eval("after")
+        finally:
+            if policy_server is not None:
+                loop.run(policy_server.aclose())
         folder = out / "policy"
         if main:
             info = {
@@ -262,8 +290,42 @@ def _brief(result: dict[str, Any] | None) -> dict[str, Any] | None:
     return None if result is None else {k: v for k, v in result.items() if k != "examples"}
 
 
+def _policy_server(config: TrainConfig) -> tuple[Any, Any]:
+    """(PolicyServer, its ServerPolicyClient) for `rollout: server`, else (None, None): the in-process engine.
+
+    The client lets all of a generation batch's policy turns (and replay credit's re-runs) be in flight at
+    once: the server batches them, as the in-process engine batches a step's turns."""
+    if config.rollout != "server":
+        return None, None
+    from colab_graphs.trainers.server_rollout import PolicyServer, ServerPolicyClient
+    from colab_graphs.trainers.system import policy_adapter
+
+    assert config.policy_url is not None  # validated
+    try:
+        server = PolicyServer(config.policy_url, policy_adapter(config))
+    except ConnectionError as err:
+        raise ConfigError(str(err)) from None
+    rollouts = config.per_device_train_batch_size * (
+        config.steps_per_generation or config.gradient_accumulation_steps
+    )
+    replays = config.replay_samples if config.credit == "replay" else 0
+    in_flight = max(config.max_concurrency, rollouts * (1 + replays))
+    return server, ServerPolicyClient(server, max_concurrency=in_flight)
+
+
 def _train_policy(
-    config, model, tokenizer, runner, examples, loop, metrics_path: Path, out: Path, on_step, resume, sandbox
+    config,
+    model,
+    tokenizer,
+    runner,
+    examples,
+    loop,
+    metrics_path: Path,
+    out: Path,
+    on_step,
+    resume,
+    sandbox,
+    policy_server=None,
 ):  # noqa: ANN001, ANN202
     """GRPO (`reward: system | solo`) or SFT (`reward: sft`) through `CRLTrainer`; (policy, steps)."""
     from datasets import Dataset
@@ -289,8 +351,10 @@ def _train_policy(
         train_dataset=Dataset.from_list([{"prompt": e.input, "example_id": e.id} for e in examples]),
         processing_class=tokenizer,
         peft_config=_peft_config(config),
+        policy_server=policy_server,
     )
     # TRL may wrap the model (LoRA): the rollouts must generate with exactly what is trained.
     system.seat_policy(config, trainer.policy_module(), tokenizer)
     trainer.train(resume_from_checkpoint=str(resume) if resume is not None else None)
+    trainer.sync_server_policy()  # the evaluation after training asks the server for the trained policy
     return trainer.accelerator.unwrap_model(trainer.model), trainer.state.global_step

@@ -95,7 +95,7 @@ def call_seed(seed: int, *parts: Any) -> int:
 @functools.cache
 def accepts_seed(model: str) -> bool:
     """Whether a call to `model` may carry a `seed` (local models and providers LiteLLM sends it to)."""
-    if model.startswith("local/"):
+    if model.startswith(("local/", "hosted_vllm/")):  # vLLM's server takes a seed
         return True
     try:
         import litellm
@@ -213,6 +213,8 @@ class PolicyRouter:
         seed: the run's seed (the training config's `seed`).
         stream: a name that separates this router's draws from another's with the same seed (training and
             evaluation).
+        policy_client: the policy's call path (default: the in-process engine's `InProcessPolicyClient`;
+            `rollout: server` gives `server_rollout.ServerPolicyClient`).
     """
 
     def __init__(
@@ -222,9 +224,10 @@ class PolicyRouter:
         policy_overrides: dict[str, Any],
         seed: int = 0,
         stream: str = "train",
+        policy_client: ModelClient | None = None,
     ):
         self.client = client
-        self.policy_client = InProcessPolicyClient(
+        self.policy_client = policy_client or InProcessPolicyClient(
             None, max_concurrency=client.max_concurrency, retries=client.retries
         )
         self.policy_members = frozenset(policy_members)
@@ -377,7 +380,7 @@ def policy_turns(trace: Trace, policy_members: Sequence[str]) -> list[PolicyTurn
         if call.prompt_token_ids is None or call.completion_token_ids is None:
             raise ValueError(
                 f"policy call of seat {call.seat!r} has no token ids: the policy member must be an in-process "
-                f"'local/' model (got model {call.model!r})"
+                f"'local/' model or a policy server (rollout: server) (got model {call.model!r})"
             )
         turns.append(
             PolicyTurn(

@@ -91,7 +91,13 @@ def segment_batch(
     return batch
 
 
-_COMPLETION_SHAPED = ("completion_ids", "completion_mask", "old_per_token_logps", "ref_per_token_logps")
+_COMPLETION_SHAPED = (
+    "completion_ids",
+    "completion_mask",
+    "old_per_token_logps",
+    "ref_per_token_logps",
+    "importance_sampling_ratio",  # (rows, tokens), or (rows, 1) per segment: cutting columns keeps its one
+)
 
 
 def row_passes(batch: dict[str, Any], size: int) -> list[dict[str, Any]]:

@@ -115,7 +115,11 @@ def build_pool(config: TrainConfig, server: Any = None) -> Pool:
     for name in config.scripted_members or {}:
         models.setdefault(name, {}).update(server.litellm_kwargs(name))
     settings = models.setdefault(config.policy_member, {})
-    settings["model"] = f"local/{POLICY_PREFIX}{config.policy_member}"
+    if config.rollout == "server":
+        # The name traces show; each call names the adapter loaded at the time (server_rollout.PolicyServer).
+        settings.update(model=f"hosted_vllm/{policy_adapter(config)}", api_base=config.policy_url)
+    else:
+        settings["model"] = f"local/{POLICY_PREFIX}{config.policy_member}"
     members = []
     for name, s in models.items():
         for key, value in (extras.get(name) or {}).items():
@@ -181,10 +185,18 @@ def load_policy(ref: str, device: str | None = None) -> tuple[Any, Any]:
     return model.to(device), tokenizer
 
 
+def policy_adapter(config: TrainConfig) -> str:
+    """The name the policy's LoRA adapter is loaded under on a policy server (`rollout: server`)."""
+    return f"{POLICY_PREFIX}{config.policy_member}"
+
+
 def seat_policy(config: TrainConfig, model: Any, tokenizer: Any) -> None:
-    """Serve `model` as the policy member's `local/` model (swapping weights if already served)."""
+    """Serve `model` as the policy member's `local/` model (swapping weights if already served); with
+    `rollout: server` the policy server holds the policy instead, and nothing is served here."""
     from colab_graphs.local.provider import set_local_model
 
+    if config.rollout == "server":
+        return
     set_local_model(f"{POLICY_PREFIX}{config.policy_member}", model, tokenizer)
 
 
