@@ -370,7 +370,13 @@ PICK_NUMBER = (
 )
 """The `pick_number` seat's question (the first version of the seat): the right teammate's number, i.e. the
 mapping and copying that teammate's number from its line. Its positive control failed (docs/crl-study.md)."""
-PICK_SEATS = ("pick", "pick_number")
+PICK_BRIEF = "{input}\n{slots}\nWho is right? Reply with a name."
+"""The `pick_brief` seat's question: the `pick` seat's, worded in half the tokens (an update's cost grows with
+the prompt: the rollouts' prefill and the training pass both run over it)."""
+PICK_PERSONA = "Reply with one name."
+"""The `pick_brief` policy's system prompt: without one, SmolLM2's chat template puts its own default persona
+(15 tokens) before every prompt."""
+PICK_SEATS = ("pick", "pick_number", "pick_brief")
 
 
 def pick_question(cue: str, rng: random.Random) -> tuple[str, int, tuple]:
@@ -529,8 +535,18 @@ def pick_number(members: list[str], policy: str = "policy", swap: bool = False) 
     return pick(members, policy, swap, ask=PICK_NUMBER, first="number")
 
 
-GRAPHS = {"vote": vote, "gate": gate, "pick": pick, "pick_number": pick_number}
-TEAMS = {"vote": TEAMMATES, "gate": TEAMMATES, "pick": PICK_TEAMMATES, "pick_number": PICK_TEAMMATES}
+def pick_brief(members: list[str], policy: str = "policy", swap: bool = False) -> GraphSpec:
+    """The `pick` team with the seat's question worded briefly (`PICK_BRIEF`; the policy's persona is
+    `PICK_PERSONA`, set in its pool entry by the study)."""
+    return pick(members, policy, swap, ask=PICK_BRIEF)
+
+
+GRAPHS = {"vote": vote, "gate": gate, "pick": pick, "pick_number": pick_number, "pick_brief": pick_brief}
+TEAMS = {
+    "vote": TEAMMATES,
+    "gate": TEAMMATES,
+    **{s: PICK_TEAMMATES for s in ("pick", "pick_number", "pick_brief")},
+}
 """The teammates of each setting's team."""
 
 

@@ -108,7 +108,8 @@ def rollout_summaries(rollouts: Sequence[Rollout]) -> list[dict[str, float | Non
 
 def rollout_metrics(summaries: Sequence[dict[str, float | None]], group: int) -> dict[str, float]:
     """Per-step means over rollouts: system reward, the policy's own correctness, turns and tokens, and
-    `reward_std`, the mean over prompts of the reward std within the prompt's group (as TRL logs it)."""
+    `reward_std`, the mean over prompts of the reward std within the prompt's group (as TRL logs it), and
+    `groups_varied`, the share of groups whose rewards are not all equal (the others give no advantage)."""
     done = [s for s in summaries if s["reward"] is not None]
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
     stds = []
@@ -119,6 +120,7 @@ def rollout_metrics(summaries: Sequence[dict[str, float | None]], group: int) ->
     return {
         "system_reward": mean([s["reward"] for s in done]),
         "reward_std": mean(stds),
+        "groups_varied": mean([float(x > 0) for x in stds]),
         "policy_correct": mean([s["policy_score"] for s in done if s["policy_score"] is not None]),
         "policy_turns": mean([s["turns"] for s in done]),
         "policy_tokens": mean([s["policy_tokens"] for s in done]),
