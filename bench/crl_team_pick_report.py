@@ -153,7 +153,7 @@ def held_out_curves(rows: list[dict], arms: dict[str, Any]) -> dict[str, dict[in
     for arm, entry in arms.items():
         if arm == "before":
             continue
-        points: dict[int, list[float]] = {0: [arms["before"]["team"][0]] * len(entry["seeds"])}
+        points: dict[int, list[float]] = {0: [arms["before"]["team"][0]]}  # one untrained policy
         for step in sorted({r["step"] for r in rows if r["eval"] == "curve" and r["arm"] == arm}):
             values = per_seed([r for r in rows if r.get("step") == step], arm, lambda r: r["score"], "curve")
             points[step] = [_mean(values[s]) for s in entry["seeds"] if s in values]

@@ -96,29 +96,39 @@ def test_a_tiny_pick_study_runs_end_to_end_with_its_positive_control(
 
     study, pack = tmp_path / "study", tmp_path / "pack"
     argv = [
-        "crl_team.py", "--out", str(study), "--settings", "pick", "--arms", "control", "own", "uniform",
+        "crl_team.py", "--out", str(study), "--settings", "pick_brief", "--arms", "control", "own", "uniform",
         "--seeds", "0", "--steps", "2", "--prompts", "1", "--eval-size", "3", "--train-size", "6",
-        "--tokens", "6", "--lr", "1e-3", "--lr-schedule", "constant",
+        "--tokens", "4", "--lr", "1e-3", "--lr-schedule", "constant", "--temperature", "1.0",
+        "--save-steps", "1", "--curve-steps", "1",
     ]  # fmt: skip
     monkeypatch.setattr(sys, "argv", argv)
     crl_team.main()
     printed = capsys.readouterr().out
-    assert '"evaluated": "pick-control-0"' in printed and '"trained": "pick-uniform-0"' in printed
+    assert '"evaluated": "pick_brief-control-0"' in printed and '"trained": "pick_brief-uniform-0"' in printed
     manifest = json.loads((study / "manifest.json").read_text())
     assert manifest["lr_schedule"] == "constant" and "dirty_paths" in manifest
+    assert manifest["temperature"] == 1.0 and manifest["curve_steps"] == [1]
+    # The brief seat's policy is shown its persona, not SmolLM2's default one.
+    rollout = json.loads((study / "runs" / "pick_brief-uniform-0" / "rollouts.jsonl").open().readline())
+    seat = next(t for t in rollout["turns"] if t["seat"] == "pick")
+    assert seat["messages"][0] == {"role": "system", "content": team.PICK_PERSONA}
     # A policy moved away from the starting weights exactly when one of its updates had a gradient (LoRA's B
     # starts at 0: a GRPO arm whose groups all scored alike keeps the base weights); the control always moves.
     # The learning rate is constant; `own` trained on the policy's own correctness, C-RL on the team's.
     base = load_file(str(resolve("smollm2-135m") / "model.safetensors"))
     for arm in ("control", "own", "uniform"):
-        lines = [json.loads(x) for x in (study / "runs" / f"pick-{arm}-0" / "metrics.jsonl").open()]
+        lines = [json.loads(x) for x in (study / "runs" / f"pick_brief-{arm}-0" / "metrics.jsonl").open()]
         assert len(lines) == 2 and {x["learning_rate"] for x in lines} == {1e-3}, arm
-        moved = load_file(str(study / "runs" / f"pick-{arm}-0" / "policy" / "model.safetensors"))
+        assert arm == "control" or all(0 <= x["groups_varied"] <= 1 for x in lines), arm
+        # Each training's held-out curve point: its adapter at update 1, evaluated on every held-out question.
+        curve = [json.loads(x) for x in (study / "rows" / f"pick_brief-{arm}-0-at-1-audit.jsonl").open()]
+        assert len(curve) == 3 and {(x["eval"], x["step"]) for x in curve} == {("curve", 1)}, arm
+        moved = load_file(str(study / "runs" / f"pick_brief-{arm}-0" / "policy" / "model.safetensors"))
         name = next(k for k in moved if k.endswith("layers.0.self_attn.q_proj.weight"))
         pushed = any(x["grad_norm"] > 0 for x in lines)
         assert bool((moved[name] - base[name]).abs().max() > 0) == pushed, arm
         assert pushed or arm != "control"
-    own = [json.loads(x) for x in (study / "runs" / "pick-own-0" / "metrics.jsonl").open()]
+    own = [json.loads(x) for x in (study / "runs" / "pick_brief-own-0" / "metrics.jsonl").open()]
     assert all(x["reward"] == x["policy_correct"] for x in own)
     # The report, from the pack alone: the constants recompute from the untrained policy's rows.
     pick_report.main([str(study), "--pack", str(pack)])
@@ -130,6 +140,8 @@ def test_a_tiny_pick_study_runs_end_to_end_with_its_positive_control(
     assert sum(copies) == pytest.approx(1.0)  # exactly one teammate is right on each question
     assert "| C-RL, uniform credit (team reward) minus RL on the policy's own correctness" in text
     assert "**primary**" in text and "| positive control: supervised on the oracle's answer | 0 |" in text
+    assert "| arm | 0 (0) | 1 (1) | 2 (2, final) |" in text  # the held-out curves, every arm
+    assert "Share of GRPO groups whose rewards differ" in text
     # A tampered constant row is refused.
     shipped = report.read_rows(pack)
     for r in shipped:
