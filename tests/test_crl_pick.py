@@ -66,6 +66,36 @@ def test_a_pick_is_read_from_one_name_or_the_committed_number_and_nothing_else(
     assert team.picked(reply, named, view, first) == (chosen, how)
 
 
+@pytest.mark.parametrize(
+    ("reply", "pick_answer", "brief_answer"),
+    [
+        ("Cal.", "85", "85"),  # a pick stands in both seats
+        ("Elon Musk is", "95", ""),  # a name that is no teammate's: `pick` hands the first shown the question
+        ("Ana or Ben.", "95", ""),  # two names pick nobody
+        ("The answer is 90.", "95", ""),  # a number no teammate gave
+    ],
+)
+def test_a_reply_that_picks_nobody_leaves_the_brief_seats_team_without_an_answer(
+    reply: str, pick_answer: str, brief_answer: str
+) -> None:
+    view = view_for(Example(id="q", input="Bank question: What is 40 + 45?", answer="85"))
+    shown = team.pick_named("Bank question: What is 40 + 45?", team.PICK_TEAMMATES)
+    answers = dict(zip(shown, ("The answer is 95.", "I get 75.", "\\boxed{85}"), strict=True))
+    inputs = {"question": "Bank question: What is 40 + 45?", **answers, "choice": reply}
+    first = view.extract(answers[shown[0]])
+    assert first == "95" and view.extract(answers["cal"]) == "85"
+    assert team.team_pick(inputs, task=view) == pick_answer
+    assert team.team_pick(inputs, task=view, unpicked="none") == brief_answer
+    # The seats wire it so: `pick` falls back to the first shown, `pick_brief` to no answer.
+    finals = {
+        name: next(n for n in team.GRAPHS[name](["policy", *team.PICK_TEAMMATES]).nodes if n.name == "final")
+        for name in ("pick", "pick_brief")
+    }
+    assert (
+        finals["pick"].params.get("unpicked") == "first" and finals["pick_brief"].params["unpicked"] == "none"
+    )
+
+
 def test_the_positive_control_is_taught_the_reply_its_seat_asks_for() -> None:
     import crl_team_control
 
