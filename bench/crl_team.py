@@ -137,6 +137,9 @@ def settings(args: argparse.Namespace, setting: str, arm: str, seed: int, data: 
         "max_completion_length": args.tokens,
         "temperature": args.temperature,
         "replay_samples": 2,
+        # The RL arms' advantage baseline (the same for all): the group's mean (GRPO), or the batch's mean
+        # with the batch's std as scale (a group that scored alike still teaches).
+        **({"advantage_baseline": "batch", "scale_rewards": "batch"} if args.baseline == "batch" else {}),
         "seed": seed,
         "save_steps": args.save_steps,
         "use_cpu": True,
@@ -596,6 +599,7 @@ def manifest(args: argparse.Namespace, data: tuple[Path, ...], started: float) -
         "learning_rate": args.lr,
         "lr_schedule": args.lr_schedule,
         "temperature": args.temperature,
+        "baseline": args.baseline,
         "transfer": args.transfer,
         "transfer_task": "three-digit operands (add, mul, sub; bench/crl_team_graphs.transfer_questions)",
         "bf16": args.bf16,
@@ -655,6 +659,12 @@ def main() -> None:
         default=TEMPERATURE,
         help="the policy's sampling temperature in rollouts (the vote and gate studies: 0.7; at 1.0 "
         "SmolLM2-135M mostly writes off-topic text there)",
+    )
+    parser.add_argument(
+        "--baseline",
+        default="group",
+        choices=["group", "batch"],
+        help="the RL arms' advantage baseline: each prompt's group mean (GRPO), or the batch mean",
     )
     parser.add_argument("--lr", type=float, default=3e-4, help="LoRA (r 16) learning rate")
     parser.add_argument(

@@ -66,6 +66,7 @@ def measure(args: argparse.Namespace, setting: str, tokens: int, seen: dict[str,
             lr=1e-3,
             lr_schedule="constant",
             temperature=args.temperature,
+            baseline="group",
             save_steps=0,
             bf16=args.bf16,
         )

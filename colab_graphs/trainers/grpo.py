@@ -155,6 +155,7 @@ class CRLTrainer(GRPOTrainer):
         objective: str = "grpo",
         credit: str = "uniform",
         replay_samples: int = 2,
+        advantage_baseline: str = "group",
         sft_min_reward: float = 1.0,
         metrics_path: str | Path | None = None,
         loop: LoopThread | None = None,
@@ -178,6 +179,7 @@ class CRLTrainer(GRPOTrainer):
         self.objective = objective
         self.credit = credit
         self.replay_samples = replay_samples
+        self.advantage_baseline = advantage_baseline
         self.sft_min_reward = sft_min_reward
         self.metrics_path = Path(metrics_path) if metrics_path is not None else None
         self.rollouts_path = self.metrics_path.with_name("rollouts.jsonl") if self.metrics_path else None
@@ -277,7 +279,8 @@ class CRLTrainer(GRPOTrainer):
             from accelerate.utils import gather_object
 
             pooled = gather_object(batch_outcomes(rollouts, outcomes))
-        return assign_credit(rollouts, group, self.credit, outcomes, self.args.scale_rewards, pooled)
+        scale = self.args.scale_rewards
+        return assign_credit(rollouts, group, self.credit, outcomes, scale, pooled, self.advantage_baseline)
 
     def _segments(
         self, rollouts: list[Rollout], credit: list[list[float]] | None
