@@ -176,6 +176,10 @@ def training_lines(curves: list[dict], setting: str, arms: dict[str, Any]) -> di
         steps = max(c["step"] for c in lines)
         tenth = max(1, steps // 10)
         entry = {"step_time_median_s": statistics.median(c["step_time"] for c in lines)}
+        sampled = [c for c in lines if "entropy" in c]
+        if sampled:  # the entropy of the policy's samples (TRL's, over its completion tokens)
+            entry["entropy_first"] = _mean([c["entropy"] for c in sampled if c["step"] <= tenth])
+            entry["entropy_last"] = _mean([c["entropy"] for c in sampled if c["step"] > steps - tenth])
         varied = [c for c in lines if "groups_varied" in c]
         if varied:
             entry["groups_varied"] = _mean([c["groups_varied"] for c in varied])
@@ -187,6 +191,17 @@ def training_lines(curves: list[dict], setting: str, arms: dict[str, Any]) -> di
     return out
 
 
+def _sampling(manifest: dict[str, Any]) -> str:
+    """The rollouts' temperature and the RL arms' advantage baseline, where the manifest records them."""
+    if "temperature" not in manifest:  # a study from before either was an option
+        return ""
+    baseline = {"group": "each question's group mean (GRPO)", "batch": "the whole update's mean"}
+    return (
+        f", rollouts at temperature {manifest['temperature']}, the RL arms' advantage baseline "
+        f"{baseline[manifest.get('baseline', 'group')]}"
+    )
+
+
 def table(summary: dict[str, Any], manifest: dict[str, Any]) -> str:
     """The markdown table (and the lines around it) of `summary`."""
     c = summary["constants"]
@@ -195,7 +210,8 @@ def table(summary: dict[str, Any], manifest: dict[str, Any]) -> str:
         f"Setting `{manifest['settings'][-1]}`: {n} held-out questions (never trained on), {manifest.get('steps')} updates of "
         f"{manifest.get('prompts_per_step')} prompts x {manifest.get('rollouts_per_prompt')} rollouts per arm, "
         f"policy {manifest.get('policy')} (LoRA r 16), learning rate {manifest.get('learning_rate')} "
-        f"({manifest.get('lr_schedule', 'linear')}). Intervals: 95% t over seeds; one seed: no interval.",
+        f"({manifest.get('lr_schedule', 'linear')}){_sampling(manifest)}. Intervals: 95% t over seeds; one seed: "
+        "no interval.",
         "",
         f"Constants (per-question rows, recomputed from the rows): question-blind floor (the first shown "
         f"teammate) {c['floor']:.3f}; copy Ana {c['copy-ana']:.3f}, copy Ben {c['copy-ben']:.3f}, copy Cal "
@@ -256,7 +272,8 @@ def table(summary: dict[str, Any], manifest: dict[str, Any]) -> str:
     if varied:
         parts = [
             f"{ARMS[a]} {t['groups_varied']:.2f} ({t['groups_varied_first']:.2f} in the first tenth of the "
-            f"updates, {t['groups_varied_last']:.2f} in the last)"
+            f"updates, {t['groups_varied_last']:.2f} in the last; the entropy of its samples "
+            f"{t['entropy_first']:.2f} -> {t['entropy_last']:.2f})"
             for a, t in varied.items()
         ]
         lines += [
@@ -295,20 +312,22 @@ def main(argv: list[str] | None = None) -> None:
         folder = args.pack
     _, text = build(folder)
     if args.doc:
-        setting = json.loads((folder / "manifest.json").read_text())["settings"][-1]
-        args.doc.write_text(replace_block(args.doc.read_text(), text, setting, str(args.doc)))
+        manifest = json.loads((folder / "manifest.json").read_text())
+        setting, baseline = manifest["settings"][-1], manifest.get("baseline", "group")
+        args.doc.write_text(replace_block(args.doc.read_text(), text, setting, str(args.doc), baseline))
     print(text)
 
 
-def markers(setting: str) -> tuple[str, str]:
-    """The markers of `setting`'s table in a page (docs/crl-study.md)."""
-    name = setting.replace("_", "-")
+def markers(setting: str, baseline: str = "group") -> tuple[str, str]:
+    """The markers of `setting`'s table in a page (docs/crl-study.md); a study whose RL arms took the batch's
+    mean as their baseline (`crl_team.py --baseline batch`) has a block of its own."""
+    name = setting.replace("_", "-") + ("-batch" if baseline == "batch" else "")
     return f"<!-- crl-{name}-table -->", f"<!-- /crl-{name}-table -->"
 
 
-def replace_block(text: str, block: str, setting: str, where: str) -> str:
+def replace_block(text: str, block: str, setting: str, where: str, baseline: str = "group") -> str:
     """`text` with the part between `setting`'s markers replaced by `block`."""
-    start, end = markers(setting)
+    start, end = markers(setting, baseline)
     if start not in text or end not in text:
         raise SystemExit(f"{where}: no {start} ... {end} block")
     head, rest = text.split(start, 1)

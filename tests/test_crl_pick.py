@@ -183,7 +183,7 @@ def test_a_tiny_pick_study_runs_end_to_end_with_its_positive_control(
         pick_report.build(pack)
 
 
-@pytest.mark.parametrize("study", ["crl_pick", "crl_pick_number"])
+@pytest.mark.parametrize("study", ["crl_pick", "crl_pick_number", "crl_brief_group", "crl_brief_batch"])
 def test_the_study_page_tables_are_rebuilt_from_the_shipped_rows_alone(tmp_path: Path, study: str) -> None:
     import shutil
 
@@ -195,8 +195,8 @@ def test_the_study_page_tables_are_rebuilt_from_the_shipped_rows_alone(tmp_path:
     for made in ("summary.json", "table.md"):
         (folder / made).unlink()
     summary, text = pick_report.build(folder)
-    setting = json.loads((folder / "manifest.json").read_text())["settings"][-1]
-    start, end = pick_report.markers(setting)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    start, end = pick_report.markers(manifest["settings"][-1], manifest.get("baseline", "group"))
     page = (ROOT / "docs" / "crl-study.md").read_text()
     assert page.split(start, 1)[1].split(end, 1)[0] == "\n" + text
     assert text == (shipped / "table.md").read_text()

@@ -108,7 +108,9 @@ def group_advantages(
     if baseline not in ("group", "batch"):
         raise ValueError(f"baseline must be 'group' or 'batch', got {baseline!r}")
     if baseline == "batch" and scale == "group":
-        raise ValueError("baseline 'batch' needs scale 'batch' or 'none' (a group that scored alike has std 0)")
+        raise ValueError(
+            "baseline 'batch' needs scale 'batch' or 'none' (a group that scored alike has std 0)"
+        )
     scales = reward_scales(rewards, group_size, scale, pooled)
     everyone = [r for r in (pooled if pooled is not None else rewards) if r is not None]
     out = []
