@@ -170,7 +170,7 @@ def test_a_tiny_pick_study_runs_end_to_end_with_its_positive_control(
     assert sum(copies) == pytest.approx(1.0)  # exactly one teammate is right on each question
     assert "| C-RL, uniform credit (team reward) minus RL on the policy's own correctness" in text
     assert "**primary**" in text and "| positive control: supervised on the oracle's answer | 0 |" in text
-    assert "| arm | 0 (0) | 1 (1) | 2 (2, final) |" in text  # the held-out curves, every arm
+    assert "| arm | 0 (0) | 1 (4) | 2 (8, final) |" in text  # the held-out curves (4 rollouts an update)
     assert "Share of GRPO groups whose rewards differ" in text
     # A tampered constant row is refused.
     shipped = report.read_rows(pack)
