@@ -272,14 +272,19 @@ def table(summary: dict[str, Any], manifest: dict[str, Any]) -> str:
     if varied:
         parts = [
             f"{ARMS[a]} {t['groups_varied']:.2f} ({t['groups_varied_first']:.2f} in the first tenth of the "
-            f"updates, {t['groups_varied_last']:.2f} in the last; the entropy of its samples "
-            f"{t['entropy_first']:.2f} -> {t['entropy_last']:.2f})"
+            f"updates, {t['groups_varied_last']:.2f} in the last"
+            + (
+                f"; the entropy of its samples {t['entropy_first']:.2f} -> {t['entropy_last']:.2f})"
+                if "entropy_first" in t
+                else ")"
+            )
             for a, t in varied.items()
         ]
         lines += [
             "",
-            "Share of GRPO groups whose rewards differ (a group of identical rewards has no advantage and "
-            "teaches nothing), over every update of every seed: " + "; ".join(parts) + ".",
+            "Share of groups (a question's 4 rollouts) whose rewards differ, over every update of every seed "
+            "(under the group baseline a group of identical rewards has no advantage and teaches nothing; SFT "
+            "trains on whichever rollouts scored 1): " + "; ".join(parts) + ".",
         ]
         # (the studies before `groups_varied` was logged ran under other loads: their cost is in BENCHMARKS.md)
         parts = [f"{ARMS[a]} {t['step_time_median_s']:.1f} s" for a, t in summary["training"].items()]

@@ -171,7 +171,7 @@ def test_a_tiny_pick_study_runs_end_to_end_with_its_positive_control(
     assert "| C-RL, uniform credit (team reward) minus RL on the policy's own correctness" in text
     assert "**primary**" in text and "| positive control: supervised on the oracle's answer | 0 |" in text
     assert "| arm | 0 (0) | 1 (4) | 2 (8, final) |" in text  # the held-out curves (4 rollouts an update)
-    assert "Share of GRPO groups whose rewards differ" in text
+    assert "Share of groups (a question's 4 rollouts) whose rewards differ" in text
     # A tampered constant row is refused.
     shipped = report.read_rows(pack)
     for r in shipped:
