@@ -550,19 +550,20 @@ def resume_from(pack: Path, out: Path, transfer: bool) -> dict[str, int]:
 # --- provenance ----------------------------------------------------------------------------------------------
 
 
-def _git(*argv: str) -> str:
+def _git(*argv: str, strip: bool = True) -> str:
     try:
-        return subprocess.run(
-            ["git", *argv], cwd=BENCH, capture_output=True, text=True, check=True
-        ).stdout.strip()
+        out = subprocess.run(["git", *argv], cwd=BENCH, capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return ""
+    return out.strip() if strip else out
 
 
 def tree_state() -> dict[str, Any]:
     """Whether the whole work tree differed from its commit (any tracked change or untracked file, not only
     under bench/), and which paths did."""
-    changed = [line[3:] for line in _git("status", "--porcelain", "--", ":/").splitlines() if line.strip()]
+    # Unstripped: a porcelain line's status column may start with a space (" M path").
+    status = _git("status", "--porcelain", "--", ":/", strip=False)
+    changed = [line[3:] for line in status.splitlines() if line.strip()]
     return {"tree_dirty": bool(changed), "dirty_paths": changed[:50]}
 
 

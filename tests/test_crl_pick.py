@@ -138,6 +138,9 @@ def test_a_tiny_pick_study_runs_end_to_end_with_its_positive_control(
     manifest = json.loads((study / "manifest.json").read_text())
     assert manifest["lr_schedule"] == "constant" and "dirty_paths" in manifest
     assert manifest["temperature"] == 1.0 and manifest["curve_steps"] == [1]
+    # The whole tree's changed paths, each whole (a deleted one aside, each is a path of the tree).
+    assert all((ROOT / p).exists() or not (ROOT / p).parent.exists() for p in manifest["dirty_paths"])
+    assert all(not p.startswith(("ocs/", "ench/", "ests/")) for p in manifest["dirty_paths"])
     # The brief seat's policy is shown its persona, not SmolLM2's default one.
     rollout = json.loads((study / "runs" / "pick_brief-uniform-0" / "rollouts.jsonl").open().readline())
     seat = next(t for t in rollout["turns"] if t["seat"] == "pick")
