@@ -73,7 +73,7 @@ ARMS = {
 SETTINGS = team.GRAPHS
 TRANSFER_SEATS = ("vote", "gate")
 """The seats `--transfer` evaluates a policy in besides its own (the pick seat has questions of its own)."""
-TEMPERATURE = 0.7  # rollouts' sampling temperature (at 1.0 SmolLM2-135M mostly writes off-topic text)
+TEMPERATURE = 0.7  # the teammates' sampling temperature (their phrasing), and the rollouts' by default
 EVAL_SEED = 0  # the evaluation's draws (greedy policy; it fixes nothing else): the same for every arm
 
 
@@ -104,9 +104,11 @@ def write_data(
 
 
 def pool_settings(tokens: int, setting: str = "vote") -> dict[str, dict]:
-    """The policy (its model set by the trainer) and the setting's teammates, which sample their phrasing."""
+    """The policy (its model set by the trainer; in `pick_brief` with a persona of its own) and the setting's
+    teammates, which sample their phrasing."""
+    persona = {"system_prompt": team.PICK_PERSONA} if setting == "pick_brief" else {}
     return {
-        "policy": {"max_tokens": tokens},
+        "policy": {"max_tokens": tokens, **persona},
         **{m: {"temperature": TEMPERATURE} for m in team.TEAMS[setting]},
     }
 
@@ -133,8 +135,11 @@ def settings(args: argparse.Namespace, setting: str, arm: str, seed: int, data: 
         "lora_r": 16,
         "lora_alpha": 32,
         "max_completion_length": args.tokens,
-        "temperature": TEMPERATURE,
+        "temperature": args.temperature,
         "replay_samples": 2,
+        # The RL arms' advantage baseline (the same for all): the group's mean (GRPO), or the batch's mean
+        # with the batch's std as scale (a group that scored alike still teaches).
+        **({"advantage_baseline": "batch", "scale_rewards": "batch"} if args.baseline == "batch" else {}),
         "seed": seed,
         "save_steps": args.save_steps,
         "use_cpu": True,
@@ -325,7 +330,7 @@ def evaluate_pick(
     result: dict[str, list[dict]] = {}
     with server_for_configs(team.teammates_of(setting), "teammates") as server:
         members = pool_settings(tokens, setting)
-        members["policy"] = {"model": f"local/{name}", "temperature": 0.0, "max_tokens": tokens}
+        members["policy"].update(model=f"local/{name}", temperature=0.0)
         for m in mates:
             members[m].update(server.litellm_kwargs(m))
         pool = Pool.from_dict(members)
@@ -545,19 +550,20 @@ def resume_from(pack: Path, out: Path, transfer: bool) -> dict[str, int]:
 # --- provenance ----------------------------------------------------------------------------------------------
 
 
-def _git(*argv: str) -> str:
+def _git(*argv: str, strip: bool = True) -> str:
     try:
-        return subprocess.run(
-            ["git", *argv], cwd=BENCH, capture_output=True, text=True, check=True
-        ).stdout.strip()
+        out = subprocess.run(["git", *argv], cwd=BENCH, capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return ""
+    return out.strip() if strip else out
 
 
 def tree_state() -> dict[str, Any]:
     """Whether the whole work tree differed from its commit (any tracked change or untracked file, not only
     under bench/), and which paths did."""
-    changed = [line[3:] for line in _git("status", "--porcelain", "--", ":/").splitlines() if line.strip()]
+    # Unstripped: a porcelain line's status column may start with a space (" M path").
+    status = _git("status", "--porcelain", "--", ":/", strip=False)
+    changed = [line[3:] for line in status.splitlines() if line.strip()]
     return {"tree_dirty": bool(changed), "dirty_paths": changed[:50]}
 
 
@@ -593,10 +599,13 @@ def manifest(args: argparse.Namespace, data: tuple[Path, ...], started: float) -
         "tokens": args.tokens,
         "learning_rate": args.lr,
         "lr_schedule": args.lr_schedule,
+        "temperature": args.temperature,
+        "baseline": args.baseline,
         "transfer": args.transfer,
         "transfer_task": "three-digit operands (add, mul, sub; bench/crl_team_graphs.transfer_questions)",
         "bf16": args.bf16,
         "eval_seed": EVAL_SEED,
+        "curve_steps": args.curve_steps,
         "config": config,
         "commit": _git("rev-parse", "HEAD"),
         **tree_state(),
@@ -645,6 +654,19 @@ def main() -> None:
     parser.add_argument("--train-size", type=int, default=600)
     parser.add_argument("--policy", default="smollm2-135m", help="zoo name or HF folder")
     parser.add_argument("--tokens", type=int, default=10, help="most tokens per policy turn")
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=TEMPERATURE,
+        help="the policy's sampling temperature in rollouts (the vote and gate studies: 0.7; at 1.0 "
+        "SmolLM2-135M mostly writes off-topic text there)",
+    )
+    parser.add_argument(
+        "--baseline",
+        default="group",
+        choices=["group", "batch"],
+        help="the RL arms' advantage baseline: each prompt's group mean (GRPO), or the batch mean",
+    )
     parser.add_argument("--lr", type=float, default=3e-4, help="LoRA (r 16) learning rate")
     parser.add_argument(
         "--lr-schedule",
@@ -653,6 +675,14 @@ def main() -> None:
         help="linear decay to 0 over --steps (the first study's), or constant (a plateau cannot be the schedule)",
     )
     parser.add_argument("--save-steps", type=int, default=4, help="checkpoint every N updates (resume)")
+    parser.add_argument(
+        "--curve-steps",
+        type=int,
+        nargs="*",
+        default=[],
+        help="after each training, evaluate its checkpoints at these updates on the held-out questions "
+        "(crl_team_curve.py; each a multiple of --save-steps)",
+    )
     parser.add_argument(
         "--transfer", action="store_true", help="also evaluate each policy in the other setting"
     )
@@ -711,6 +741,12 @@ def main() -> None:
                 fresh += not trained
                 folder = train_arm(args, setting, arm, seed, data)
                 run_evaluations(args, str(folder), setting, arm, seed, held, transfer)
+                if args.curve_steps:
+                    import crl_team_curve
+
+                    curve = ["--settings", setting, "--arms", arm, "--seeds", str(seed), "--steps"]
+                    bf16 = ["--bf16"] if args.bf16 else []
+                    crl_team_curve.main([str(args.out), *curve, *map(str, args.curve_steps), *bf16])
                 (args.out / "manifest.json").write_text(
                     json.dumps(manifest(args, data, started), indent=1) + "\n"
                 )

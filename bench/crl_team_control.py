@@ -44,7 +44,12 @@ def policy_prompts(
             members = {m: dict(values["pool"][m]) for m in mates}
             for m in mates:
                 members[m].update(server.litellm_kwargs(m))
-            members["policy"] = {"model": f"local/{name}", "temperature": 0.0, "max_tokens": 1}
+            members["policy"] = {
+                **values["pool"]["policy"],
+                "model": f"local/{name}",
+                "temperature": 0.0,
+                "max_tokens": 1,
+            }
             pool = Pool.from_dict(members)
             game = CoalitionGame(
                 team.GRAPHS[setting](pool.names), pool, examples, client=ModelClient(None, max_concurrency=32)
@@ -69,7 +74,7 @@ def policy_prompts(
 def oracle_reply(values: dict[str, Any], example: Any) -> str:
     """What the oracle replies in the seat: the right teammate's name where the seat asks for a name (`pick`),
     else its answer (which, where a teammate is right, is the question's)."""
-    if values["graph"].endswith(":pick"):
+    if values["graph"].endswith((":pick", ":pick_brief")):
         return f"{str(example.fields['kind']).capitalize()}."
     return f"The answer is {example.answer}."
 
@@ -156,6 +161,9 @@ def train_control(values: dict[str, Any], bf16: bool) -> Path:
         }
         with open(metrics, "a") as fh:
             fh.write(json.dumps(line) + "\n")
+        if values.get("save_steps") and step % values["save_steps"] == 0 and step < steps:
+            # The adapter at this update, as the trainer's checkpoints hold it (the held-out curve's input).
+            model.save_pretrained(str(out / "checkpoints" / f"checkpoint-{step}"))
         print("control", values["seed"], json.dumps(line), flush=True)
     model.eval()
     folder = export_policy(model, tokenizer, out / "policy", {"control": True, "steps": steps})

@@ -370,7 +370,13 @@ PICK_NUMBER = (
 )
 """The `pick_number` seat's question (the first version of the seat): the right teammate's number, i.e. the
 mapping and copying that teammate's number from its line. Its positive control failed (docs/crl-study.md)."""
-PICK_SEATS = ("pick", "pick_number")
+PICK_BRIEF = "{input}\n{slots}\nWho is right? Reply with a name."
+"""The `pick_brief` seat's question: the `pick` seat's, worded in half the tokens (an update's cost grows with
+the prompt: the rollouts' prefill and the training pass both run over it)."""
+PICK_PERSONA = "Reply with one name."
+"""The `pick_brief` policy's system prompt: without one, SmolLM2's chat template puts its own default persona
+(15 tokens) before every prompt."""
+PICK_SEATS = ("pick", "pick_number", "pick_brief")
 
 
 def pick_question(cue: str, rng: random.Random) -> tuple[str, int, tuple]:
@@ -501,16 +507,30 @@ def picked(
 
 @aggregator("crl_team_pick")
 def team_pick(
-    inputs: dict[str, Any], *, task: TaskView, swap: bool = False, first: str = "name", **_: Any
+    inputs: dict[str, Any],
+    *,
+    task: TaskView,
+    swap: bool = False,
+    first: str = "name",
+    unpicked: str = "first",
+    **_: Any,
 ) -> str:
-    """The answer of the teammate the policy picks (`picked`); no pick, the first shown teammate's."""
+    """The answer of the teammate the policy picks (`picked`); no pick, the first shown teammate's
+    (`unpicked="first"`) or no answer at all (`unpicked="none"`: the team is wrong)."""
     named = _named_answers(inputs, task, swap)
-    name, _ = picked(str(inputs.get("choice") or ""), named, task, first)
+    name, how = picked(str(inputs.get("choice") or ""), named, task, first)
+    if how == "none" and unpicked == "none":
+        return ""
     return dict(named).get(name, "")
 
 
 def pick(
-    members: list[str], policy: str = "policy", swap: bool = False, ask: str = PICK, first: str = "name"
+    members: list[str],
+    policy: str = "policy",
+    swap: bool = False,
+    ask: str = PICK,
+    first: str = "name",
+    unpicked: str = "first",
 ) -> GraphSpec:
     """Three named teammates answer; the policy, shown their answers by name, picks one; that one stands."""
     b, mates = _team("crl_team_pick", members, policy, "named teammates answer; the policy picks one")
@@ -519,7 +539,9 @@ def pick(
     b.edge([f"answer_{m}" for m in mates] or [START], "slots")
     b.seat("pick", member=policy, prompt=ask, reads={"slots": "slots"}, writes="choice")
     final = {**reads, "choice": "choice?"}
-    b.aggregate("final", "crl_team_pick", reads=final, writes="final", swap=swap, first=first)
+    b.aggregate(
+        "final", "crl_team_pick", reads=final, writes="final", swap=swap, first=first, unpicked=unpicked
+    )
     b.edge("slots", "pick").edge("pick", "final").edge("final", END)
     return b.output("final").build()
 
@@ -529,8 +551,21 @@ def pick_number(members: list[str], policy: str = "policy", swap: bool = False) 
     return pick(members, policy, swap, ask=PICK_NUMBER, first="number")
 
 
-GRAPHS = {"vote": vote, "gate": gate, "pick": pick, "pick_number": pick_number}
-TEAMS = {"vote": TEAMMATES, "gate": TEAMMATES, "pick": PICK_TEAMMATES, "pick_number": PICK_TEAMMATES}
+def pick_brief(members: list[str], policy: str = "policy", swap: bool = False) -> GraphSpec:
+    """The `pick` team with the seat's question worded briefly (`PICK_BRIEF`; the policy's persona is
+    `PICK_PERSONA`, set in its pool entry by the study), and a reply that picks nobody leaving the team without
+    an answer: in `pick` it handed the first shown teammate the question, which the team reward paid a third of
+    the time, more than naming Ben always (docs/crl-study.md: C-RL learnt to name nobody, and then every group
+    scored alike)."""
+    return pick(members, policy, swap, ask=PICK_BRIEF, unpicked="none")
+
+
+GRAPHS = {"vote": vote, "gate": gate, "pick": pick, "pick_number": pick_number, "pick_brief": pick_brief}
+TEAMS = {
+    "vote": TEAMMATES,
+    "gate": TEAMMATES,
+    **{s: PICK_TEAMMATES for s in ("pick", "pick_number", "pick_brief")},
+}
 """The teammates of each setting's team."""
 
 

@@ -37,6 +37,7 @@ ARMS = {
     "own": "RL on the policy's own correctness in the seat",
     "sft": "collaborative SFT (team-rewarded rollouts)",
     "uniform": "C-RL, uniform credit (team reward)",
+    "replay": "C-RL, replay credit (team reward)",
 }
 CONSTANTS = ("floor", "copy-ana", "copy-ben", "copy-cal", "oracle")
 PRIMARY = (("uniform", "own"), ("uniform", "sft"))
@@ -132,7 +133,73 @@ def summarise(rows: list[dict], curves: list[dict], setting: str = "pick") -> di
             thirds[arm] = [
                 _mean([c["reward"] for c in lines if lo <= c["step"] <= hi]) for lo, hi in base._thirds(steps)
             ]
-    return {"constants": constants, "arms": arms, "pairs": pairs, "training_reward_thirds": thirds}
+    return {
+        "constants": constants,
+        "arms": arms,
+        "pairs": pairs,
+        "training_reward_thirds": thirds,
+        "curves": held_out_curves(rows, arms),
+        "training": training_lines(curves, setting, arms),
+    }
+
+
+def held_out_curves(rows: list[dict], arms: dict[str, Any]) -> dict[str, dict[int, Any]]:
+    """arm -> update -> the held-out team score over seeds at that update (`crl_team_curve.py`'s rows; update
+    0 is the untrained policy, the last the final policy's evaluation): every arm at matched rollouts."""
+    out: dict[str, dict[int, Any]] = {}
+    last = max((r["step"] for r in rows if r["eval"] == "curve"), default=None)
+    if last is None:
+        return out
+    for arm, entry in arms.items():
+        if arm == "before":
+            continue
+        points: dict[int, list[float]] = {0: [arms["before"]["team"][0]]}  # one untrained policy
+        for step in sorted({r["step"] for r in rows if r["eval"] == "curve" and r["arm"] == arm}):
+            values = per_seed([r for r in rows if r.get("step") == step], arm, lambda r: r["score"], "curve")
+            points[step] = [_mean(values[s]) for s in entry["seeds"] if s in values]
+        points[-1] = entry["team_per_seed"]  # the final policy (its update: the manifest's steps)
+        out[arm] = {k: {"seeds": len(v), "team": base.t_interval(v)} for k, v in points.items()}
+    return out
+
+
+def training_lines(curves: list[dict], setting: str, arms: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per arm, from the trainings' metrics lines: the share of GRPO groups whose rewards differ (the others
+    give no advantage), over all updates and over the first and last tenth, and the median seconds an update
+    took."""
+    import statistics
+
+    out: dict[str, dict[str, float]] = {}
+    for arm in arms:
+        lines = [c for c in curves if c.get("setting") == setting and c["arm"] == arm]
+        if not lines:
+            continue
+        steps = max(c["step"] for c in lines)
+        tenth = max(1, steps // 10)
+        entry = {"step_time_median_s": statistics.median(c["step_time"] for c in lines)}
+        sampled = [c for c in lines if "entropy" in c]
+        if sampled:  # the entropy of the policy's samples (TRL's, over its completion tokens)
+            entry["entropy_first"] = _mean([c["entropy"] for c in sampled if c["step"] <= tenth])
+            entry["entropy_last"] = _mean([c["entropy"] for c in sampled if c["step"] > steps - tenth])
+        varied = [c for c in lines if "groups_varied" in c]
+        if varied:
+            entry["groups_varied"] = _mean([c["groups_varied"] for c in varied])
+            entry["groups_varied_first"] = _mean([c["groups_varied"] for c in varied if c["step"] <= tenth])
+            entry["groups_varied_last"] = _mean(
+                [c["groups_varied"] for c in varied if c["step"] > steps - tenth]
+            )
+        out[arm] = entry
+    return out
+
+
+def _sampling(manifest: dict[str, Any]) -> str:
+    """The rollouts' temperature and the RL arms' advantage baseline, where the manifest records them."""
+    if "temperature" not in manifest:  # a study from before either was an option
+        return ""
+    baseline = {"group": "each question's group mean (GRPO)", "batch": "the whole update's mean"}
+    return (
+        f", rollouts at temperature {manifest['temperature']}, the RL arms' advantage baseline "
+        f"{baseline[manifest.get('baseline', 'group')]}"
+    )
 
 
 def table(summary: dict[str, Any], manifest: dict[str, Any]) -> str:
@@ -143,7 +210,8 @@ def table(summary: dict[str, Any], manifest: dict[str, Any]) -> str:
         f"Setting `{manifest['settings'][-1]}`: {n} held-out questions (never trained on), {manifest.get('steps')} updates of "
         f"{manifest.get('prompts_per_step')} prompts x {manifest.get('rollouts_per_prompt')} rollouts per arm, "
         f"policy {manifest.get('policy')} (LoRA r 16), learning rate {manifest.get('learning_rate')} "
-        f"({manifest.get('lr_schedule', 'linear')}). Intervals: 95% t over seeds; one seed: no interval.",
+        f"({manifest.get('lr_schedule', 'linear')}){_sampling(manifest)}. Intervals: 95% t over seeds; one seed: "
+        "no interval.",
         "",
         f"Constants (per-question rows, recomputed from the rows): question-blind floor (the first shown "
         f"teammate) {c['floor']:.3f}; copy Ana {c['copy-ana']:.3f}, copy Ben {c['copy-ben']:.3f}, copy Cal "
@@ -184,6 +252,44 @@ def table(summary: dict[str, Any], manifest: dict[str, Any]) -> str:
             "and SFT, the policy's own correctness for `own`, the policy alone for solo; the control's is its "
             "loss, not shown): " + "; ".join(parts) + ".",
         ]
+    if summary.get("curves"):
+        steps = sorted({k for c in summary["curves"].values() for k in c if k >= 0})
+        final = manifest.get("steps")
+        per = int(manifest.get("prompts_per_step", 2)) * int(manifest.get("rollouts_per_prompt", 4))
+        head = [f"{k} ({k * per})" for k in steps] + [f"{final} ({final * per}, final)"]
+        lines += [
+            "",
+            f"Held-out team score at matched numbers of updates (rollouts, {per} an update; the control's: "
+            "supervised sequences), mean over seeds [95% t]; update 0 is the untrained policy:",
+            "",
+            "| arm | " + " | ".join(head) + " |",
+            "|---|" + "---|" * len(head),
+        ]
+        for arm, points in summary["curves"].items():
+            cells = [_fmt(points[k]["team"]) if k in points else "-" for k in [*steps, -1]]
+            lines.append(f"| {ARMS[arm]} | " + " | ".join(cells) + " |")
+    varied = {a: t for a, t in summary.get("training", {}).items() if "groups_varied" in t}
+    if varied:
+        parts = [
+            f"{ARMS[a]} {t['groups_varied']:.2f} ({t['groups_varied_first']:.2f} in the first tenth of the "
+            f"updates, {t['groups_varied_last']:.2f} in the last"
+            + (
+                f"; the entropy of its samples {t['entropy_first']:.2f} -> {t['entropy_last']:.2f})"
+                if "entropy_first" in t
+                else ")"
+            )
+            for a, t in varied.items()
+        ]
+        lines += [
+            "",
+            "Share of groups (a question's 4 rollouts) whose rewards differ, over every update of every seed "
+            "(under the group baseline a group of identical rewards has no advantage and teaches nothing; SFT "
+            "trains on whichever rollouts scored 1): " + "; ".join(parts) + ".",
+        ]
+        # (the studies before `groups_varied` was logged ran under other loads: their cost is in BENCHMARKS.md)
+        parts = [f"{ARMS[a]} {t['step_time_median_s']:.1f} s" for a, t in summary["training"].items()]
+        lines += ["", "Median seconds an update took (two trainings at once, one thread each, 2 cores): "]
+        lines[-1] += "; ".join(parts) + "."
     return "\n".join(lines) + "\n"
 
 
@@ -211,20 +317,22 @@ def main(argv: list[str] | None = None) -> None:
         folder = args.pack
     _, text = build(folder)
     if args.doc:
-        setting = json.loads((folder / "manifest.json").read_text())["settings"][-1]
-        args.doc.write_text(replace_block(args.doc.read_text(), text, setting, str(args.doc)))
+        manifest = json.loads((folder / "manifest.json").read_text())
+        setting, baseline = manifest["settings"][-1], manifest.get("baseline", "group")
+        args.doc.write_text(replace_block(args.doc.read_text(), text, setting, str(args.doc), baseline))
     print(text)
 
 
-def markers(setting: str) -> tuple[str, str]:
-    """The markers of `setting`'s table in a page (docs/crl-study.md)."""
-    name = setting.replace("_", "-")
+def markers(setting: str, baseline: str = "group") -> tuple[str, str]:
+    """The markers of `setting`'s table in a page (docs/crl-study.md); a study whose RL arms took the batch's
+    mean as their baseline (`crl_team.py --baseline batch`) has a block of its own."""
+    name = setting.replace("_", "-") + ("-batch" if baseline == "batch" else "")
     return f"<!-- crl-{name}-table -->", f"<!-- /crl-{name}-table -->"
 
 
-def replace_block(text: str, block: str, setting: str, where: str) -> str:
+def replace_block(text: str, block: str, setting: str, where: str, baseline: str = "group") -> str:
     """`text` with the part between `setting`'s markers replaced by `block`."""
-    start, end = markers(setting)
+    start, end = markers(setting, baseline)
     if start not in text or end not in text:
         raise SystemExit(f"{where}: no {start} ... {end} block")
     head, rest = text.split(start, 1)

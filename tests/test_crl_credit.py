@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import statistics
 from dataclasses import dataclass, field
 
 import pytest
@@ -149,3 +150,33 @@ def test_batch_scale_of_replay_credit_pools_every_process_rollouts_and_re_runs()
     mean = sum(pooled) / len(pooled)
     std = math.sqrt(sum((x - mean) ** 2 for x in pooled) / (len(pooled) - 1))
     assert advantages == [[pytest.approx((1.0 - 0.5) / std)], [0.0]]
+
+
+def test_a_batch_baseline_teaches_from_groups_that_all_scored_alike() -> None:
+    """`advantage_baseline: batch`: a policy that names the same teammate on every question scores 1, 1, 1, 1
+    where that teammate is right and 0, 0, 0, 0 where it is not. The group baseline gives both groups 0 (nothing
+    to learn); the batch baseline tells it where it is wrong. Over two processes the baseline is the whole
+    batch's mean, as the scale is its std."""
+    from colab_graphs.trainers.credit import assign_credit, batch_outcomes, group_advantages
+
+    rewards = [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    assert group_advantages(rewards, 4, "none") == [0.0] * 8
+    batch = group_advantages(rewards, 4, "none", baseline="batch")
+    assert batch == [0.5] * 4 + [-0.5] * 4
+    spread = statistics.stdev(rewards)  # the batch's std (sample), as `scale_rewards: batch` takes it
+    scaled = group_advantages(rewards, 4, "batch", baseline="batch")
+    assert scaled == pytest.approx([0.5 / spread] * 4 + [-0.5 / spread] * 4, rel=1e-3)
+    halves = [[Outcome(r) for r in (1.0, 1.0, 1.0, 1.0)], [Outcome(r) for r in (0.0, 0.0, 0.0, 1.0)]]
+    pooled = [x for half in halves for x in batch_outcomes(half, None)]
+    split = [
+        a for half in halves for (a,) in assign_credit(half, 4, "uniform", None, "batch", pooled, "batch")
+    ]
+    whole = group_advantages([r.reward for half in halves for r in half], 4, "batch", baseline="batch")
+    assert split == pytest.approx(whole) and split[0] > 0 > split[4]
+    # A failed rollout keeps 0 and stays out of the mean.
+    assert group_advantages([1.0, None, 0.0, 0.0], 2, "none", baseline="batch")[1] == 0.0
+    # Refused where it cannot work: with the group's own std (0 for such a group), or with replay credit.
+    with pytest.raises(ValueError, match="needs scale"):
+        group_advantages(rewards, 4, "group", baseline="batch")
+    with pytest.raises(ValueError, match="replay"):
+        assign_credit(halves[0], 4, "replay", {}, "batch", None, "batch")

@@ -7,6 +7,7 @@ constants recompute from its rows, each trained policy's weights moved, each arm
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -66,6 +67,36 @@ def test_a_pick_is_read_from_one_name_or_the_committed_number_and_nothing_else(
     assert team.picked(reply, named, view, first) == (chosen, how)
 
 
+@pytest.mark.parametrize(
+    ("reply", "pick_answer", "brief_answer"),
+    [
+        ("Cal.", "85", "85"),  # a pick stands in both seats
+        ("Elon Musk is", "95", ""),  # a name that is no teammate's: `pick` hands the first shown the question
+        ("Ana or Ben.", "95", ""),  # two names pick nobody
+        ("The answer is 90.", "95", ""),  # a number no teammate gave
+    ],
+)
+def test_a_reply_that_picks_nobody_leaves_the_brief_seats_team_without_an_answer(
+    reply: str, pick_answer: str, brief_answer: str
+) -> None:
+    view = view_for(Example(id="q", input="Bank question: What is 40 + 45?", answer="85"))
+    shown = team.pick_named("Bank question: What is 40 + 45?", team.PICK_TEAMMATES)
+    answers = dict(zip(shown, ("The answer is 95.", "I get 75.", "\\boxed{85}"), strict=True))
+    inputs = {"question": "Bank question: What is 40 + 45?", **answers, "choice": reply}
+    first = view.extract(answers[shown[0]])
+    assert first == "95" and view.extract(answers["cal"]) == "85"
+    assert team.team_pick(inputs, task=view) == pick_answer
+    assert team.team_pick(inputs, task=view, unpicked="none") == brief_answer
+    # The seats wire it so: `pick` falls back to the first shown, `pick_brief` to no answer.
+    finals = {
+        name: next(n for n in team.GRAPHS[name](["policy", *team.PICK_TEAMMATES]).nodes if n.name == "final")
+        for name in ("pick", "pick_brief")
+    }
+    assert (
+        finals["pick"].params.get("unpicked") == "first" and finals["pick_brief"].params["unpicked"] == "none"
+    )
+
+
 def test_the_positive_control_is_taught_the_reply_its_seat_asks_for() -> None:
     import crl_team_control
 
@@ -96,29 +127,45 @@ def test_a_tiny_pick_study_runs_end_to_end_with_its_positive_control(
 
     study, pack = tmp_path / "study", tmp_path / "pack"
     argv = [
-        "crl_team.py", "--out", str(study), "--settings", "pick", "--arms", "control", "own", "uniform",
+        "crl_team.py", "--out", str(study), "--settings", "pick_brief", "--arms", "control", "own", "uniform",
         "--seeds", "0", "--steps", "2", "--prompts", "1", "--eval-size", "3", "--train-size", "6",
-        "--tokens", "6", "--lr", "1e-3", "--lr-schedule", "constant",
+        "--tokens", "4", "--lr", "1e-3", "--lr-schedule", "constant", "--temperature", "1.0",
+        "--save-steps", "1", "--curve-steps", "1",
     ]  # fmt: skip
     monkeypatch.setattr(sys, "argv", argv)
     crl_team.main()
     printed = capsys.readouterr().out
-    assert '"evaluated": "pick-control-0"' in printed and '"trained": "pick-uniform-0"' in printed
+    assert '"evaluated": "pick_brief-control-0"' in printed and '"trained": "pick_brief-uniform-0"' in printed
     manifest = json.loads((study / "manifest.json").read_text())
     assert manifest["lr_schedule"] == "constant" and "dirty_paths" in manifest
+    assert manifest["temperature"] == 1.0 and manifest["curve_steps"] == [1]
+    # The whole tree's changed paths, each whole, as git lists them (the study writes outside the tree).
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "--", ":/"], cwd=ROOT, capture_output=True, text=True
+    )
+    changed = {line[3:] for line in status.stdout.splitlines() if line.strip()}
+    assert set(manifest["dirty_paths"]) <= changed and manifest["tree_dirty"] == bool(changed)
+    # The brief seat's policy is shown its persona, not SmolLM2's default one.
+    rollout = json.loads((study / "runs" / "pick_brief-uniform-0" / "rollouts.jsonl").open().readline())
+    seat = next(t for t in rollout["turns"] if t["seat"] == "pick")
+    assert seat["messages"][0] == {"role": "system", "content": team.PICK_PERSONA}
     # A policy moved away from the starting weights exactly when one of its updates had a gradient (LoRA's B
     # starts at 0: a GRPO arm whose groups all scored alike keeps the base weights); the control always moves.
     # The learning rate is constant; `own` trained on the policy's own correctness, C-RL on the team's.
     base = load_file(str(resolve("smollm2-135m") / "model.safetensors"))
     for arm in ("control", "own", "uniform"):
-        lines = [json.loads(x) for x in (study / "runs" / f"pick-{arm}-0" / "metrics.jsonl").open()]
+        lines = [json.loads(x) for x in (study / "runs" / f"pick_brief-{arm}-0" / "metrics.jsonl").open()]
         assert len(lines) == 2 and {x["learning_rate"] for x in lines} == {1e-3}, arm
-        moved = load_file(str(study / "runs" / f"pick-{arm}-0" / "policy" / "model.safetensors"))
+        assert arm == "control" or all(0 <= x["groups_varied"] <= 1 for x in lines), arm
+        # Each training's held-out curve point: its adapter at update 1, evaluated on every held-out question.
+        curve = [json.loads(x) for x in (study / "rows" / f"pick_brief-{arm}-0-at-1-audit.jsonl").open()]
+        assert len(curve) == 3 and {(x["eval"], x["step"]) for x in curve} == {("curve", 1)}, arm
+        moved = load_file(str(study / "runs" / f"pick_brief-{arm}-0" / "policy" / "model.safetensors"))
         name = next(k for k in moved if k.endswith("layers.0.self_attn.q_proj.weight"))
         pushed = any(x["grad_norm"] > 0 for x in lines)
         assert bool((moved[name] - base[name]).abs().max() > 0) == pushed, arm
         assert pushed or arm != "control"
-    own = [json.loads(x) for x in (study / "runs" / "pick-own-0" / "metrics.jsonl").open()]
+    own = [json.loads(x) for x in (study / "runs" / "pick_brief-own-0" / "metrics.jsonl").open()]
     assert all(x["reward"] == x["policy_correct"] for x in own)
     # The report, from the pack alone: the constants recompute from the untrained policy's rows.
     pick_report.main([str(study), "--pack", str(pack)])
@@ -130,6 +177,8 @@ def test_a_tiny_pick_study_runs_end_to_end_with_its_positive_control(
     assert sum(copies) == pytest.approx(1.0)  # exactly one teammate is right on each question
     assert "| C-RL, uniform credit (team reward) minus RL on the policy's own correctness" in text
     assert "**primary**" in text and "| positive control: supervised on the oracle's answer | 0 |" in text
+    assert "| arm | 0 (0) | 1 (4) | 2 (8, final) |" in text  # the held-out curves (4 rollouts an update)
+    assert "Share of groups (a question's 4 rollouts) whose rewards differ" in text
     # A tampered constant row is refused.
     shipped = report.read_rows(pack)
     for r in shipped:
@@ -141,7 +190,7 @@ def test_a_tiny_pick_study_runs_end_to_end_with_its_positive_control(
         pick_report.build(pack)
 
 
-@pytest.mark.parametrize("study", ["crl_pick", "crl_pick_number"])
+@pytest.mark.parametrize("study", ["crl_pick", "crl_pick_number", "crl_brief_group", "crl_brief_batch"])
 def test_the_study_page_tables_are_rebuilt_from_the_shipped_rows_alone(tmp_path: Path, study: str) -> None:
     import shutil
 
@@ -153,8 +202,8 @@ def test_the_study_page_tables_are_rebuilt_from_the_shipped_rows_alone(tmp_path:
     for made in ("summary.json", "table.md"):
         (folder / made).unlink()
     summary, text = pick_report.build(folder)
-    setting = json.loads((folder / "manifest.json").read_text())["settings"][-1]
-    start, end = pick_report.markers(setting)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    start, end = pick_report.markers(manifest["settings"][-1], manifest.get("baseline", "group"))
     page = (ROOT / "docs" / "crl-study.md").read_text()
     assert page.split(start, 1)[1].split(end, 1)[0] == "\n" + text
     assert text == (shipped / "table.md").read_text()

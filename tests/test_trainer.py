@@ -382,7 +382,7 @@ def test_cli_train_tiny_writes_metrics_and_a_loadable_policy(tmp_path: Path) -> 
     assert all(0.0 <= x["system_reward"] <= 1.0 for x in lines)
     for x in lines:  # what each step reports beside TRL's own
         assert x["advantage_abs_max"] >= abs(x["advantage_mean"])
-        assert x["reward_std"] >= 0.0
+        assert x["reward_std"] >= 0.0 and (x["groups_varied"] > 0) == (x["reward_std"] > 0)
         assert x["generation_s"] > 0 and x["training_s"] > 0 and x["credit_s"] >= 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["eval_after"]["loo"] == pytest.approx(

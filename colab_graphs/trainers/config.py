@@ -166,6 +166,12 @@ class CRLFields:
     replay_samples: int = _f(
         2, "K for credit=replay: re-runs per policy turn (cost: K x turns extra system runs)."
     )
+    advantage_baseline: Literal["group", "batch"] = _f(
+        "group",
+        "credit=uniform: the reward each rollout's is measured against; group: its prompt's group mean (GRPO); "
+        "batch: the mean over the whole batch, so a group whose rollouts all scored alike still teaches "
+        "(needs scale_rewards batch or none).",
+    )
     sft_min_reward: float = _f(1.0, "reward=sft: keep the policy turns of rollouts scoring at least this.")
     # --- LoRA --------------------------------------------------------------------------------------------
     lora: bool = _f(False, "Train a LoRA adapter instead of all weights (merged into the exported folder).")
@@ -247,6 +253,12 @@ class CRLFields:
             value = getattr(self, name)
             if value is None or value < 1:
                 bad(name, f"must be at least 1, got {value}")
+        if self.advantage_baseline == "batch" and (self.credit != "uniform" or self.scale_rewards == "group"):
+            bad(
+                "advantage_baseline",
+                "batch needs credit uniform and scale_rewards batch or none (a group that scored alike has "
+                "std 0)",
+            )
         if self.num_generations < 2:
             bad("num_generations", "at least 2 rollouts per prompt (GRPO groups; SFT keeps the good ones)")
         steps_per_generation = self.steps_per_generation or self.gradient_accumulation_steps

@@ -86,22 +86,37 @@ def group_advantages(
     group_size: int,
     scale: str = "group",
     pooled: Sequence[float] | None = None,
+    baseline: str = "group",
 ) -> list[float]:
     """Uniform credit: the group-relative advantage of each rollout (groups are consecutive runs of
     `group_size`). A failed rollout (reward None) is left out of its group's statistics and gets 0.
     `pooled` as in `reward_scales`.
 
+    `baseline="batch"` subtracts the mean reward of the whole batch (`pooled`, else these rewards) instead of
+    the group's: a group whose rollouts all scored alike still says whether its prompt went better or worse
+    than the batch's others (a policy that gives one reply to every prompt is told on which prompts it is
+    wrong). It needs a scale that is not the group's std (0 for such a group).
+
     Example:
         >>> [round(a, 3) for a in group_advantages([1.0, 0.0, 0.0, 1.0], 2, scale="none")]
         [0.5, -0.5, -0.5, 0.5]
+        >>> [round(a, 3) for a in group_advantages([1.0, 1.0, 0.0, 0.0], 2, scale="none", baseline="batch")]
+        [0.5, 0.5, -0.5, -0.5]
     """
     if group_size < 1 or len(rewards) % group_size:
         raise ValueError(f"{len(rewards)} rewards do not split into groups of {group_size}")
+    if baseline not in ("group", "batch"):
+        raise ValueError(f"baseline must be 'group' or 'batch', got {baseline!r}")
+    if baseline == "batch" and scale == "group":
+        raise ValueError(
+            "baseline 'batch' needs scale 'batch' or 'none' (a group that scored alike has std 0)"
+        )
     scales = reward_scales(rewards, group_size, scale, pooled)
+    everyone = [r for r in (pooled if pooled is not None else rewards) if r is not None]
     out = []
     for start in range(0, len(rewards), group_size):
         chunk = rewards[start : start + group_size]
-        present = [r for r in chunk if r is not None]
+        present = everyone if baseline == "batch" else [r for r in chunk if r is not None]
         mean = sum(present) / len(present) if present else 0.0
         for i, r in enumerate(chunk):
             out.append(0.0 if r is None else (r - mean) / scales[start + i])
@@ -189,17 +204,21 @@ def assign_credit(
     outcomes: Outcomes | None = None,
     scale: str = "group",
     pooled: Sequence[float] | None = None,
+    baseline: str = "group",
 ) -> list[list[float]]:
     """The advantage of every policy turn of every rollout (`[rollout][turn]`), from the rollouts' rewards
     and, for "replay", their turns' re-run `outcomes` (`replay_outcomes`). `pooled`: for `scale="batch"`,
-    `batch_outcomes` over all processes (None: this batch's own)."""
+    `batch_outcomes` over all processes (None: this batch's own). `baseline`: uniform credit's (see
+    `group_advantages`)."""
     scale = {True: "group", False: "none"}.get(scale, scale)  # type: ignore[call-overload]
     rewards = [r.reward for r in rollouts]
     if credit == "uniform":
-        uniform = group_advantages(rewards, group_size, scale, pooled)
+        uniform = group_advantages(rewards, group_size, scale, pooled, baseline)
         return [[uniform[i]] * len(r.turns) for i, r in enumerate(rollouts)]
     if credit != "replay":
         raise ValueError(f"credit must be 'uniform' or 'replay', got {credit!r}")
+    if baseline != "group":
+        raise ValueError("credit 'replay' has a baseline of its own (the re-runs): baseline must be 'group'")
     outcomes = outcomes or {}
     uniform = group_advantages(rewards, group_size, scale, pooled)
     replayed: list[list[float | None]] = [[] for _ in rollouts]

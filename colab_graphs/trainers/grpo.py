@@ -120,7 +120,8 @@ def rollout_summaries(rollouts: Sequence[Rollout]) -> list[dict[str, float | Non
 
 def rollout_metrics(summaries: Sequence[dict[str, float | None]], group: int) -> dict[str, float]:
     """Per-step means over rollouts: system reward, the policy's own correctness, turns and tokens, and
-    `reward_std`, the mean over prompts of the reward std within the prompt's group (as TRL logs it)."""
+    `reward_std`, the mean over prompts of the reward std within the prompt's group (as TRL logs it), and
+    `groups_varied`, the share of groups whose rewards are not all equal (the others give no advantage)."""
     done = [s for s in summaries if s["reward"] is not None]
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
     stds = []
@@ -131,6 +132,7 @@ def rollout_metrics(summaries: Sequence[dict[str, float | None]], group: int) ->
     return {
         "system_reward": mean([s["reward"] for s in done]),
         "reward_std": mean(stds),
+        "groups_varied": mean([float(x > 0) for x in stds]),
         "policy_correct": mean([s["policy_score"] for s in done if s["policy_score"] is not None]),
         "policy_turns": mean([s["turns"] for s in done]),
         "policy_tokens": mean([s["policy_tokens"] for s in done]),
@@ -166,6 +168,7 @@ class CRLTrainer(GRPOTrainer):
         objective: str = "grpo",
         credit: str = "uniform",
         replay_samples: int = 2,
+        advantage_baseline: str = "group",
         sft_min_reward: float = 1.0,
         metrics_path: str | Path | None = None,
         loop: LoopThread | None = None,
@@ -190,6 +193,7 @@ class CRLTrainer(GRPOTrainer):
         self.objective = objective
         self.credit = credit
         self.replay_samples = replay_samples
+        self.advantage_baseline = advantage_baseline
         self.sft_min_reward = sft_min_reward
         self.metrics_path = Path(metrics_path) if metrics_path is not None else None
         self.rollouts_path = self.metrics_path.with_name("rollouts.jsonl") if self.metrics_path else None
@@ -301,7 +305,8 @@ class CRLTrainer(GRPOTrainer):
             from accelerate.utils import gather_object
 
             pooled = gather_object(batch_outcomes(rollouts, outcomes))
-        return assign_credit(rollouts, group, self.credit, outcomes, self.args.scale_rewards, pooled)
+        scale = self.args.scale_rewards
+        return assign_credit(rollouts, group, self.credit, outcomes, scale, pooled, self.advantage_baseline)
 
     def _segments(
         self, rollouts: list[Rollout], credit: list[list[float]] | None

@@ -341,6 +341,7 @@ def _train_policy(
         objective="sft" if config.reward == "sft" else "grpo",
         credit=config.credit,
         replay_samples=config.replay_samples,
+        advantage_baseline=config.advantage_baseline,
         sft_min_reward=config.sft_min_reward,
         metrics_path=metrics_path,
         loop=loop,
