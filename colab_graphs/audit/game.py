@@ -39,6 +39,7 @@ from colab_graphs.log import (
     PlanRecord,
     Play,
     PlayRecord,
+    RecordStream,
     read_records,
 )
 from colab_graphs.log.diff import refusal
@@ -148,37 +149,30 @@ class CoalitionGame:
             self.log.start(self._header(), self.examples)
             self.plays = self._logged()
             return
-        records, _ = read_records(self.log.path, strict=False)
-        header = records[0][1] if records and isinstance(records[0][1], Header) else None
+        stream = RecordStream(self.log.path, strict=False)
+        _, _, first = next(iter(stream), (0, 0, None))
+        header = first if isinstance(first, Header) else None
         if header is None or header.fingerprint != self.fingerprint():
+            records = [r for _, _, r in stream]
             if (
                 header is not None
                 and header.kind == "audit"
-                and not any(isinstance(r, PlayRecord) for _, r in records)
+                and not any(isinstance(r, PlayRecord) for r in records)
             ):
                 # Another audit that never recorded a play (stopped on its first example, e.g. by an app's
                 # contract error): nothing is lost by starting this one afresh in its folder.
                 self.log.start(self._header(), self.examples)
                 self.plays = self._logged()
                 return
-            stored_examples = [r for _, r in records if isinstance(r, ExampleRecord)]
+            stored_examples = [r for r in records if isinstance(r, ExampleRecord)]
             raise ValueError(
                 refusal(self.store, "audit", header, self._header(), stored_examples, self.examples)
             )
         self.started_at = header.started_at or self.started_at
-        calls = {r.n: r for _, r in records if isinstance(r, CallRecord)}
-        plays = {}
-        for _, record in records:
-            if isinstance(record, PlayRecord) and not record.failed:  # failed plays are retried on resume
-                try:
-                    play = record.play(calls, self.spec.name)
-                except KeyError:
-                    continue  # one of its calls' lines was lost: the play runs again
-                plays[(coalition_id(play.game, play.coalition), play.example_id)] = play
-        del records, calls
-        # Rewritten without the failed plays and torn lines a kill may have left (calls numbered afresh).
+        # Rewritten without the failed plays and torn lines a kill may have left (calls numbered afresh),
+        # reading the earlier log one line at a time.
         self.plays = self._logged()
-        self.plays.restart(header, self.examples, list(plays.values()))
+        self.plays.resume(header, self.examples, stream)
 
     def _logged(self) -> LoggedPlays:
         assert self.log is not None

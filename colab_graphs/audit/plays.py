@@ -12,10 +12,12 @@ are the plays that failed or that an absent member ended, which are few and kept
 from __future__ import annotations
 
 import json
+import os
 from array import array
-from collections.abc import Iterator, Mapping, Sequence, Set
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 
@@ -41,21 +43,31 @@ class _Column:
 
 
 class _CallsInLog(Mapping[int, CallRecord]):
-    """The log's call records by number, each read from its line when asked for."""
+    """The log's call records by number, each read from its line when asked for (the last few kept: the plays
+    of one example share their calls)."""
+
+    KEEP = 256
 
     def __init__(self, offsets: array, fh: IO[bytes]):
         self.offsets, self.fh = offsets, fh
+        self._recent: OrderedDict[int, CallRecord] = OrderedDict()
 
     def __getitem__(self, n: int) -> CallRecord:
-        if not 0 <= n < len(self.offsets):
-            raise KeyError(n)
-        return CallRecord.model_validate(_line_at(self.fh, self.offsets[n]))
+        if n in self._recent:
+            return self._recent[n]
+        if not 0 <= n < len(self.offsets) or self.offsets[n] < 0:
+            raise KeyError(n)  # a line lost to a kill
+        record = CallRecord.model_validate(_line_at(self.fh, self.offsets[n]))
+        self._recent[n] = record
+        if len(self._recent) > self.KEEP:
+            self._recent.popitem(last=False)
+        return record
 
     def __iter__(self) -> Iterator[int]:
-        return iter(range(len(self.offsets)))
+        return (n for n in range(len(self.offsets)) if self.offsets[n] >= 0)
 
     def __len__(self) -> int:
-        return len(self.offsets)
+        return sum(1 for _ in self)
 
 
 def _line_at(fh: IO[bytes], offset: int) -> dict:
@@ -92,14 +104,46 @@ class LoggedPlays(Mapping[PlayKey, Play]):
 
     def record(self, plays: Sequence[Play]) -> None:
         """Append `plays` to the log (with the calls it does not hold yet) and keep what is asked of them."""
+        if not plays:
+            return
         before = self.writer.calls_held
         self._index(plays, before, self.writer.append(self.writer.plays_text(plays)))
 
-    def restart(self, header: Header, examples: Sequence[object], plays: Sequence[Play]) -> None:
-        """Write the log afresh (atomically) with `plays` as its only plays: a resumed audit's, read back."""
+    def resume(
+        self, header: Header, examples: Sequence[object], records: Iterable[tuple[int, int, Any]]
+    ) -> None:
+        """Write the log afresh from the earlier run's (`records`: its lines streamed, with their byte offsets):
+        with the plays that finished, read one example at a time, and without the failed plays (they are
+        played again), the torn lines a kill may have left, and the plays whose calls' lines were lost; calls
+        numbered afresh. The earlier log stays whole until the new one, complete, replaces it."""
+        path = self.writer.path
+        fresh = path.with_name(f".{path.stem}.resumed{path.suffix}")
+        self.writer.path = fresh
         self._calls = array("q")
-        text = self.writer.plays_text(plays)
-        self._index(plays, 0, self.writer.start(header, examples, text))  # type: ignore[arg-type]
+        self._index([], 0, self.writer.start(header, examples))  # type: ignore[arg-type]
+        earlier = array("q")  # the earlier log's call numbers -> where their lines begin (-1: lost)
+        with open(path, "rb") as fh:
+            calls = _CallsInLog(earlier, fh)
+            batch: list[Play] = []
+            for _, offset, record in records:
+                if isinstance(record, CallRecord):
+                    earlier.extend([-1] * (record.n + 1 - len(earlier)))
+                    earlier[record.n] = offset
+                elif isinstance(record, PlayRecord) and not record.failed:
+                    try:
+                        play = record.play(calls, self.protocol)
+                    except KeyError:
+                        continue  # one of its calls' lines was lost: the play runs again
+                    if batch and batch[-1].example_id != play.example_id:
+                        self.record(batch)  # an example's plays together, as they were recorded
+                        batch = []
+                    if (coalition_id(play.game, play.coalition), play.example_id) not in self:
+                        batch.append(play)
+            self.record(batch)
+        with open(fresh, "rb") as out:
+            os.fsync(out.fileno())
+        os.replace(fresh, path)
+        self.writer.path = path
 
     def _index(self, plays: Sequence[Play], calls_before: int, offsets: list[int]) -> None:
         new_calls = self.writer.calls_held - calls_before
