@@ -15,6 +15,7 @@ order the plays finished in (which coalition's play made a shared call, under lo
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterable, Set
 from dataclasses import dataclass, field
@@ -28,6 +29,22 @@ def add_cost(total: float | None, cost: float | None) -> float | None:
     return None if total is None or cost is None else total + cost
 
 
+def _grow(partials: list[float], x: float) -> None:
+    """Add `x` to `partials`, non-overlapping floats whose exact sum is the exact sum of all added (Shewchuk's
+    expansion, as `math.fsum` keeps it): a few floats, however many are added."""
+    i = 0
+    for y in partials:
+        if abs(x) < abs(y):
+            x, y = y, x
+        high = x + y
+        low = y - (high - x)
+        if low:
+            partials[i] = low
+            i += 1
+        x = high
+    partials[i:] = [x]
+
+
 @dataclass
 class Spend:
     """Calls, their tokens and their price: a member's share of an accounting, or a coalition's."""
@@ -36,7 +53,7 @@ class Spend:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float | None = 0.0
-    _prices: list[float] = field(default_factory=list, repr=False, compare=False)
+    _partials: list[float] = field(default_factory=list, repr=False, compare=False)
 
     def add(self, call: Call, *, paid: bool = True) -> None:
         """Count `call`, and its price when `paid` (a call served from cache costs nothing)."""
@@ -46,12 +63,13 @@ class Spend:
         if paid:
             self.cost_usd = add_cost(self.cost_usd, call.cost_usd)
             if call.cost_usd is not None:
-                self._prices.append(call.cost_usd)
+                _grow(self._partials, call.cost_usd)
 
     def settle(self) -> None:
-        """The price summed exactly: the same total whatever order the calls were added in."""
+        """The price summed exactly: the same total whatever order the calls were added in (`math.fsum` of
+        the prices, which the partials sum to exactly)."""
         if self.cost_usd is not None:
-            self.cost_usd = math.fsum(self._prices)
+            self.cost_usd = math.fsum(self._partials)
 
 
 @dataclass
@@ -107,38 +125,63 @@ def account(plays: Iterable[Trace], made_before: Set[str] = frozenset()) -> Acco
         (1, 1, 1, 3, 0.5, 0.5)
     """
     plays = list(plays)
-    acct = Accounting()
-    keys: set[str] = set()
-    spent, saved = Spend(), Spend()  # the calls made and the calls served, for their exact sums
     # A key a recorded play made itself is counted there, never again as made before the resume.
-    resumable = set(made_before) - {c.key for p in plays for c in p.calls if not c.cached}
+    tally = Tally(set(made_before) - {c.key for p in plays for c in p.calls if not c.cached})
     for play in plays:
+        tally.add(play)
+    return tally.result()
+
+
+class Tally:
+    """`account` as a running total: plays are added as they finish and not kept (only their calls' keys, for
+    `unique`).
+
+    Args:
+        resumable: keys made before a resume that no recorded play made (see `account`); a cached use of one
+            of them counts as made, once.
+    """
+
+    def __init__(self, resumable: Set[str] = frozenset()):
+        self.acct = Accounting()
+        self.keys: set[str] = set()
+        self.made_keys: set[str] = set()  # keys a play sent itself (not cached)
+        self.resumable = set(resumable)
+        self.spent, self.saved = Spend(), Spend()  # the calls made and the calls served, for their exact sums
+
+    def add(self, play: Trace) -> None:
+        acct = self.acct
         share = acct.per_coalition.setdefault((play.game, tuple(play.coalition)), Spend())
         for call in play.calls:
-            keys.add(call.key)
+            self.keys.add(call.key)
+            if not call.cached:
+                self.made_keys.add(call.key)
             acct.naive += 1
             if call.error is not None:
                 acct.failed += 1
                 share.add(call, paid=False)
                 continue
-            made = not call.cached or call.key in resumable
+            made = not call.cached or call.key in self.resumable
             if call.cached and made:
-                resumable.discard(call.key)  # made once before the resume: its other uses are cache hits
+                self.resumable.discard(call.key)  # made once before the resume: its other uses are cache hits
             share.add(call, paid=made)
             if not made:
                 acct.cached += 1
-                saved.add(call)
+                self.saved.add(call)
                 continue
             acct.made += 1
             acct.prompt_tokens += call.usage.prompt_tokens
             acct.completion_tokens += call.usage.completion_tokens
-            spent.add(call)
+            self.spent.add(call)
             acct.per_member.setdefault(call.member, Spend()).add(call)
-    for share in (spent, saved, *acct.per_member.values(), *acct.per_coalition.values()):
-        share.settle()
-    acct.cost_usd, acct.cost_saved_usd = spent.cost_usd, saved.cost_usd
-    acct.unique = len(keys)
-    return acct
+
+    def result(self) -> Accounting:
+        """The accounting of the plays added so far (a copy: adding more plays does not change it)."""
+        acct = self.acct
+        for share in (self.spent, self.saved, *acct.per_member.values(), *acct.per_coalition.values()):
+            share.settle()
+        acct.cost_usd, acct.cost_saved_usd = self.spent.cost_usd, self.saved.cost_usd
+        acct.unique = len(self.keys)
+        return copy.deepcopy(acct)
 
 
 def count_calls(calls: Iterable[Call]) -> tuple[int, int]:

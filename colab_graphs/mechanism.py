@@ -42,19 +42,32 @@ def decided(trace: Trace | None, node: str, found_nothing: str | None = None) ->
 def mechanism_notes(plays: Iterable[Trace]) -> list[dict[str, Any]]:
     """Per (node, note): `{"node", "note", "decisions", "of"}`: how many of the node's decisions over `plays`
     found nothing, of how many it made. Nodes in first-seen order; [] when nothing was ever missing."""
-    ran: dict[str, int] = {}
-    missing: dict[tuple[str, str], int] = {}
+    tally = NoteTally()
     for play in plays:
+        tally.add(play)
+    return tally.notes()
+
+
+class NoteTally:
+    """`mechanism_notes` as a running total: plays added as they finish, not kept."""
+
+    def __init__(self) -> None:
+        self.ran: dict[str, int] = {}
+        self.missing: dict[tuple[str, str], int] = {}
+
+    def add(self, play: Trace) -> None:
         table = (play.model_extra or {}).get("mechanism") or {}
         for node, counts in table.items():
-            ran[node] = ran.get(node, 0) + int(counts.get(RAN, 0))
+            self.ran[node] = self.ran.get(node, 0) + int(counts.get(RAN, 0))
             for note, k in counts.items():
                 if note != RAN:
-                    missing[(node, note)] = missing.get((node, note), 0) + int(k)
-    return [
-        {"node": node, "note": note, "decisions": k, "of": ran.get(node, 0)}
-        for (node, note), k in missing.items()
-    ]
+                    self.missing[(node, note)] = self.missing.get((node, note), 0) + int(k)
+
+    def notes(self) -> list[dict[str, Any]]:
+        return [
+            {"node": node, "note": note, "decisions": k, "of": self.ran.get(node, 0)}
+            for (node, note), k in self.missing.items()
+        ]
 
 
 def warnings(protocol: str, notes: Iterable[dict[str, Any]]) -> list[str]:

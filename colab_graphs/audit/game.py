@@ -26,6 +26,8 @@ import numpy as np
 
 from colab_graphs import otel
 from colab_graphs.accounting import Accounting, account, made_since
+from colab_graphs.audit.plays import LoggedPlays
+from colab_graphs.audit.plays import coalition_id as coalition_id
 from colab_graphs.coalition import restrict
 from colab_graphs.compile import compile_direct
 from colab_graphs.fitting import Fitted, fit_coalition
@@ -37,9 +39,11 @@ from colab_graphs.log import (
     PlanRecord,
     Play,
     PlayRecord,
+    RecordStream,
     read_records,
 )
 from colab_graphs.log.diff import refusal
+from colab_graphs.mechanism import mechanism_notes
 from colab_graphs.models.client import ModelClient
 from colab_graphs.models.flight import Memo
 from colab_graphs.models.spend import CapReached
@@ -54,10 +58,6 @@ from colab_graphs.watch import STALL_S, Watchdog
 Coalition = frozenset[str]
 
 
-def coalition_id(game: str, members: Sequence[str]) -> str:
-    return f"{game}:" + ",".join(members)
-
-
 class CoalitionGame:
     """Evaluates coalitions of one protocol (and solo runs) over one dataset, memoised per example.
 
@@ -67,7 +67,8 @@ class CoalitionGame:
         examples: the dataset.
         client: the shared call path (its cache makes reruns free).
         scorer: scorer name, or None for each example's default.
-        store: folder for the audit's log (`log.jsonl`, read back to resume); None keeps everything in memory.
+        store: folder for the audit's log (`log.jsonl`, read back to resume), which then holds the finished
+            plays (`plays` reads them back: `colab_graphs.audit.plays`); None keeps every play in memory.
         max_in_flight: examples whose coalitions run at once (default: twice the client's concurrency, so that
             the few distinct calls of each example keep every call slot busy).
         dataset: the dataset's name, for the log's header.
@@ -94,7 +95,7 @@ class CoalitionGame:
         self.store = Path(store) if store is not None else None
         self.log: LogWriter | None = None
         self.max_in_flight = max_in_flight or max(2 * client.max_concurrency, 4)
-        self.plays: dict[tuple[str, str], Play] = {}
+        self.plays: dict[tuple[str, str], Play] | LoggedPlays = {}
         # Each play's deadline and the stall watchdog's time (`watch_plays`; None: none).
         self.example_timeout: float | None = self.default_example_timeout
         self.stall_s: float | None = STALL_S
@@ -146,34 +147,36 @@ class CoalitionGame:
         self.log = LogWriter(self.store)
         if not self.log.path.exists():
             self.log.start(self._header(), self.examples)
+            self.plays = self._logged()
             return
-        records, _ = read_records(self.log.path, strict=False)
-        header = records[0][1] if records and isinstance(records[0][1], Header) else None
+        stream = RecordStream(self.log.path, strict=False)
+        _, _, first = next(iter(stream), (0, 0, None))
+        header = first if isinstance(first, Header) else None
         if header is None or header.fingerprint != self.fingerprint():
+            records = [r for _, _, r in stream]
             if (
                 header is not None
                 and header.kind == "audit"
-                and not any(isinstance(r, PlayRecord) for _, r in records)
+                and not any(isinstance(r, PlayRecord) for r in records)
             ):
                 # Another audit that never recorded a play (stopped on its first example, e.g. by an app's
                 # contract error): nothing is lost by starting this one afresh in its folder.
                 self.log.start(self._header(), self.examples)
+                self.plays = self._logged()
                 return
-            stored_examples = [r for _, r in records if isinstance(r, ExampleRecord)]
+            stored_examples = [r for r in records if isinstance(r, ExampleRecord)]
             raise ValueError(
                 refusal(self.store, "audit", header, self._header(), stored_examples, self.examples)
             )
         self.started_at = header.started_at or self.started_at
-        calls = {r.n: r for _, r in records if isinstance(r, CallRecord)}
-        for _, record in records:
-            if isinstance(record, PlayRecord) and not record.failed:  # failed plays are retried on resume
-                try:
-                    play = record.play(calls, self.spec.name)
-                except KeyError:
-                    continue  # one of its calls' lines was lost: the play runs again
-                self.plays[(coalition_id(play.game, play.coalition), play.example_id)] = play
-        # Rewritten without the failed plays and torn lines a kill may have left (calls numbered afresh).
-        self.log.start(header, self.examples, self.log.plays_text(list(self.plays.values())))
+        # Rewritten without the failed plays and torn lines a kill may have left (calls numbered afresh),
+        # reading the earlier log one line at a time.
+        self.plays = self._logged()
+        self.plays.resume(header, self.examples, stream)
+
+    def _logged(self) -> LoggedPlays:
+        assert self.log is not None
+        return LoggedPlays(self.log, [e.id for e in self.examples], self.spec.name)
 
     def write_plan(self, coalitions: Sequence[Coalition], solo_members: Sequence[str]) -> None:
         """Record in the log what will be played (a viewer shows progress against it)."""
@@ -187,6 +190,9 @@ class CoalitionGame:
 
     def record(self, plays: Sequence[Play]) -> None:
         """Keep finished plays (and append them to the log, with the calls it does not hold yet)."""
+        if isinstance(self.plays, LoggedPlays):
+            self.plays.record(plays)
+            return
         for play in plays:
             self.plays[(coalition_id(play.game, play.coalition), play.example_id)] = play
         if self.log is not None:
@@ -252,7 +258,6 @@ class CoalitionGame:
         for game, members in jobs:
             self._graph(game, members)  # compile (and validate every coalition) before any call
         self.write_plan(coalitions if planned is None else planned, solo_members)
-        limit = asyncio.Semaphore(self.max_in_flight)
 
         async def one(game: str, members: list[str], example: Example, view: TaskView, memo: Memo) -> Play:
             play = await self._play(game, members, example, view, memo)
@@ -270,14 +275,13 @@ class CoalitionGame:
             # in a sampled 8-member audit); the calls only they make run together after it.
             # A spending cap stops the example: the plays that finish anyway (their calls were sent) are kept.
             first, *rest = sorted(todo, key=lambda job: (job[0] != "coalition", -len(job[1])))
-            async with limit:
-                view, memo = view_for(example, self.scorer), Memo()
-                with otel.example_span(example.id):
-                    plays = [await one(*first, example, view, memo)]
-                    others = await asyncio.gather(
-                        *(one(game, members, example, view, memo) for game, members in rest),
-                        return_exceptions=True,
-                    )
+            view, memo = view_for(example, self.scorer), Memo()
+            with otel.example_span(example.id):
+                plays = [await one(*first, example, view, memo)]
+                others = await asyncio.gather(
+                    *(one(game, members, example, view, memo) for game, members in rest),
+                    return_exceptions=True,
+                )
             plays += [p for p in others if isinstance(p, Play)]
             self.record(plays)
             errors = [e for e in others if isinstance(e, BaseException)]
@@ -286,25 +290,39 @@ class CoalitionGame:
             if on_plays:
                 on_plays(plays)
 
-        tasks = []
+        work: list[tuple[Example, list[tuple[str, list[str]]]]] = []
         for example in self.examples:
             todo = []
             for game, members in jobs:
-                done = self.plays.get((coalition_id(game, members), example.id))
-                if done is None:
+                key = (coalition_id(game, members), example.id)
+                if key not in self.plays:
                     todo.append((game, members))
                 elif on_progress:
-                    on_progress(done)
+                    on_progress(self.plays[key])
             if todo:
-                tasks.append(asyncio.ensure_future(plays_of(example, todo)))
-        if self.stall_s is None or not tasks:
-            await _settle(tasks)
-            return
-        with Watchdog(self.stall_s, loop=asyncio.get_running_loop()) as self._watchdog:
-            try:
-                await _settle(tasks)
-            finally:
-                self._watchdog = None
+                work.append((example, todo))
+        queue, reached = iter(work), []
+
+        async def worker() -> None:
+            # `max_in_flight` workers take the examples in order, one at a time each: the tasks alive (and what
+            # they hold) are bounded by the examples in flight, not by the dataset.
+            for example, todo in queue:
+                try:
+                    await plays_of(example, todo)
+                except CapReached as err:  # the examples whose plays need no new call still finish
+                    reached.append(err)
+
+        workers = [asyncio.ensure_future(worker()) for _ in range(min(self.max_in_flight, len(work)))]
+        if self.stall_s is None or not workers:
+            await _settle(workers)
+        else:
+            with Watchdog(self.stall_s, loop=asyncio.get_running_loop()) as self._watchdog:
+                try:
+                    await _settle(workers)
+                finally:
+                    self._watchdog = None
+        if reached:
+            raise reached[0]
 
     async def _fit(self, game: str, members: list[str]) -> None:
         """Run the protocol's fit step for one coalition, once (see `colab_graphs.fitting`)."""
@@ -332,26 +350,39 @@ class CoalitionGame:
     # --- results -------------------------------------------------------------------------------------------
 
     def failed_examples(self) -> list[str]:
-        failed = {eid for (_, eid), p in self.plays.items() if p.failed}
+        if isinstance(self.plays, LoggedPlays):
+            failed = set(self.plays.failed_ids())
+        else:
+            failed = {eid for (_, eid), p in self.plays.items() if p.failed}
         return [e.id for e in self.examples if e.id in failed]
+
+    def _scores(self, cid: str, ids: Sequence[str]) -> np.ndarray:
+        if isinstance(self.plays, LoggedPlays):
+            return self.plays.scores(cid, ids)
+        return np.array([self.plays[(cid, i)].score or 0.0 for i in ids], dtype=float)
 
     def values(
         self, coalitions: Sequence[Coalition], exclude: Sequence[str] = ()
     ) -> dict[Coalition, np.ndarray]:
         """Coalition -> per-example scores over the examples not excluded (dataset order)."""
         ids = [e.id for e in self.examples if e.id not in set(exclude)]
-        out = {}
-        for c in coalitions:
-            cid = coalition_id("coalition", self._ordered(c))
-            out[c] = np.array([self.plays[(cid, i)].score or 0.0 for i in ids], dtype=float)
-        return out
+        return {c: self._scores(coalition_id("coalition", self._ordered(c)), ids) for c in coalitions}
 
     def solo_values(self, members: Sequence[str], exclude: Sequence[str] = ()) -> dict[str, np.ndarray]:
         ids = [e.id for e in self.examples if e.id not in set(exclude)]
-        return {
-            m: np.array([self.plays[(coalition_id("solo", [m]), i)].score or 0.0 for i in ids], dtype=float)
-            for m in members
-        }
+        return {m: self._scores(coalition_id("solo", [m]), ids) for m in members}
+
+    def noted_plays(self) -> list[Play]:
+        """The plays the report names one by one: those that failed and those an absent member ended."""
+        if isinstance(self.plays, LoggedPlays):
+            return self.plays.kept()
+        return [p for p in self.plays.values() if p.failed or (p.model_extra or {}).get("ended_by_absent")]
+
+    def mechanism_notes(self) -> list[dict[str, Any]]:
+        """`colab_graphs.mechanism.mechanism_notes` of the coalitions' plays."""
+        if isinstance(self.plays, LoggedPlays):
+            return self.plays.notes()
+        return mechanism_notes(p for p in self.plays.values() if p.game == "coalition")
 
     def accounting(self) -> Accounting:
         """Calls made / distinct / cached / failed / naive, and tokens and cost per member and per coalition.
@@ -359,31 +390,30 @@ class CoalitionGame:
         A call made by an earlier, killed run of this audit whose play never finished is a cache hit on
         resume; the cache's write time still says this audit made it (see `colab_graphs.accounting`).
         """
+        if isinstance(self.plays, LoggedPlays):
+            cache = self.client.cache
+            made = cache.written_since(self.plays.cached_keys(), self.started_at) if cache else set()
+            return self.plays.accounting(made)
         plays = list(self.plays.values())
         return account(plays, made_since(self.client.cache, plays, self.started_at))
 
 
 async def _settle(tasks: list[asyncio.Future]) -> None:
-    """Wait for the examples' tasks. The first error other than a spending cap cancels the rest and is raised;
-    a cap lets the others finish (what needs no new call is recorded), then is raised."""
+    """Wait for the workers; the first error cancels the rest and is raised (a spending cap is not an error
+    here: the workers go on with the examples that need no new call)."""
     pending = set(tasks)
-    reached: CapReached | None = None
     try:
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:
                 error = task.exception()
-                if isinstance(error, CapReached):
-                    reached = reached or error
-                elif error is not None:
+                if error is not None:
                     raise error
     finally:
         for task in pending:  # an error, or this audit itself cancelled: its examples stop with it
             task.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
-    if reached is not None:
-        raise reached
 
 
 def read_plays(store: str | os.PathLike[str]) -> list[Play]:

@@ -16,6 +16,8 @@ and the calls cached are not repeated, and the finished report is the one an unc
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -55,7 +57,7 @@ from colab_graphs.audit.stratified import (
     stratified_shapley,
 )
 from colab_graphs.fitting import fitting_summary
-from colab_graphs.mechanism import mechanism_notes, warnings
+from colab_graphs.mechanism import warnings
 from colab_graphs.models.client import ModelClient
 from colab_graphs.models.pricing import member_price
 from colab_graphs.models.spend import CapReached, SpendCap
@@ -311,12 +313,23 @@ async def play_audit(
         stall_after: the watchdog's time: when no call and no node has finished for this many seconds, what
             every play in flight waits for is logged (None: `colab_graphs.watch.STALL_S`; 0: no watchdog).
     """
-    with scope.using(sandbox), otel.root_span("audit", spec.name, spec.members, len(examples)):
+    with (
+        scope.using(sandbox),
+        otel.root_span("audit", spec.name, spec.members, len(examples)),
+        contextlib.ExitStack() as stack,
+    ):
+        # The finished plays are held in the audit's log, not in memory (`colab_graphs.audit.plays`): without
+        # an output folder, in a temporary one, removed with what it holds once the report is made.
+        store = out if out is not None or game is not None else stack.enter_context(_plays_folder())
         return await _play_audit(
             spec, pool, examples, client, method, budget, budget_unit, target_error, simultaneous, seed, scorer,
-            out, dataset, force, individual, plots, max_calls, max_cost_usd, play_every_coalition, on_plan,
-            on_progress, game, example_timeout, stall_after,
+            out, store, dataset, force, individual, plots, max_calls, max_cost_usd, play_every_coalition,
+            on_plan, on_progress, game, example_timeout, stall_after,
         )  # fmt: skip
+
+
+def _plays_folder() -> tempfile.TemporaryDirectory[str]:
+    return tempfile.TemporaryDirectory(prefix="colab-graphs-audit-")
 
 
 async def _play_audit(
@@ -332,6 +345,7 @@ async def _play_audit(
     seed: int,
     scorer: str | None,
     out: str | Path | None,
+    store: str | Path | None,
     dataset: str | None,
     force: bool,
     individual: bool,
@@ -354,7 +368,7 @@ async def _play_audit(
     )  # fmt: skip
     _check_prices(pool, players, max_cost_usd)
     game = game or CoalitionGame(
-        spec, pool, examples, client=client, scorer=scorer, store=out, dataset=dataset
+        spec, pool, examples, client=client, scorer=scorer, store=store, dataset=dataset
     )
     game.watch_plays(example_timeout, stall_after)
     draw = out is not None and (plots_available() if plots is None else plots)
@@ -458,7 +472,7 @@ def _report(
     ]
     # Protocols whose coalitions are fitted first (weight merges, searches on dev) report what that cost.
     fitting = {"fitting": fitting_summary(f.record for f in game.fits.values())} if game.fits else {}
-    notes = mechanism_notes(p for p in game.plays.values() if p.game == "coalition")
+    notes = game.mechanism_notes()
     return AuditReport(
         protocol=spec.name,
         protocol_params=spec.params,
@@ -488,13 +502,13 @@ def _tokens(spent: Spend | Accounting) -> TokenCount:
 
 
 def _first_error(game: CoalitionGame) -> Any:
-    return next((p.error for p in game.plays.values() if p.failed), None)
+    return next((p.error for p in game.noted_plays() if p.failed), None)
 
 
 def _errors(game: CoalitionGame) -> dict[str, str]:
     """Failed example -> the error of its first failed play (coalitions before solo runs, larger first)."""
     failed = sorted(
-        (p for p in game.plays.values() if p.failed),
+        (p for p in game.noted_plays() if p.failed),
         key=lambda p: (p.game != "coalition", -len(p.coalition), p.coalition),
     )
     errors: dict[str, str] = {}
@@ -506,7 +520,7 @@ def _errors(game: CoalitionGame) -> dict[str, str]:
 def _ended_by_absent(game: CoalitionGame) -> list[dict[str, Any]]:
     """The plays an uncaught `MemberAbsent` ended, by member and node (see `colab_graphs.audit.app`)."""
     ended: dict[tuple[str, str | None], list[list[str]]] = {}
-    for play in game.plays.values():
+    for play in game.noted_plays():
         where = (play.model_extra or {}).get("ended_by_absent")
         if isinstance(where, dict) and where.get("member"):
             ended.setdefault((where["member"], where.get("node")), []).append(list(play.coalition))

@@ -7,7 +7,7 @@
 """
 
 from colab_graphs.log.model import Log, Turn
-from colab_graphs.log.reader import find_kind, read_log, read_records
+from colab_graphs.log.reader import RecordStream, find_kind, read_log, read_records
 from colab_graphs.log.records import (
     LOG_FILE,
     LOG_VERSION,
@@ -49,5 +49,6 @@ __all__ = [
     "find_kind",
     "read_log",
     "read_records",
+    "RecordStream",
     "write_log",
 ]

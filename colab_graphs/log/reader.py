@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,37 +57,49 @@ def read_records(path: str | os.PathLike[str], *, strict: bool = True) -> tuple[
     when not `strict` (a resumed audit plays again what it cannot read). Raises `LogVersionError` for a header
     newer than this colab-graphs reads.
     """
-    path = Path(path)
-    with open(path, encoding="utf-8") as fh:
-        text = fh.read()
-    lines = text.split("\n")
-    torn = bool(lines[-1].strip())  # a last line without its newline is still being written
-    records: list[tuple[int, Any]] = []
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line)
-            if not isinstance(data, dict):
-                raise ValueError("a record is a JSON object")
-            kind = data.get("type")
-            cls = RECORD_TYPES.get(kind) if isinstance(kind, str) else None
-            record = cls.model_validate(data) if cls is not None else None
-        except (json.JSONDecodeError, ValidationError, ValueError) as exc:
-            if torn and lineno == len(lines):
-                break
-            if strict:
-                raise LogError(f"{path}:{lineno}: not a valid log record: {exc}") from None
-            continue
-        if record is None:
-            continue  # a record type added after this version: readers skip it
-        if isinstance(record, Header) and record.log_version > LOG_VERSION:
-            raise LogVersionError(
-                f"{path}: log version {record.log_version} was written by a newer colab-graphs (this one reads log "
-                f"versions 0 to {LOG_VERSION}); upgrade colab-graphs to read it"
-            )
-        records.append((lineno, record))
-    return records, torn
+    stream = RecordStream(path, strict=strict)
+    records = [(lineno, record) for lineno, _, record in stream]
+    return records, stream.torn
+
+
+class RecordStream:
+    """`read_records` one line at a time: iterating yields (line number, byte offset, record), and holds one
+    line in memory, however long the log. `torn` says, once iterated, whether the last line was cut short."""
+
+    def __init__(self, path: str | os.PathLike[str], *, strict: bool = True):
+        self.path, self.strict, self.torn = Path(path), strict, False
+
+    def __iter__(self) -> Iterator[tuple[int, int, Any]]:
+        offset = 0
+        with open(self.path, "rb") as fh:
+            for lineno, raw in enumerate(fh, 1):
+                at, offset = offset, offset + len(raw)
+                last = not raw.endswith(b"\n")  # a last line without its newline is still being written
+                line = raw.decode("utf-8")
+                self.torn = last and bool(line.strip())
+                if not line.strip():
+                    continue
+                try:
+                    data = json.loads(line)
+                    if not isinstance(data, dict):
+                        raise ValueError("a record is a JSON object")
+                    kind = data.get("type")
+                    cls = RECORD_TYPES.get(kind) if isinstance(kind, str) else None
+                    record = cls.model_validate(data) if cls is not None else None
+                except (json.JSONDecodeError, ValidationError, ValueError) as exc:
+                    if last:
+                        break
+                    if self.strict:
+                        raise LogError(f"{self.path}:{lineno}: not a valid log record: {exc}") from None
+                    continue
+                if record is None:
+                    continue  # a record type added after this version: readers skip it
+                if isinstance(record, Header) and record.log_version > LOG_VERSION:
+                    raise LogVersionError(
+                        f"{self.path}: log version {record.log_version} was written by a newer colab-graphs (this "
+                        f"one reads log versions 0 to {LOG_VERSION}); upgrade colab-graphs to read it"
+                    )
+                yield lineno, at, record
 
 
 def _resolved(

@@ -83,15 +83,17 @@ class LogWriter:
 
     def start(
         self, header: Header, examples: Iterable[BaseModel | dict[str, Any]] = (), records: str = ""
-    ) -> None:
+    ) -> list[int]:
         """Write a new log (replacing any file there, atomically): the header, the examples, then `records`
-        (lines already made, e.g. by `plays_text`)."""
+        (lines already made, e.g. by `plays_text`). Returns the byte offset of each line of `records`."""
         lines = [header.model_dump_json(exclude_none=True)]
         for example in examples:
             data = example.model_dump(exclude_none=True) if isinstance(example, BaseModel) else example
             lines.append(_dumps({"type": "example", **{k: v for k, v in data.items() if k != "type"}}))
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.path, hide_secrets("\n".join(lines) + "\n" + records))
+        head, body = hide_secrets("\n".join(lines) + "\n"), hide_secrets(records)
+        atomic_write_text(self.path, head + body)
+        return _line_offsets(body.encode("utf-8"), len(head.encode("utf-8")))
 
     def remember(self, calls: Iterable[CallRecord]) -> None:
         """Take the calls of an existing log as written (its plays refer to them; new plays will too)."""
@@ -138,11 +140,30 @@ class LogWriter:
             lines.append(_dumps(play_fields(play, refs)))
         return "".join(line + "\n" for line in lines)
 
-    def append(self, text: str) -> None:
-        """Add lines at the end of the log (one write)."""
-        if text:
-            with open(self.path, "a", encoding="utf-8") as fh:
-                fh.write(hide_secrets(text))
+    @property
+    def calls_held(self) -> int:
+        """How many call records the log holds (the next one is number `calls_held`)."""
+        return len(self._seats)
+
+    def append(self, text: str) -> list[int]:
+        """Add lines at the end of the log (one write); returns the byte offset of each line written (where a
+        reader seeks to read it back)."""
+        if not text:
+            return []
+        data = hide_secrets(text).encode("utf-8")
+        with open(self.path, "ab") as fh:
+            start = fh.seek(0, os.SEEK_END)
+            fh.write(data)
+        return _line_offsets(data, start)
+
+
+def _line_offsets(data: bytes, start: int) -> list[int]:
+    """Where each line of `data` (whole lines), written at byte `start` of a file, begins."""
+    offsets, at = [], start
+    for line in data.split(b"\n")[:-1]:
+        offsets.append(at)
+        at += len(line) + 1
+    return offsets
 
 
 def write_log(log: Log, path: str | os.PathLike[str]) -> Path:

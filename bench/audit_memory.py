@@ -1,0 +1,161 @@
+"""Audit memory and cached reruns: peak RSS, wall and CPU of an exact audit at growing numbers of calls.
+
+Run: ``python bench/audit_memory.py [--calls 3000,30000] [--concurrency 32] [--json PATH]``
+
+A scripted OpenAI-compatible server answers at once (zero latency) in its own process. For each `--calls` N,
+an exact-Shapley audit of a majority vote over five scripted members (`arithmetic_solver`, each member also
+alone) is played on N / 5 distinct arithmetic questions, writing its report and log to a folder, as
+`colab-graphs audit` does: N distinct calls. Each audit runs in a child process of its own (a fresh
+interpreter, so its peak resident memory is its own: `ru_maxrss`), twice: first with an empty call cache,
+then again in a new folder from the now-full cache (0 requests). The report's values of the rerun must equal
+the first run's. Each line gives the child's peak RSS, wall time and CPU time (user + system): on a shared
+machine the wall time is inflated by others' load, the CPU time much less.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import hashlib
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from audit_efficiency import server_cpu_s, start_server
+
+MEMBERS = [f"m{i + 1}" for i in range(5)]
+# What differs between two runs of one audit: when and how long, and (a rerun from the cache) the calls' split
+# between made and cached, with the tokens and price of the calls made. Everything else must be identical.
+VOLATILE = ("version", "created_at", "wall_s")
+SPENT = ("calls", "tokens", "usage", "cost_usd", "cost_saved_usd", "per_coalition")
+
+
+def child(args: argparse.Namespace) -> None:
+    """One audit in this process; prints a JSON line: peak RSS, wall, CPU, calls and the report's values."""
+    import colab_graphs._env  # noqa: F401  (offline settings before litellm loads)
+    from colab_graphs.audit.run import play_audit
+    from colab_graphs.models.cache import CallCache
+    from colab_graphs.models.client import ModelClient
+    from colab_graphs.pool import Pool
+    from colab_graphs.protocol_registry import build_protocol
+    from colab_graphs.tasks.builtin import builtin_task
+
+    pool = Pool.from_dict(
+        {m: {"model": f"openai/{m}", "api_base": args.base_url, "api_key": "sk-bench"} for m in MEMBERS}
+    )
+    count, drawn = args.child // len(MEMBERS), args.child // len(MEMBERS)
+    while True:  # the generator repeats itself: draw more until `count` questions differ
+        examples = list({e.input: e for e in builtin_task("arithmetic", drawn, seed=0)}.values())
+        if len(examples) >= count:
+            examples = examples[:count]
+            break
+        drawn *= 2
+    spec = build_protocol("majority_vote", MEMBERS)
+    cache = CallCache(args.cache)
+    client = ModelClient(cache, max_concurrency=args.concurrency)
+    wall, cpu = time.perf_counter(), time.process_time()
+    report = asyncio.run(
+        play_audit(spec, pool, examples, client=client, method="exact", out=args.out, plots=False)
+    )
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    cache.close()
+    data = {k: v for k, v in report.model_dump(mode="json").items() if k not in VOLATILE}
+    values = {k: v for k, v in data.items() if k not in SPENT}
+    # A coalition's calls and tokens are every call it needed, made or cached; its price is of those made.
+    values["per_coalition"] = [{k: v for k, v in c.items() if k != "cost_usd"} for c in data["per_coalition"]]
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"peak_rss_mb": round(peak_mb, 1), "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+                      "calls": data["calls"], "values": json.dumps(values, sort_keys=True), "report": data}))  # fmt: skip
+
+
+def run_child(calls: int, base_url: str, cache: Path, out: Path, concurrency: int) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--child", str(calls), "--base-url", base_url, "--cache", str(cache)]
+    command += ["--out", str(out), "--concurrency", str(concurrency)]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise RuntimeError(f"the audit of {calls} calls failed:\n{done.stderr[-4000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result["process_wall_s"] = round(time.perf_counter() - started, 2)  # with the interpreter's start
+    result["process_cpu_s"] = round(
+        (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), 2
+    )
+    return result
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="audit-memory-") as tmp:
+        work = Path(tmp)
+        server, base_url = start_server(MEMBERS, 0.0, work)
+        try:
+            for calls in [int(c) for c in args.calls.split(",")]:
+                cache = work / f"cache-{calls}"
+                server_before = server_cpu_s(server)
+                first = run_child(calls, base_url, cache, work / f"first-{calls}", args.concurrency)
+                server_mid = server_cpu_s(server)
+                rerun = run_child(calls, base_url, cache, work / f"rerun-{calls}", args.concurrency)
+                assert rerun["calls"]["made"] == 0, rerun["calls"]
+                assert first["calls"]["made"] == calls, first["calls"]
+                same = first["values"] == rerun.pop("values")
+                report, again = first.pop("report"), rerun.pop("report")
+                differs = sorted(k for k in report if k not in SPENT and report[k] != again.get(k))
+                row = {
+                    "calls": calls,
+                    "first": first,
+                    "rerun": rerun,
+                    "rerun_over_first_wall": round(rerun["wall_s"] / first["wall_s"], 3),
+                    "rerun_over_first_cpu": round(rerun["cpu_s"] / first["cpu_s"], 3),
+                    "rerun_values_identical": same,
+                    "rerun_differs_in": differs,
+                    # Equal across versions of the code: the first run's report is the same in every value.
+                    "report_sha256": hashlib.sha256(json.dumps(report, sort_keys=True).encode()).hexdigest(),
+                    "values_sha256": hashlib.sha256(first.pop("values").encode()).hexdigest(),
+                    "server_cpu_s": round(server_mid - server_before, 2),
+                    "server_cpu_s_rerun": round(server_cpu_s(server) - server_mid, 2),
+                }
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        finally:
+            server.kill()
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}",
+        "python": platform.python_version(),
+        "concurrency": args.concurrency,
+        "rows": rows,
+    }
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--calls", default="3000,30000")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--base-url", help=argparse.SUPPRESS)
+    parser.add_argument("--cache", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+    result = main(args)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    cli()
