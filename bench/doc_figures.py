@@ -52,13 +52,24 @@ def default_audit_timing(root: Path) -> str:
     folder = root / "bench" / "results" / "default_audit"
     timing, report = _read(folder / "timing.json"), _read(folder / "report.json")
     first, exact = timing["first_audit"], timing["exact_audit"]
+    installed = timing.get(
+        "installed_audit"
+    )  # (measured since bench/first_audit.py ran it; older files lack it)
+    first_cpu = f" ({first['cpu_s']:.0f} s of CPU)" if "cpu_s" in first else ""
+    once = (
+        f"; once the model is converted, an audit that generates every answer takes {installed['wall_s']:.0f} s "
+        f"({installed['cpu_s']:.0f} s of CPU, a load average of {installed['load_average_at_start']:.1f} when it "
+        "started)"
+        if installed
+        else ""
+    )
     return (
         f"From a fresh clone, after the install, the first audit converts the model once from its PyPI wheel and "
         f"generates the {report['calls']['unique']} distinct answers: {first['wall_s']:.0f} s on "
-        f"{timing['machine']['cpus']} CPU cores, the exact audit below after it {exact['wall_s']:.0f} s, its "
-        f"answers served from the call cache (`bench/first_audit.py`, {timing['date']}: empty model and call "
-        f"caches, a load average of {first['load_average_at_start']:.1f} when the first started, the model's "
-        f"wheel {timing['model_wheel'].split(':')[0]})."
+        f"{timing['machine']['cpus']} CPU cores{first_cpu}{once}, the exact audit below after it "
+        f"{exact['wall_s']:.0f} s, its answers served from the call cache (`bench/first_audit.py`, "
+        f"{timing['date']}: empty model and call caches, a load average of {first['load_average_at_start']:.1f} "
+        f"when the first started, the model's wheel {timing['model_wheel'].split(':')[0]})."
     )
 
 

@@ -1,6 +1,6 @@
 """What `colab-graphs audit` has loaded when it sends its first request: what the request needs, not LiteLLM
-(calls to an OpenAI-compatible server go direct, at a price the pool gives or the cache remembers), the plotting
-library, torch or the viewer.
+(calls to an OpenAI-compatible server go direct, at a price the pool gives or the cache remembers), LangGraph
+(an audit plays its fused protocols without it), the plotting library, torch or the viewer.
 
 The command runs in a fresh interpreter against the scripted server; a wrapper around the direct lane's `post`
 writes the loaded modules down when the first request goes out, and passes the request on.
@@ -39,6 +39,8 @@ AT_FIRST_REQUEST = textwrap.dedent(
     """
 )
 NOT_BEFORE_THE_FIRST_REQUEST = [
+    "langgraph",  # an audit runs its fused protocols without LangGraph (`compile.DirectGraph`)
+    "langchain_core",
     "litellm",
     "openai",
     "matplotlib",
@@ -77,7 +79,7 @@ def test_the_audit_command_loads_no_litellm_plots_or_torch_before_its_first_requ
             pool.read_text().replace("}", ", input_cost_per_token: 1.0e-7, output_cost_per_token: 2.0e-7}")
         )
     loaded = audit_recording_modules(tmp_path, pool, "audit")
-    assert "langgraph" in loaded and "yaml" in loaded  # (what the command needs is there)
+    assert "httpx" in loaded and "yaml" in loaded  # (what the command needs is there)
     assert [name for name in NOT_BEFORE_THE_FIRST_REQUEST if name in loaded] == []
     report = json.loads((tmp_path / "audit" / "report.json").read_text())
     assert (report["cost_usd"] is None) is (not priced)  # an unknown price stays unknown, never free

@@ -54,6 +54,11 @@ FALLBACK_CHAT_TEMPLATE = (
 _STOP: Any = object()
 _RENDER_CACHE_SIZE = 256  # prompts remembered per engine (a few steps of GRPO groups)
 _SCAN = 64  # waiting requests a running batch looks at per step for ones that can join
+# Requests decoded together at most, by default. A batch cut short leaves the rest to a later batch that pays
+# its own tail of decoding steps (up to its longest reply); 64 takes the default audit's 36 calls at once. Its
+# KV cache holds rows x (longest prompt + largest max_tokens) positions: for SmolLM2-135M 45 KB a position (fp32),
+# 64 rows of 100 positions about 290 MB.
+MAX_BATCH = 64
 
 
 @dataclass
@@ -331,7 +336,7 @@ class LocalEngine:
         tokenizer: Any,
         name: str = "local",
         batch_wait_ms: float | None = None,
-        max_batch_size: int = 32,
+        max_batch_size: int = MAX_BATCH,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -605,8 +610,9 @@ class LocalEngine:
         written into the batch's cache so that its prompt ends where the batch's columns end (left padding,
         as the batch's own rows have). Results come back for `requests` and then the joined ones, in the
         order they joined; `finished` is called with each row's index and result as the row ends (a short
-        reply does not wait for the longest of its batch). A request joins when its prompt is no longer than the batch's columns and its
-        ``max_tokens`` fit in the cache's room; a model whose cache is not the preallocated one takes none.
+        reply does not wait for the longest of its batch). A request joins when its prompt is no longer than the
+        batch's columns (the requests that join at one step share one prompt pass, and the cache grows when their
+        ``max_tokens`` need more room); a model whose cache is not the preallocated one takes none.
         """
         import torch
 
@@ -651,18 +657,31 @@ class LocalEngine:
                 if joinable and admit is not None and len(active) < self.max_batch_size:
 
                     def fits(req: GenerationRequest, length: int = length) -> bool:
-                        return len(req.prompt_ids) <= length and length + req.max_tokens <= capacity
+                        return len(req.prompt_ids) <= length
 
-                    for req in admit(fits, self.max_batch_size - len(active)):
-                        row_logits = self._join(model, cache, req, length)
-                        rows.append(_Row(req, self, eos_ids))
-                        active.append(len(rows) - 1)
-                        mask = torch.zeros((1, capacity), dtype=torch.long, device=device)
-                        mask[:, length - len(req.prompt_ids) :] = 1
+                    joined = admit(fits, self.max_batch_size - len(active))
+                    if joined:
+                        # Room for the longest joiner's reply: the buffers grow (the filled columns copied once)
+                        # rather than leaving it to a later batch with a tail of its own.
+                        room = length + max(req.max_tokens for req in joined)
+                        if room > capacity:
+                            for layer in cache.layers:
+                                layer.grow(room)
+                            grown = torch.ones(
+                                (len(active), room - capacity), dtype=torch.long, device=device
+                            )
+                            full_mask, capacity = torch.cat([full_mask, grown], dim=1), room
+                        logits = torch.cat([logits, self._join(model, cache, joined, length)])
+                        mask = torch.zeros((len(joined), capacity), dtype=torch.long, device=device)
+                        for i, req in enumerate(joined):
+                            rows.append(_Row(req, self, eos_ids))
+                            active.append(len(rows) - 1)
+                            mask[i, length - len(req.prompt_ids) :] = 1
                         full_mask = torch.cat([full_mask, mask])
-                        pos = torch.tensor([[len(req.prompt_ids)]], dtype=next_pos.dtype, device=device)
+                        pos = torch.tensor(
+                            [[len(r.prompt_ids)] for r in joined], dtype=next_pos.dtype, device=device
+                        )
                         next_pos = torch.cat([next_pos, pos])
-                        logits = torch.cat([logits, row_logits])
                 tokens, picked, logps = draw_tokens([rows[i] for i in active], logits)
                 for slot, idx in enumerate(active):
                     rows[idx].record(tokens[slot], picked[slot], logps[slot])
@@ -697,26 +716,34 @@ class LocalEngine:
                 next_pos = next_pos + 1
         return [row.result() for row in rows]
 
-    def _join(self, model: Any, cache: Any, req: GenerationRequest, length: int) -> Any:
-        """The prompt pass of `req` alone, its keys and values written into the batch's `cache` (every layer a
-        preallocated one) as a new row whose prompt ends at column `length`; returns its next-token logits."""
+    def _join(self, model: Any, cache: Any, joined: Sequence[GenerationRequest], length: int) -> Any:
+        """One prompt pass of the `joined` requests together (left-padded among themselves, as a batch's own
+        prompts are), their keys and values written into the batch's `cache` (every layer a preallocated one)
+        as new rows whose prompts end at column `length`; returns their next-token logits."""
         import torch
 
         device = self.device
-        prompt = torch.tensor([req.prompt_ids], dtype=torch.long, device=device)
+        width = max(len(req.prompt_ids) for req in joined)
+        prompt = torch.full((len(joined), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(joined), width), dtype=torch.long)
+        for i, req in enumerate(joined):
+            prompt[i, width - len(req.prompt_ids) :] = torch.tensor(req.prompt_ids)
+            mask[i, width - len(req.prompt_ids) :] = 1
+        prompt, mask = prompt.to(device), mask.to(device)
         kwargs: dict[str, Any] = {}
         if "logits_to_keep" in _forward_params(_unbound(model.forward)):
             kwargs["logits_to_keep"] = 1
         out = model(
             input_ids=prompt,
-            attention_mask=torch.ones_like(prompt),
-            position_ids=torch.arange(prompt.shape[1], device=device).unsqueeze(0),
+            attention_mask=mask,
+            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
             use_cache=True,
             **kwargs,
         )
         self.steps += 1
+        # (A padded column's keys and values are copied too; the row's mask hides them, as it hides the zeros.)
         for layer, own in zip(cache.layers, output_cache(out).layers, strict=True):
-            layer.add_row(own.keys, own.values, length - prompt.shape[1])
+            layer.add_rows(own.keys, own.values, length - width)
         return out.logits[:, -1, :].float()
 
 
@@ -905,14 +932,26 @@ def _preallocated_layer_class() -> type:
             self.length = 0
             super().reset()
 
-        def add_row(self, keys: Any, values: Any, start: int) -> None:
-            """A new batch row whose keys and values fill columns ``start`` to ``start + len`` (zeros before:
+        def grow(self, capacity: int) -> None:
+            """Hold ``capacity`` positions (more than now): new buffers, the filled columns copied."""
+            if self.is_initialized:
+                for name in ("key_buffer", "value_buffer"):
+                    old = getattr(self, name)
+                    new = old.new_empty((*old.shape[:2], capacity, old.shape[-1]))
+                    new.narrow(2, 0, self.length).copy_(old.narrow(2, 0, self.length))
+                    setattr(self, name, new)
+                self.keys = self.key_buffer.narrow(2, 0, self.length)
+                self.values = self.value_buffer.narrow(2, 0, self.length)
+            self.capacity = capacity
+
+        def add_rows(self, keys: Any, values: Any, start: int) -> None:
+            """New batch rows whose keys and values fill columns ``start`` to ``start + len`` (zeros before:
             the row's mask hides them, as it hides a padded row's)."""
             import torch
 
             added = keys.shape[-2]
-            key_row = self.key_buffer.new_zeros((1, *self.key_buffer.shape[1:]))
-            value_row = self.value_buffer.new_zeros((1, *self.value_buffer.shape[1:]))
+            key_row = self.key_buffer.new_zeros((keys.shape[0], *self.key_buffer.shape[1:]))
+            value_row = self.value_buffer.new_zeros((values.shape[0], *self.value_buffer.shape[1:]))
             key_row.narrow(2, start, added).copy_(keys)
             value_row.narrow(2, start, added).copy_(values)
             self.key_buffer = torch.cat([self.key_buffer, key_row])

@@ -38,17 +38,20 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 import colab_graphs._env  # noqa: F401  (offline settings before litellm / transformers load)
 from colab_graphs.local.engines import DTYPES, PROVIDER, get_engine, set_local_model, unload  # noqa: F401
+from colab_graphs.local.local_engine import MAX_BATCH as MAX_BATCH  # (the call path's limit for local calls)
 from colab_graphs.local.local_engine import GenerationRequest, GenerationResult, LocalEngine
 from colab_graphs.local.sampling import SamplingParams
 from colab_graphs.local.weights import weights_identity as weights_identity  # (the call cache keys on it)
+from colab_graphs.pool import CONNECTION_KEYS
 
 DETAILS_KEY = "colab_graphs"
 
@@ -263,13 +266,14 @@ def generate_response(
     return to_model_response(model, engine.tokenizer, result, bool(params.get("logprobs")))
 
 
-async def agenerate_response(
+async def agenerate_result(
     model: str,
     messages: list[dict[str, Any]],
     params: dict[str, Any],
     litellm_params: dict[str, Any] | None = None,
-) -> Any:
-    """Async :func:`generate_response`: model loading and decoding stay off the event loop."""
+) -> tuple[LocalEngine, GenerationResult]:
+    """The engine serving ``local/<model>`` and what it generated for the request (model loading and decoding
+    off the event loop)."""
     import asyncio
 
     settings = _provider_settings(params, litellm_params)
@@ -279,7 +283,66 @@ async def agenerate_response(
     else:
         request = await asyncio.to_thread(build_request, engine, messages, params)
         result = await engine.agenerate(request)
+    return engine, result
+
+
+async def agenerate_response(
+    model: str,
+    messages: list[dict[str, Any]],
+    params: dict[str, Any],
+    litellm_params: dict[str, Any] | None = None,
+) -> Any:
+    """Async :func:`generate_response`: model loading and decoding stay off the event loop."""
+    engine, result = await agenerate_result(model, messages, params, litellm_params)
     return to_model_response(model, engine.tokenizer, result, bool(params.get("logprobs")))
+
+
+# The settings a plain call may carry to be answered without LiteLLM (`plain_call_params`): the ones LiteLLM hands
+# this provider unchanged as `optional_params` (checked in tests/test_local_lane.py). Any other one (`n`,
+# `max_completion_tokens`, which LiteLLM renames, tools, `metadata`, `colab_graphs` logit modes or a dtype) sends
+# the call through LiteLLM, as before.
+PLAIN_SETTINGS = frozenset(
+    {"temperature", "top_p", "max_tokens", "stop", "seed", "top_k", "min_p", "repetition_penalty"}
+    | {"logprobs", "top_logprobs"}
+)
+
+
+def plain_call_params(kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The provider's parameters for a call of a ``local/`` model whose every setting LiteLLM would pass on
+    unchanged (connection settings aside, which the in-process engine ignores), else None."""
+    if not str(kwargs.get("model", "")).startswith(f"{PROVIDER}/"):
+        return None
+    settings = {
+        k: v for k, v in kwargs.items() if k not in CONNECTION_KEYS and k not in ("model", "messages")
+    }
+    return settings if settings.keys() <= PLAIN_SETTINGS else None
+
+
+class BadRequestError(ValueError):
+    """A local call's sampling settings are out of range: the request can never succeed (not retried)."""
+
+    status_code = 400
+
+
+async def answer_plain(
+    model: str, messages: list[dict[str, Any]], params: dict[str, Any]
+) -> tuple[GenerationResult, dict[str, list[Any]]]:
+    """Answer a call `plain_call_params` accepted, as the provider answers it through LiteLLM, without LiteLLM:
+    the result and the details a LiteLLM reply would carry (`local_call_details`).
+
+    Raises:
+        BadRequestError: A sampling setting of the wrong type or out of range, every one named.
+    """
+    try:
+        _, result = await agenerate_result(model.removeprefix(f"{PROVIDER}/"), messages, params)
+    except ValidationError as exc:
+        raise BadRequestError(str(exc)) from None
+    details: dict[str, list[Any]] = {
+        "prompt_token_ids": list(result.prompt_ids),
+        "completion_token_ids": list(result.completion_ids),
+        "logprobs": list(result.logprobs),
+    }
+    return result, details
 
 
 def _handler_class() -> type:

@@ -276,6 +276,7 @@ class _Answer:
     logprobs: list[float] | None
     response: Any = None
     direct_usage: Mapping[str, Any] | None = None
+    local_details: Mapping[str, list[Any]] | None = None
 
 
 def _litellm_answer(response: Any) -> _Answer:
@@ -307,6 +308,25 @@ async def _direct_answer(request: direct.DirectRequest) -> _Answer:
     return _Answer(
         reply.text, reply.tool_calls, reply.finish_reason, usage, reply.logprobs, direct_usage=reply.usage
     )
+
+
+async def _local_answer(kwargs: Mapping[str, Any], params: dict[str, Any]) -> _Answer:
+    """A plain call of an in-process `local/` model answered by its engine, not through LiteLLM: the reply
+    LiteLLM would read from the provider's response (`tests/test_local_lane.py` compares the two)."""
+    from colab_graphs.local.provider import answer_plain
+
+    result, details = await answer_plain(kwargs["model"], kwargs["messages"], params)
+    usage = Usage(prompt_tokens=len(result.prompt_ids), completion_tokens=len(result.completion_ids))
+    return _Answer(result.text, None, result.finish_reason, usage, None, local_details=details)
+
+
+def _local_params(member: Member, kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The in-process provider's parameters when the call is a plain one of a `local/` member, else None."""
+    if member.deployments or not str(kwargs.get("model", "")).startswith("local/"):
+        return None  # (decided before importing anything of local inference)
+    from colab_graphs.local.provider import plain_call_params
+
+    return plain_call_params(kwargs)
 
 
 def _response_logprobs(response: Any) -> list[float] | None:
@@ -397,7 +417,7 @@ class ModelClient:
             if self._direct_now() and direct.direct_request(member, settings) is not None:
                 if not direct.settled_price(member)[0]:
                     waits.append(on_call_loop(direct.price_of(member, self.cache)))
-            else:
+            elif not (self._direct_now() and _local_params(member, settings) is not None):
                 through_litellm = True
         if through_litellm and "litellm" not in sys.modules:
             await on_call_loop(_load_litellm())
@@ -585,6 +605,10 @@ class ModelClient:
         the call loop (`colab_graphs.models.loops`): LiteLLM's own sync work never waits for a thread that a
         sync node holds."""
         litellm = _litellm()
+        if any(m.startswith("local/") for m in _models(member, kwargs)):
+            from colab_graphs.local.provider import register_local_provider
+
+            register_local_provider()
         if not member.deployments:
             return await litellm.acompletion(**{**kwargs, "num_retries": 0, "max_retries": 0})
         call = {k: v for k, v in kwargs.items() if k not in CONNECTION_KEYS and k != "model"}
@@ -595,10 +619,14 @@ class ModelClient:
     ) -> _Answer:
         """One attempt's reply: direct when the call goes direct, else through LiteLLM; streamed when `on_delta`
         is given (`sent` becomes [True] once a piece has been handed out)."""
-        if on_delta is None:
-            request = direct.direct_request(member, kwargs) if self._direct_now() else None
+        if on_delta is None and self._direct_now():
+            request = direct.direct_request(member, kwargs)
             if request is not None:
                 return await on_call_loop(_direct_answer(request))
+            params = _local_params(member, kwargs)
+            if params is not None:
+                return await on_call_loop(_local_answer(kwargs, params))
+        if on_delta is None:
             kwargs = otel.litellm_parented(kwargs)  # (LiteLLM's own spans nest under this call's)
             return _litellm_answer(await on_call_loop(self._send(member, kwargs)))
         kwargs = otel.litellm_parented(kwargs)
@@ -639,6 +667,18 @@ class ModelClient:
             raise ValueError("the stream ended without a chunk")
         return _litellm_answer(response)
 
+    def _concurrency(self, member: Member, local: bool) -> int:
+        """Calls in flight at once to the member's endpoint. An in-process engine takes at least as many as it
+        decodes in one batch: a lower limit would split what arrives together into batches that each pay the
+        decoding steps of their longest reply (the default audit's 36 calls ran as 16, then 20, at the
+        former limit of 16; BENCHMARKS.md)."""
+        limit = self.max_concurrency * member.replicas
+        if local:
+            from colab_graphs.local.provider import MAX_BATCH
+
+            limit = max(limit, MAX_BATCH)
+        return limit
+
     def _direct_now(self) -> bool:
         """Whether calls may go direct now: the client allows it and no LiteLLM callback needs to see them
         (checked per call: a callback set mid-run sees every call from then on)."""
@@ -667,15 +707,11 @@ class ModelClient:
     ) -> Call:
         """The call `asked` made upstream (with retries), its reply stored in the cache. (LiteLLM is first
         imported on the call loop, by `_send`: its seconds of import do not hold this loop's timers.)"""
-        models = [kwargs["model"], *(d.get("model", "") for d in member.deployments)]
+        models = _models(member, kwargs)
         local = any(m.startswith("local/") for m in models)
-        if local:
-            from colab_graphs.local.provider import register_local_provider
-
-            register_local_provider()
-        limit = self._limits.setdefault(
-            member.endpoint, asyncio.Semaphore(self.max_concurrency * member.replicas)
-        )
+        limit = self._limits.get(member.endpoint)
+        if limit is None:
+            limit = self._limits[member.endpoint] = asyncio.Semaphore(self._concurrency(member, local))
         secrets = member.secrets()
         call_kwargs = {"timeout": self.timeout_s, **kwargs}
         # A member's (or a call's) `num_retries` is this path's retry count for it; LiteLLM itself never retries.
@@ -723,8 +759,8 @@ class ModelClient:
             await deliver(on_delta, Delta(answer.text, whole_calls(answer.tool_calls)))
         if self.cap is not None:
             self.cap.settle(reserved, cost)
-        details = None
-        if local:
+        details = answer.local_details
+        if local and details is None:
             from colab_graphs.local.provider import local_call_details
 
             details = local_call_details(answer.response)
@@ -754,6 +790,11 @@ class ModelClient:
             self.stats.cost_usd = None
         elif self.stats.cost_usd is not None:
             self.stats.cost_usd += reply.cost_usd
+
+
+def _models(member: Member, kwargs: Mapping[str, Any]) -> list[str]:
+    """The models a call of `member` may reach: its own and its deployments'."""
+    return [str(kwargs["model"]), *(str(d.get("model", "")) for d in member.deployments)]
 
 
 def whole_calls(tool_calls: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
