@@ -19,7 +19,10 @@ cache used before: the prices it looked up in LiteLLM's map are remembered); `--
 a cache of its own instead (a first run: the first replies wait for LiteLLM to load and price them).
 `--priced` gives the members their own prices in the pool file (no lookup at all).
 `--trees` runs the command from each of several source trees by turns (a checkout of main and this one: the
-before and after). Each figure is the median over `--runs`; the script prints them and the load average.
+before and after). `--bare` adds, by turns with the audits, the baseline a user compares against: a fresh
+interpreter that imports the `openai` client and sends one chat request to the same server (the first request
+of a script that does nothing else; its `first_request_s` is the floor an audit's start can be judged by).
+Each figure is the median over `--runs`; the script prints them and the load average.
 """
 
 from __future__ import annotations
@@ -101,6 +104,33 @@ def one_run(
     }
 
 
+BARE = """
+import openai
+client = openai.OpenAI(base_url={base!r}, api_key="sk-bench")
+client.chat.completions.create(model="m0", messages=[{{"role": "user", "content": "What is 2 + 3?"}}])
+"""
+
+
+def bare_run(server: ScriptedServer, work: Path, env: dict[str, str]) -> dict[str, Any]:
+    """The bare client's start: spawn to its first request, and to its exit, with its CPU seconds."""
+    server.reset()
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.time()
+    code = BARE.format(base=server.base_url)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=work, env=env, capture_output=True, text=True, timeout=120
+    )
+    ended = time.time()
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0 or not server.requests:
+        raise RuntimeError(f"the bare client failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return {
+        "first_request_s": round(server.requests[0].time - started, 3),
+        "exit_s": round(ended - started, 3),
+        "cpu_total_s": round(used.ru_utime + used.ru_stime - children.ru_utime - children.ru_stime, 3),
+    }
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
@@ -113,6 +143,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--trees",
         help="comma-separated source trees (checkouts) to run by turns, e.g. a main checkout and this one; "
         "default: the colab_graphs this script imports",
+    )
+    parser.add_argument(
+        "--bare", action="store_true", help="also time a bare openai client's first request, by turns"
     )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
@@ -138,9 +171,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 server, pool, work, args.examples, env, args.fresh_cache
             )  # warm-up: compiles the bytecode
         runs: dict[str, list[dict[str, Any]]] = {tree: [] for tree in trees}
+        if args.bare:
+            bare_env = envs[trees[0]]
+            bare_run(server, work, bare_env)  # warm-up: compiles the client's bytecode
+            runs["bare openai client"] = []
         for _ in range(args.runs):  # the trees take turns, so load drifting hits them alike
             for tree in trees:
                 runs[tree].append(one_run(server, pool, work, args.examples, envs[tree], args.fresh_cache))
+            if args.bare:
+                runs["bare openai client"].append(bare_run(server, work, bare_env))
     report = {
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
@@ -153,7 +192,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             tree: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for tree, rs in runs.items()
         },
     }
+    if args.bare:
+        floor = report["median"]["bare openai client"]["first_request_s"]
+        report["first_request_over_bare"] = {
+            tree: round(report["median"][tree]["first_request_s"] / floor, 2) for tree in trees
+        }
     print(json.dumps(report["median"], indent=2))
+    if args.bare:
+        print("first request / the bare client's:", report["first_request_over_bare"])
     print(f"{report['machine']}, load {report['load_average']}, {report['date']}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
