@@ -27,10 +27,17 @@ them the same control variate; BENCHMARKS.md compares both):
   RegressionMSR and LeverageSHAP): a pairwise game h(S) = sum a_i + sum b_ij fitted by ridge regression to
   what the control variate leaves (or to v), whose Shapley values are exact in closed form; only v - g - h is
   sampled, and its spread is read from the leave-one-out residuals (in closed form), not the in-sample ones.
-- **A choice per game from what the played coalitions show**: neither, the control variate, the surrogate or
-  both, whichever leaves the smallest leave-one-out residuals (`stratified_shapley`), refitted at each batch.
-  The control variate is dropped where "right alone" says little (a cover or pipeline game) and the surrogate
-  where a pairwise fit does not predict unseen coalitions.
+- **A completion of each question's table for games monotone per example** (`MonotoneCompletion`): where
+  adding a member never lowers a question's score (a cover, a pipeline: an AND of ORs, which a pairwise
+  surrogate of the mean game describes badly), the held coalitions bound the others on each question (at
+  least any held subset's value, at most any held superset's); a per-example ridge prediction clipped to those
+  bounds fills the coalitions not held, the completed table's Shapley values are exact, and only what the
+  prediction misses on the coalitions not held is sampled (from leave-one-out residuals).
+- **A choice per game from what the played coalitions show**: neither, the control variate, the surrogate,
+  both, or the completion, whichever leaves the smallest leave-one-out residuals (`stratified_shapley`),
+  refitted at each batch. The control variate is dropped where "right alone" says little (a cover or pipeline
+  game), the surrogate where a pairwise fit does not predict unseen coalitions, and the completion where the
+  game is not monotone (a vote, a judge, a router: its bounds then mispredict).
 - **The coalitions already played.** Every held coalition enters every member's strata, and the allocation
   of the next batch reads the variances of the held ones.
 - **The example-level variance.** The sampling error (over the choice of coalitions, for these examples) is
@@ -175,7 +182,7 @@ class StratifiedEstimate:
         exact: True when the held coalitions are all 2^n (the values are then exact).
         n_coalitions: coalitions the estimate used.
         model: what was subtracted before sampling: "control variate", "surrogate", both ("control variate +
-            surrogate"), "plain" (neither), or "exact".
+            surrogate"), "plain" (neither), "monotone completion" (`MonotoneCompletion`), or "exact".
     """
 
     per_example: np.ndarray
