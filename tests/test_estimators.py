@@ -736,3 +736,12 @@ def test_completed_simultaneous_intervals_hold_all_members_when_a_target_error_s
             bool((np.abs(est.values - exact) <= est.half_width(critical_value(9, True)) + 1e-9).all())
         )
     assert "monotone completion" in models and np.mean(held) >= 0.9
+
+
+def test_the_completion_is_not_tried_where_its_table_would_be_too_large(monkeypatch):
+    from colab_graphs.audit import stratified
+
+    table = pipeline_game()
+    assert run_sampler(table, 9, 150, seed=0).model == "monotone completion"
+    monkeypatch.setattr(stratified, "MAX_COMPLETION_CELLS", table.size - 1)  # 2^9 x 30 cells: one too many
+    assert run_sampler(table, 9, 150, seed=0).model != "monotone completion"
