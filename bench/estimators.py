@@ -32,9 +32,10 @@ so the exact Shapley values are known). An estimator asks for the coalitions it 
   of three roles able on it; nobody scores alone). See `router_table`, `moa_table`, `pipeline_table`.
 
 Information. This package's stratified estimator gets each question's value of every coalition it asks (what
-an audit's game returns) and uses it in a per-example control variate (`ControlVariate`) and a pairwise
-surrogate fitted to the coalitions it played (`Surrogate`), each used where the played coalitions show it
-helps (`stratified_shapley`). shapiq's estimators
+an audit's game returns) and uses it in a per-example control variate (`ControlVariate`), a pairwise
+surrogate fitted to the coalitions it played (`Surrogate`) and, for games monotone per example, a completion
+of each question's table from the played coalitions (`MonotoneCompletion`), each used where the played
+coalitions show it helps (`stratified_shapley`). shapiq's estimators
 are run two ways: **plain**, on the mean game v(S) only, and **+ control variate**, given the same per-question
 values and the same control variate: they estimate the residual game v - g, and g's exact Shapley values are
 added back (`shapiq_estimator`). For a linear estimator (SVARM, KernelSHAP) running it on each question's game

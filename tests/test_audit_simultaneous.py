@@ -66,6 +66,9 @@ def sampled(inputs, out: Path, seed: int, *options: str, budget: str = "30") -> 
 def test_a_simultaneous_audit_records_its_interval_in_the_report(inputs, tmp_path):
     report = sampled(inputs, tmp_path / "out", 0, "--simultaneous")
     assert report["shapley_estimator"] == "stratified"
+    # The adjustment the estimator chose from the played coalitions is recorded (the debate's singletons
+    # agree with its coalitions, so the per-example control variate is in it).
+    assert report["shapley_adjustment"] in ("control variate", "control variate + surrogate")
     assert report["sampling_interval"] == {
         "kind": "simultaneous", "level": 0.95, "member_level": pytest.approx(1 - 0.05 / len(NAMES)),
     }  # fmt: skip

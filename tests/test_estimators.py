@@ -653,3 +653,95 @@ def test_the_chosen_estimate_s_simultaneous_intervals_hold_all_members_in_90_per
             bool((np.abs(est.values - exact) <= est.half_width(critical_value(n, True)) + 1e-9).all())
         )
     assert np.mean(held) >= 0.9
+
+
+def judge_game(n: int = 9, examples: int = 30) -> np.ndarray:
+    """The most confident member of S answers: adding a confident wrong member lowers the score (not
+    monotone), so the completion's bounds would be wrong."""
+    rng = np.random.default_rng(7)
+    right = rng.random((examples, n)) < np.linspace(0.8, 0.3, n)
+    confidence = right + rng.normal(0.0, 0.8, (examples, n))
+    masks = np.arange(1 << n)
+    out = np.zeros((1 << n, examples))
+    for e in range(examples):
+        answered = np.zeros(1 << n, dtype=bool)
+        for i in np.argsort(-confidence[e]):
+            takes = ~answered & ((masks >> i) & 1).astype(bool)
+            out[takes, e] = right[e, i]
+            answered |= takes
+    return out
+
+
+def test_a_game_monotone_per_example_is_completed_and_the_completion_beats_the_other_fits():
+    table = pipeline_game()
+    exact = exact_shapley_table(table).mean(axis=0)
+    chosen, others = [], []
+    for seed in range(5):
+        held = StratifiedSampler(9, seed=seed).held
+        sampler = StratifiedSampler(9, seed=seed, max_coalitions=150)
+        while not sampler.stop(est := stratified_shapley(9, sampler.held, table[sampler.held])):
+            sampler.next_batch(est)
+        held = sampler.held
+        assert est.model == "monotone completion"
+        chosen.append(np.abs(est.values - exact).max())
+        other = stratified_shapley(9, held, table[held], completion=False)
+        others.append(np.abs(other.values - exact).max())
+    assert np.mean(chosen) < np.mean(others) / 2
+
+
+def test_a_game_that_is_not_monotone_is_not_completed():
+    table = judge_game()
+    exact = exact_shapley_table(table).mean(axis=0)
+    assert (table[3] < table[1]).any()  # a second member lowers the score on some question
+    for seed in range(3):
+        est = run_sampler(table, 9, 150, seed)
+        assert est.model != "monotone completion" and np.abs(est.values - exact).max() < 0.05
+
+
+def test_the_completion_is_not_tried_on_few_examples_unless_forced():
+    table = pipeline_game(examples=30)[:, :5]  # five questions: the residuals are too few values to trust
+    held = run_sampler(table, 9, 150, seed=0)
+    assert held.model != "monotone completion"
+    masks = StratifiedSampler(9, seed=0).held
+    assert stratified_shapley(9, masks, table[masks], completion=True).model == "monotone completion"
+
+
+def test_a_completed_estimate_held_to_all_but_one_coalition_misses_by_that_coalition_s_weight_at_most():
+    table = pipeline_game(n=6, examples=30)
+    exact = exact_shapley_table(table).mean(axis=0)
+    missing = 0b000111
+    almost = [m for m in range(1 << 6) if m != missing]
+    est = stratified_shapley(6, almost, table[almost], completion=True)
+    assert est.model == "monotone completion" and not est.exact
+    # The one coalition not held moves each member's value by its Shapley weight (1 / (n C(n-1, s))) times
+    # what the prediction misses on it (at most 1 here): every other coalition's value is used as it is.
+    weight = 1.0 / (6 * math.comb(5, 2))
+    assert np.abs(est.values - exact).max() <= weight + 1e-12
+
+
+@pytest.mark.parametrize("target", [0.03, 0.015])
+def test_completed_simultaneous_intervals_hold_all_members_when_a_target_error_stops_the_sampler(target):
+    from colab_graphs.audit.stratified import critical_value
+
+    table = pipeline_game()
+    exact = exact_shapley_table(table).mean(axis=0)
+    held, models = [], set()
+    for seed in range(30):
+        sampler = StratifiedSampler(9, seed=seed, target_error=target, simultaneous=True)
+        while not sampler.stop(est := stratified_shapley(9, sampler.held, table[sampler.held])):
+            if not sampler.next_batch(est):
+                break
+        models.add(est.model)
+        held.append(
+            bool((np.abs(est.values - exact) <= est.half_width(critical_value(9, True)) + 1e-9).all())
+        )
+    assert "monotone completion" in models and np.mean(held) >= 0.9
+
+
+def test_the_completion_is_not_tried_where_its_table_would_be_too_large(monkeypatch):
+    from colab_graphs.audit import stratified
+
+    table = pipeline_game()
+    assert run_sampler(table, 9, 150, seed=0).model == "monotone completion"
+    monkeypatch.setattr(stratified, "MAX_COMPLETION_CELLS", table.size - 1)  # 2^9 x 30 cells: one too many
+    assert run_sampler(table, 9, 150, seed=0).model != "monotone completion"

@@ -98,6 +98,8 @@ class Estimates:
         exact: True when the values are exact (exact Shapley, or sampled prefixes that cover every coalition).
         simultaneous: the sampling intervals hold all members' values at once with probability `confidence`
             (Bonferroni: each at `member_level`), not each member's alone.
+        adjustment: what the stratified estimator subtracted before sampling, chosen from the played
+            coalitions (`StratifiedEstimate.model`); None for the other estimators.
     """
 
     method: Method
@@ -110,6 +112,7 @@ class Estimates:
     exact: bool = True
     estimator: str | None = None
     simultaneous: bool = False
+    adjustment: str | None = None
 
     @property
     def member_level(self) -> float:
@@ -486,6 +489,7 @@ def estimates_from(
     exact: bool,
     sampling_error: Sequence[float] | None = None,
     simultaneous: bool = False,
+    adjustment: str | None = None,
     n_boot: int = 1000,
     confidence: float = 0.95,
     seed: int = 0,
@@ -508,7 +512,7 @@ def estimates_from(
     )
     return Estimates(
         method, tuple(players), per_player, confidence, n_boot, None, error, exact, estimator,
-        simultaneous=error is not None and simultaneous,
+        simultaneous=error is not None and simultaneous, adjustment=adjustment,
     )  # fmt: skip
 
 

@@ -159,6 +159,11 @@ class AuditReport(BaseModel):
         None,
         description="exact | exact_from_answers (computed from the members' answers) | stratified | permutation",
     )
+    shapley_adjustment: str | None = Field(
+        None,
+        description="stratified, not exact: what was subtracted before sampling, chosen from the played "
+        "coalitions: plain | control variate | surrogate | control variate + surrogate | monotone completion",
+    )
     sampling_error: dict[str, float] | None = Field(
         None,
         description="member -> half-width of the sampling interval `sampling_interval` describes (None when "
@@ -330,7 +335,7 @@ def contribution_fields(
         seed: Bootstrap seed; every measure resamples with it.
 
     Returns:
-        method, shapley_method, shapley_estimator, sampling_error, sampling_interval, n_permutations,
+        method, shapley_method, shapley_estimator, shapley_adjustment, sampling_error, sampling_interval, n_permutations,
         n_examples, coalitions,
         individual, loo, shapley, confidence, n_boot, ci, ranks and rank_correlation.
     """
@@ -364,6 +369,7 @@ def contribution_fields(
         "method": plan.method,
         "shapley_method": None if shapley is None else "exact" if shapley.exact else "sampled",
         "shapley_estimator": None if shapley is None else shapley.estimator,
+        "shapley_adjustment": None if shapley is None else shapley.adjustment,
         "sampling_error": None if shapley is None else shapley.sampling_error,
         "sampling_interval": None if shapley is None else sampling_interval(shapley),
         "n_permutations": len(plan.permutations) or None,

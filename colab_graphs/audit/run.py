@@ -249,7 +249,7 @@ async def _shapley(audit: _Audit, kept: list[str], seed: int) -> tuple[Estimates
     shapley = estimates_from(
         players, sampled.per_example, method=s.method, estimator="exact" if sampled.exact else "stratified",
         exact=sampled.exact, sampling_error=sampled.half_width(critical_value(len(players), s.simultaneous)),
-        simultaneous=s.simultaneous, **boot,
+        simultaneous=s.simultaneous, adjustment=None if sampled.exact else sampled.model, **boot,
     )  # fmt: skip
     return shapley, values, list(ordered_coalitions(audit.asked, players))
 

@@ -27,10 +27,17 @@ them the same control variate; BENCHMARKS.md compares both):
   RegressionMSR and LeverageSHAP): a pairwise game h(S) = sum a_i + sum b_ij fitted by ridge regression to
   what the control variate leaves (or to v), whose Shapley values are exact in closed form; only v - g - h is
   sampled, and its spread is read from the leave-one-out residuals (in closed form), not the in-sample ones.
-- **A choice per game from what the played coalitions show**: neither, the control variate, the surrogate or
-  both, whichever leaves the smallest leave-one-out residuals (`stratified_shapley`), refitted at each batch.
-  The control variate is dropped where "right alone" says little (a cover or pipeline game) and the surrogate
-  where a pairwise fit does not predict unseen coalitions.
+- **A completion of each question's table for games monotone per example** (`MonotoneCompletion`): where
+  adding a member never lowers a question's score (a cover, a pipeline: an AND of ORs, which a pairwise
+  surrogate of the mean game describes badly), the held coalitions bound the others on each question (at
+  least any held subset's value, at most any held superset's); a per-example ridge prediction clipped to those
+  bounds fills the coalitions not held, the completed table's Shapley values are exact, and only what the
+  prediction misses on the coalitions not held is sampled (from leave-one-out residuals).
+- **A choice per game from what the played coalitions show**: neither, the control variate, the surrogate,
+  both, or the completion, whichever leaves the smallest leave-one-out residuals (`stratified_shapley`),
+  refitted at each batch. The control variate is dropped where "right alone" says little (a cover or pipeline
+  game), the surrogate where a pairwise fit does not predict unseen coalitions, and the completion where the
+  game is not monotone (a vote, a judge, a router: its bounds then mispredict).
 - **The coalitions already played.** Every held coalition enters every member's strata, and the allocation
   of the next batch reads the variances of the held ones.
 - **The example-level variance.** The sampling error (over the choice of coalitions, for these examples) is
@@ -175,7 +182,7 @@ class StratifiedEstimate:
         exact: True when the held coalitions are all 2^n (the values are then exact).
         n_coalitions: coalitions the estimate used.
         model: what was subtracted before sampling: "control variate", "surrogate", both ("control variate +
-            surrogate"), "plain" (neither), or "exact".
+            surrogate"), "plain" (neither), "monotone completion" (`MonotoneCompletion`), or "exact".
     """
 
     per_example: np.ndarray
@@ -343,37 +350,128 @@ def _within_sizes(matrix: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     return out
 
 
-def fit_surrogate(n: int, bits: np.ndarray, target: np.ndarray) -> tuple[Surrogate, np.ndarray, np.ndarray]:
-    """The ridge-fitted `Surrogate` of `target` (one value per held coalition, `bits` their members), the
-    leave-one-out residuals of the whole fit (size means and surrogate: what each coalition's value is off by
-    when the fit has not seen it, in closed form: the residual over one minus the leverage), and what the
-    surrogate's leave-one-out residual adds to its in-sample one (the fit's optimism, coalition by coalition).
+@dataclass(frozen=True)
+class _RidgeFit:
+    score: float
+    coef: np.ndarray  # (features, columns)
+    loo: np.ndarray  # (coalitions, columns): leave-one-out residuals of size means and surrogate together
+    optimism: np.ndarray  # (coalitions, columns): what the leave-one-out residual adds to the in-sample one
+
+
+def _ridge(features: np.ndarray, sizes: np.ndarray, target: np.ndarray) -> _RidgeFit:
+    """Ridge regression of `target` (held coalitions x columns) on `features` within sizes, its penalty chosen
+    by the leave-one-out error of the columns' mean (`RIDGE_PENALTIES`).
 
     The features are centred within each size, so the unpenalized size means and the penalized surrogate are
-    orthogonal and their leverages add; the penalty is chosen by the leave-one-out error.
-    """
-    sizes = bits.sum(axis=1)
-    x = bits.astype(float)
-    upper = np.triu_indices(n, 1) if n <= MAX_PAIRWISE_PLAYERS else (np.array([], int), np.array([], int))
-    features = np.hstack([x, x[:, upper[0]] * x[:, upper[1]]])
-    centred, y = _within_sizes(features, sizes), _within_sizes(target[:, None], sizes)[:, 0]
-    counts = np.bincount(sizes, minlength=n + 1)[sizes]
+    orthogonal and their leverages add; the leave-one-out residuals are in closed form (the residual over one
+    minus the leverage)."""
+    centred, y = _within_sizes(features, sizes), _within_sizes(target, sizes)
+    counts = np.bincount(sizes, minlength=int(sizes.max()) + 1)[sizes]
     u, singular, vt = np.linalg.svd(centred, full_matrices=False)
     uy = u.T @ y
-    best: tuple[float, np.ndarray, np.ndarray, np.ndarray] | None = None
+    best: _RidgeFit | None = None
     for penalty in RIDGE_PENALTIES:
         shrink = singular**2 / (singular**2 + penalty)
         leverage = (u**2) @ shrink
-        error = y - u @ (shrink * uy)
-        loo = error / np.maximum(1.0 - leverage - 1.0 / counts, 1e-6)
-        if best is None or float(loo @ loo) < best[0]:
-            coef = vt.T @ (singular / (singular**2 + penalty) * uy)
-            best = (float(loo @ loo), coef, loo, error / np.maximum(1.0 - leverage, 1e-6) - error)
+        error = y - u @ (shrink[:, None] * uy)
+        loo = error / np.maximum(1.0 - leverage - 1.0 / counts, 1e-6)[:, None]
+        score = float(np.sum(loo.mean(axis=1) ** 2))
+        if best is None or score < best.score:
+            coef = vt.T @ ((singular / (singular**2 + penalty))[:, None] * uy)
+            optimism = error / np.maximum(1.0 - leverage, 1e-6)[:, None] - error
+            best = _RidgeFit(score, coef, loo, optimism)
     assert best is not None
-    _, coef, loo, optimism = best
+    return best
+
+
+def _pair_features(n: int, bits: np.ndarray) -> np.ndarray:
+    """Each coalition's members and (up to `MAX_PAIRWISE_PLAYERS`) pairs of members, as 0 / 1 columns."""
+    x = bits.astype(float)
+    upper = _upper(n)
+    return np.hstack([x, x[:, upper[0]] * x[:, upper[1]]])
+
+
+def _upper(n: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.triu_indices(n, 1) if n <= MAX_PAIRWISE_PLAYERS else (np.array([], int), np.array([], int))
+
+
+def fit_surrogate(n: int, bits: np.ndarray, target: np.ndarray) -> tuple[Surrogate, np.ndarray, np.ndarray]:
+    """The ridge-fitted `Surrogate` of `target` (one value per held coalition, `bits` their members), the
+    leave-one-out residuals of the whole fit (size means and surrogate: what each coalition's value is off by
+    when the fit has not seen it), and what the surrogate's leave-one-out residual adds to its in-sample one
+    (the fit's optimism, coalition by coalition)."""
+    fit = _ridge(_pair_features(n, bits), bits.sum(axis=1), target[:, None])
     pairs = np.zeros((n, n))
-    pairs[upper] = coef[n:]
-    return Surrogate(coef[:n], pairs), loo, optimism
+    pairs[_upper(n)] = fit.coef[n:, 0]
+    return Surrogate(fit.coef[:n, 0], pairs), fit.loo[:, 0], fit.optimism[:, 0]
+
+
+# 2^n x examples of a completed table; above, the completion is not tried. The fit holds about six such arrays:
+# 14 members over 500 examples (2^23 cells) took 2.5 CPU s per estimate and peaked at 410 MB.
+MAX_COMPLETION_CELLS = 1 << 22
+# Fewer examples and a completion is not tried: on one 0 / 1 example most leave-one-out residuals are exactly 0
+# (the bounds decide), and a normal interval from the few others undercovers once a target error picks when
+# to stop (a weighted-voting game of 8 members at target 0.02: 87.8% of member intervals held; 95% without).
+MIN_COMPLETION_EXAMPLES = 20
+
+
+@dataclass(frozen=True)
+class MonotoneCompletion:
+    """Every coalition's per-example value predicted from the held ones, for games monotone per example.
+
+    Where adding a member never lowers a question's score (a cover, a pipeline: an AND of ORs, which no
+    pairwise surrogate of the mean game describes), the held coalitions bound every other one on each
+    question: S scores at least what any held subset of S scores and at most what any held superset does.
+    A coalition not held gets the per-example pairwise ridge prediction (size means and pairs, fitted to each
+    question's values at once) clipped to those bounds and to the values seen on the question; a held one
+    keeps its value. The completed table's Shapley values are exact (2^n coalitions, so n is small); what the
+    prediction misses on the coalitions not held is estimated from the leave-one-out residuals of the held
+    ones (each predicted without its own value: bounds from its strict subsets and supersets, the ridge's
+    closed-form leave-one-out), scaled by the share of each stratum not held. A game that is not monotone
+    leaves large leave-one-out residuals, and the choice in `stratified_shapley` drops the completion.
+
+    Attributes:
+        table: (2^n, n_examples): the held values, the predictions elsewhere.
+        held_prediction: (held coalitions, n_examples): each held coalition's leave-one-out prediction.
+    """
+
+    table: np.ndarray
+    held_prediction: np.ndarray
+
+    @classmethod
+    def fit(cls, n: int, masks: np.ndarray, values: np.ndarray) -> MonotoneCompletion:
+        """The completion from the held coalitions (bitmasks, distinct) and their per-example values."""
+        bits = _bits(masks, n)
+        sizes = bits.sum(axis=1)
+        features = _pair_features(n, bits)
+        fit = _ridge(features, sizes, values)
+        everything = np.arange(1 << n)
+        all_sizes = popcounts(n)
+        table = np.zeros((1 << n, values.shape[1]))
+        for t in np.unique(sizes):  # every size is held (the strata need it)
+            rows, of_size = all_sizes == t, sizes == t
+            centred = _pair_features(n, _bits(everything[rows], n)) - features[of_size].mean(axis=0)
+            table[rows] = centred @ fit.coef + values[of_size].mean(axis=0)
+        low, high = values.min(axis=0), values.max(axis=0)
+        table = np.clip(table, low, high)
+        held_prediction = np.clip(values - fit.loo, low, high)
+        below = np.full_like(table, -np.inf)
+        above = np.full_like(table, np.inf)
+        for mask, value in zip(masks.tolist(), values, strict=True):
+            supersets = (everything & mask) == mask
+            below[supersets] = np.maximum(below[supersets], value)
+            subsets = (everything | mask) == mask
+            above[subsets] = np.minimum(above[subsets], value)
+        table = np.clip(table, below, above)
+        table[masks] = values
+        inside = (masks[None, :] & masks[:, None]) == masks[None, :]  # [k, j]: coalition j within k
+        np.fill_diagonal(inside, False)
+        for k in range(len(masks)):
+            if inside[k].any():
+                held_prediction[k] = np.maximum(held_prediction[k], values[inside[k]].max(axis=0))
+            if inside[:, k].any():
+                held_prediction[k] = np.minimum(held_prediction[k], values[inside[:, k]].min(axis=0))
+        return cls(table, held_prediction)
 
 
 def _surrogate_terms(n: int) -> int:
@@ -397,6 +495,7 @@ def stratified_shapley(
     *,
     control_variate: bool | None = None,
     surrogate: bool | None = None,
+    completion: bool | None = None,
 ) -> StratifiedEstimate:
     """Estimate Shapley values from held coalitions (see the module docstring).
 
@@ -407,7 +506,9 @@ def stratified_shapley(
     where "right alone" says little drops the control variate, and a game a pairwise fit does not describe
     drops the surrogate (never considered, unless forced, while it has more terms than sampled coalitions). The
     point estimate samples v - g - h for the fitted h; its standard error is computed from the leave-one-out
-    residuals, so the interval is not narrowed by a fit to the very coalitions it is checked on.
+    residuals, so the interval is not narrowed by a fit to the very coalitions it is checked on. A fifth
+    candidate, for games monotone per example, completes each question's table from the held coalitions
+    (`MonotoneCompletion`); it too is kept only when its leave-one-out residuals are the smallest.
 
     Args:
         n: number of players.
@@ -417,6 +518,9 @@ def stratified_shapley(
         control_variate: True / False forces the control variate on / off (False: the ablation
             `bench/estimators.py` measures); None chooses.
         surrogate: likewise for the pairwise surrogate.
+        completion: True uses the monotone completion alone, False never; None considers it when neither
+            adjustment is forced, there are enough examples (`MIN_COMPLETION_EXAMPLES`) and the completed
+            table is small (`MAX_COMPLETION_CELLS`).
 
     Raises:
         ValueError: a stratum without a coalition, or values whose shape does not match the masks.
@@ -439,19 +543,19 @@ def stratified_shapley(
     sizes = bits.sum(axis=1)
     sampled = (sizes >= 2) & (sizes <= n - 2)
     best: tuple[float, np.ndarray, np.ndarray, np.ndarray, str] | None = None
+    # A fit with more terms than sampled coalitions is not considered unless forced: its leave-one-out
+    # residuals are unreliable there (a six-member debate at 30 of 64 coalitions: the chosen surrogate's
+    # simultaneous intervals held in 7 of 10 audits).
+    # Nor once half the sampled sizes' coalitions are held: the finite-population correction then shrinks the
+    # interval faster than the bias of a fit to the same coalitions (a correlated vote at 200 of 256
+    # coalitions: all members held at once in 35 of 40 runs).
+    middle = sum(math.comb(n, t) for t in range(2, n - 1))
+    fits = _surrogate_terms(n) <= int(sampled.sum()) < middle / 2
     # The simpler adjustment first: a later one must do strictly better to be kept.
-    for use_control in (False, True) if control_variate is None else (control_variate,):
+    for use_control in () if completion else (False, True) if control_variate is None else (control_variate,):
         control = ControlVariate.fit(n, masks_arr, values) if use_control else _no_control(n, values.shape[1])
         residual = values - control.values(masks_arr)
         means = residual.mean(axis=1)
-        # A surrogate with more terms than sampled coalitions is not considered unless forced: its
-        # leave-one-out residuals are unreliable there (a six-member debate at 30 of 64 coalitions: the chosen
-        # surrogate's simultaneous intervals held in 7 of 10 audits).
-        # Nor once half the sampled sizes' coalitions are held: the finite-population correction then shrinks
-        # the interval faster than the bias of a fit to the same coalitions (a correlated vote at 200 of 256
-        # coalitions: all members held at once in 35 of 40 runs).
-        middle = sum(math.comb(n, t) for t in range(2, n - 1))
-        fits = _surrogate_terms(n) <= int(sampled.sum()) < middle / 2
         for use_surrogate in ((False, True) if fits else (False,)) if surrogate is None else (surrogate,):
             per_example = control.shapley()
             if use_surrogate:
@@ -474,6 +578,19 @@ def stratified_shapley(
                     if used
                 )
                 best = (score, shifted, spread, per_example, model or "plain")
+    if completion or (completion is None and control_variate is None and surrogate is None):
+        examples = values.shape[1]
+        small = examples >= MIN_COMPLETION_EXAMPLES and (1 << n) * examples <= MAX_COMPLETION_CELLS
+        if completion or (fits and small):
+            completed = MonotoneCompletion.fit(n, masks_arr, values)
+            residual = values - completed.held_prediction
+            means = residual.mean(axis=1)
+            score = float(np.mean(means[sampled] ** 2)) if sampled.any() else 0.0
+            if completion or best is None or score < best[0]:
+                per_example = exact_shapley_table(completed.table)
+                return _stratified(
+                    n, bits, sizes, residual, means, per_example, "monotone completion", unheld_only=True
+                )
     assert best is not None
     _, residual, spread, per_example, model = best
     return _stratified(n, bits, sizes, residual, spread, per_example, model)
@@ -487,9 +604,13 @@ def _stratified(
     means: np.ndarray,
     per_example: np.ndarray,
     model: str,
+    *,
+    unheld_only: bool = False,
 ) -> StratifiedEstimate:
     """The stratified estimate of the residual's Shapley values added to `per_example` (the adjustments'), its
-    variance from `means` (each held coalition's residual over examples, as the sampling error should see it)."""
+    variance from `means` (each held coalition's residual over examples, as the sampling error should see it).
+    `unheld_only`: the adjustments already hold the held coalitions' own values (`MonotoneCompletion`), so the
+    residual's stratum mean stands for the coalitions not held only and is scaled by their share."""
     n_examples = residual.shape[1]
     per_example = per_example.copy()
     sampled = (sizes >= 2) & (sizes <= n - 2)
@@ -528,7 +649,8 @@ def _stratified(
                     f"stratified_shapley: no held coalition of size {t} {'holds' if sign > 0 else 'lacks'} "
                     f"player(s) {empty}; start from warmup_masks"
                 )
-            per_example += sign * (sums / counts[:, None]).T / n
+            share = 1.0 - counts / total if unheld_only else 1.0
+            per_example += sign * (share * (sums / counts[:, None]).T) / n
             # The stratum's own variance where it is larger (its members differ from the size's others).
             own = (square - linear**2 / np.maximum(counts, 1.0)) / np.maximum(counts - 1.0, 1.0)
             spread = np.maximum(pooled, np.where(counts > 1, own, 0.0))
