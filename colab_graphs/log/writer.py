@@ -15,7 +15,7 @@ import json
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel
 
@@ -32,13 +32,35 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
+class ServedCallText(Protocol):
+    """A call of a replayed play: its key, seat, whether cached, and its record's text after the seat."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def seat(self) -> str | None: ...
+    @property
+    def cached(self) -> bool: ...
+    @property
+    def body(self) -> str: ...
+
+
+class ServedLines(Protocol):
+    """A replayed play: its line up to its call references (`"calls":`), and its calls."""
+
+    @property
+    def line(self) -> str: ...
+    @property
+    def calls(self) -> Sequence[ServedCallText]: ...
+
+
 def _rank(call: Call) -> tuple[bool, bool]:
     """Which of a request's uses its record is made from: a success before a failure, the call made before a
     reuse of its reply."""
     return call.error is not None, call.cached
 
 
-def _ref(n: int, call: Call, recorded_seat: str | None) -> list[Any]:
+def _ref(n: int, call: Call | ServedCallText, recorded_seat: str | None) -> list[Any]:
     """A play's reference to record `n` (see `CallRef`)."""
     ref: list[Any] = [n, 1 if call.cached else 0]
     return [*ref, call.seat] if call.seat != recorded_seat else ref
@@ -138,6 +160,26 @@ class LogWriter:
         for play in plays:
             refs = [_ref(numbers[c.key], c, seats[numbers[c.key]]) for c in play.calls]
             lines.append(_dumps(play_fields(play, refs)))
+        return "".join(line + "\n" for line in lines)
+
+    def served_text(self, plays: Sequence[ServedLines]) -> str:
+        """The lines that record plays replayed from the play cache (`colab_graphs.audit.play_cache`): as
+        `plays_text` would write them had each call been served from the cache, built from the text stored."""
+        lines: list[str] = []
+        numbers, seats, failed = self._numbers, self._seats, self._failed
+        for play in plays:
+            for call in play.calls:
+                if call.key in numbers and call.key not in failed:
+                    continue
+                n = len(seats)
+                seats.append(call.seat)
+                numbers[call.key] = n
+                failed.discard(call.key)
+                seat = f'"seat":{_dumps(call.seat)},' if call.seat else ""
+                lines.append(f'{{"type":"call","n":{n},{seat}{call.body}')
+        for play in plays:
+            refs = (_ref(numbers[c.key], c, seats[numbers[c.key]]) for c in play.calls)
+            lines.append(f"{play.line}[{','.join(_dumps(r) for r in refs)}]}}")
         return "".join(line + "\n" for line in lines)
 
     @property
