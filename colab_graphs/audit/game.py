@@ -335,14 +335,18 @@ class CoalitionGame:
                     reached.append(err)
 
         workers = [asyncio.ensure_future(worker()) for _ in range(min(self.max_in_flight, len(work)))]
-        if self.stall_s is None or not workers:
-            await _settle(workers)
-        else:
-            with Watchdog(self.stall_s, loop=asyncio.get_running_loop()) as self._watchdog:
-                try:
-                    await _settle(workers)
-                finally:
-                    self._watchdog = None
+        try:
+            if self.stall_s is None or not workers:
+                await _settle(workers)
+            else:
+                with Watchdog(self.stall_s, loop=asyncio.get_running_loop()) as self._watchdog:
+                    try:
+                        await _settle(workers)
+                    finally:
+                        self._watchdog = None
+        finally:
+            if cache is not None:
+                cache.flush()  # (the plays noted as stored are in the file before anyone reads it)
         if reached:
             raise reached[0]
 

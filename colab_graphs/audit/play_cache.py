@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from colab_graphs.log.records import call_fields
 from colab_graphs.log.writer import play_fields
 from colab_graphs.models.cache import CallCache
@@ -45,7 +47,7 @@ from colab_graphs.redaction import hide_secrets
 from colab_graphs.sandbox import scope
 from colab_graphs.spec import GraphSpec
 from colab_graphs.tasks.example import Example
-from colab_graphs.trace import Play
+from colab_graphs.trace import Call, Play
 
 logger = logging.getLogger("colab_graphs")
 
@@ -55,6 +57,8 @@ _TABLES = (
     "CREATE TABLE IF NOT EXISTS play_calls (key TEXT PRIMARY KEY, entry TEXT)",
 )
 _CHUNK = 500  # keys per statement (SQLite limits a statement's parameters)
+_PENDING = 512  # play entries written together
+_PUT = "INSERT OR REPLACE INTO {} (key, entry) VALUES (?, ?)"
 _DIGEST = 32  # hex characters of sha256 before each entry's text
 
 
@@ -175,6 +179,8 @@ class PlayCache:
             )
         )
         self._coalitions: dict[str, str] = {}
+        self._plays: list[tuple[str, str]] = []  # entries `store` made, not written yet (`flush`)
+        self._calls: dict[str, str] = {}
 
     # --- keys ----------------------------------------------------------------------------------------------
 
@@ -260,23 +266,25 @@ class PlayCache:
             and all(c.error is None for c in play.calls)
         ]
         written = self._written({c.key for _, play in keep for c in play.calls})
-        rows: list[tuple[str, str]] = []
-        calls: dict[str, str] = {}
         kept = []
         for key, play in keep:
             if not all(c.key in written for c in play.calls):
                 continue  # a call the cache did not keep: the play cannot be replayed
             kept.append(play)
-            rows.append((key, _sealed(hide_secrets(_play_entry(play, written)))))
+            self._plays.append((key, _sealed(hide_secrets(_play_entry(play, written)))))
             for call in play.calls:
-                if call.key not in calls:
-                    calls[call.key] = _sealed(hide_secrets(_call_entry(call, written[call.key])))
-        if rows:
-            self.cache.write_many(
-                "INSERT OR REPLACE INTO play_calls (key, entry) VALUES (?, ?)", list(calls.items())
-            )
-            self.cache.write_many("INSERT OR REPLACE INTO plays (key, entry) VALUES (?, ?)", rows)
+                if call.key not in self._calls:
+                    self._calls[call.key] = _sealed(hide_secrets(_call_entry(call, written[call.key])))
+        if len(self._plays) >= _PENDING:
+            self.flush()
         return kept
+
+    def flush(self) -> None:
+        """Write the entries `store` keeps (a few hundred at a time: one transaction each, not one per play)."""
+        plays, calls = self._plays, list(self._calls.items())
+        self._plays, self._calls = [], {}
+        if plays:
+            self.cache.write_many([(_PUT.format("play_calls"), calls), (_PUT.format("plays"), plays)])
 
     def _written(self, keys: set[str]) -> dict[str, float]:
         """Call key -> when the call cache stored it, for the keys it holds."""
@@ -304,8 +312,19 @@ class PlayCache:
     def store_values(self, kind: str, values: Iterable[tuple[str, Sequence[float]]]) -> None:
         """Keep numbers of kind `kind` for play versions (`versions`)."""
         rows = [(f"{kind}:{version}", _sealed(json.dumps([float(x) for x in v]))) for version, v in values]
-        for chunk in chunks(rows, _CHUNK):
-            self.cache.write_many("INSERT OR REPLACE INTO plays (key, entry) VALUES (?, ?)", list(chunk))
+        self.cache.write_many([(_PUT.format("plays"), rows)])
+
+    # --- bootstrap intervals (`colab_graphs.audit.estimators.remembered_bootstraps`) ------------------------
+
+    def intervals(self, key: str) -> tuple[np.ndarray, np.ndarray] | None:
+        stored = self.values(f"bootstrap-{code_digest()[:16]}", [key]).get(key)
+        if stored is None or len(stored) % 2:
+            return None
+        half = len(stored) // 2
+        return np.array(stored[:half]), np.array(stored[half:])
+
+    def keep_intervals(self, key: str, low: np.ndarray, high: np.ndarray) -> None:
+        self.store_values(f"bootstrap-{code_digest()[:16]}", [(key, [*low.tolist(), *high.tolist()])])
 
 
 def _play_entry(play: Play, written: dict[str, float]) -> str:
@@ -321,9 +340,10 @@ def _play_entry(play: Play, written: dict[str, float]) -> str:
     return json.dumps(entry, separators=(",", ":"), ensure_ascii=False)
 
 
-def _call_entry(call: Any, created: float) -> str:
-    record = call_fields(0, call.served_again())
-    for name in ("type", "n", "seat"):
+def _call_entry(call: Call, created: float) -> str:
+    record = call_fields(0, call)
+    # The record as a rerun from the call cache writes it: served again, latency and attempts 0 (left out).
+    for name in ("type", "n", "seat", "latency_s", "attempts"):
         record.pop(name, None)
     body = json.dumps(record, separators=(",", ":"), ensure_ascii=False, default=str)[1:]
     return json.dumps(

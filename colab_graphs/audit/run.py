@@ -34,6 +34,7 @@ from colab_graphs.audit.estimators import (
     Method,
     estimates_from,
     ordered_coalitions,
+    remembered_bootstraps,
 )
 from colab_graphs.audit.game import CoalitionGame, Play, coalition_id
 from colab_graphs.audit.plan import CallPlanner
@@ -414,9 +415,12 @@ async def _play_audit(
         )
     fields: dict[str, Any] = {"n_examples": 0, "coalitions": [], "loo": {}, "method": method}
     if kept:
-        shapley, values, listed = await _shapley(audit, kept, seed)
-        solo = game.solo_values(audit.solo, exclude=audit.excluded()) if individual else None
-        fields = contribution_fields(strategy.plan, values, solo, shapley=shapley, listed=listed, seed=seed)
+        with remembered_bootstraps(game.play_cache()):
+            shapley, values, listed = await _shapley(audit, kept, seed)
+            solo = game.solo_values(audit.solo, exclude=audit.excluded()) if individual else None
+            fields = contribution_fields(
+                strategy.plan, values, solo, shapley=shapley, listed=listed, seed=seed
+            )
         fields["method"] = method
         if strategy.estimator == "exact_from_answers" and len(listed) < 2 ** len(players):
             fields["coalitions_valued"] = 2 ** len(players)

@@ -33,14 +33,12 @@ def _dumps(obj: Any) -> str:
 
 
 class ServedCallText(Protocol):
-    """A call of a replayed play: its key, seat, whether cached, and its record's text after the seat."""
+    """A call of a replayed play (served from the cache): its key, seat, and its record's text after the seat."""
 
     @property
     def key(self) -> str: ...
     @property
     def seat(self) -> str | None: ...
-    @property
-    def cached(self) -> bool: ...
     @property
     def body(self) -> str: ...
 
@@ -60,7 +58,7 @@ def _rank(call: Call) -> tuple[bool, bool]:
     return call.error is not None, call.cached
 
 
-def _ref(n: int, call: Call | ServedCallText, recorded_seat: str | None) -> list[Any]:
+def _ref(n: int, call: Call, recorded_seat: str | None) -> list[Any]:
     """A play's reference to record `n` (see `CallRef`)."""
     ref: list[Any] = [n, 1 if call.cached else 0]
     return [*ref, call.seat] if call.seat != recorded_seat else ref
@@ -177,9 +175,20 @@ class LogWriter:
                 failed.discard(call.key)
                 seat = f'"seat":{_dumps(call.seat)},' if call.seat else ""
                 lines.append(f'{{"type":"call","n":{n},{seat}{call.body}')
+        seat_text: dict[
+            str | None, str
+        ] = {}  # (the references written as text: a replay's main cost otherwise)
         for play in plays:
-            refs = (_ref(numbers[c.key], c, seats[numbers[c.key]]) for c in play.calls)
-            lines.append(f"{play.line}[{','.join(_dumps(r) for r in refs)}]}}")
+            refs = []
+            for call in play.calls:
+                n = numbers[call.key]
+                if call.seat == seats[n]:
+                    refs.append(f"[{n},1]")
+                    continue
+                if call.seat not in seat_text:
+                    seat_text[call.seat] = _dumps(call.seat)
+                refs.append(f"[{n},1,{seat_text[call.seat]}]")
+            lines.append(f"{play.line}[{','.join(refs)}]}}")
         return "".join(line + "\n" for line in lines)
 
     @property

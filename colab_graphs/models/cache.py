@@ -388,12 +388,13 @@ class CallCache:
         with self._lock:
             return self._conn.execute(sql, params).fetchall()
 
-    def write_many(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
-        """One statement over `rows`, in one transaction (all rows stored, or none)."""
+    def write_many(self, statements: list[tuple[str, list[tuple[Any, ...]]]]) -> None:
+        """Each statement over its rows, all in one transaction (everything stored, or nothing)."""
         with self._lock:
             self._conn.execute("BEGIN")
             try:
-                self._conn.executemany(sql, rows)
+                for sql, rows in statements:
+                    self._conn.executemany(sql, rows)
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
