@@ -103,6 +103,16 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                 cache = work / f"cache-{calls}"
                 server_before = server_cpu_s(server)
                 first = run_child(calls, base_url, cache, work / f"first-{calls}", args.concurrency)
+                # (the first run's figures as soon as they are known: the rerun of a long one comes later)
+                print(
+                    json.dumps(
+                        {
+                            "calls": calls,
+                            "first": {k: v for k, v in first.items() if k not in ("values", "report")},
+                        }
+                    ),
+                    flush=True,
+                )
                 server_mid = server_cpu_s(server)
                 rerun = run_child(calls, base_url, cache, work / f"rerun-{calls}", args.concurrency)
                 assert rerun["calls"]["made"] == 0, rerun["calls"]

@@ -216,8 +216,9 @@ class PlayCache:
         wanted = {ref[0] for _, _, stored in found for e in stored for ref in _refs(e)}
         calls = self._entries("play_calls", sorted(wanted), held_by_calls=True)
         out: dict[str, list[ServedPlay]] = {}
+        made: dict[tuple[str, str | None], ServedCall] = {}  # one per call and seat, shared by the plays
         for example, jobs, stored in found:
-            plays = [_served(example.id, job, e, calls) for job, e in zip(jobs, stored, strict=True)]
+            plays = [_served(example.id, job, e, calls, made) for job, e in zip(jobs, stored, strict=True)]
             if all(p is not None for p in plays):
                 out[example.id] = plays  # type: ignore[assignment]
         return out
@@ -366,10 +367,14 @@ def _refs(entry: tuple[str, Any]) -> list[Any]:
 
 
 def _served(
-    example_id: str, job: Job, entry: tuple[str, Any], calls: dict[str, tuple[str, Any]]
+    example_id: str,
+    job: Job,
+    entry: tuple[str, Any],
+    calls: dict[str, tuple[str, Any]],
+    made: dict[tuple[str, str | None], ServedCall],
 ) -> ServedPlay | None:
     """The play `entry` holds, or None when it or one of its calls is not whole, not held, or not the reply
-    the play got (the call cache's write of it is another)."""
+    the play got (the call cache's write of it is another). `made`: the calls built so far, by key and seat."""
     digest, data = entry
     try:
         uses = []
@@ -377,11 +382,12 @@ def _served(
             call = calls[key][1]
             if call["created"] != created:
                 return None
-            uses.append(
-                ServedCall(
+            use = made.get((key, seat))
+            if use is None:
+                use = made[(key, seat)] = ServedCall(
                     key, seat, call["member"], int(call["p"]), int(call["c"]), call["cost"], call["body"]
                 )
-            )
+            uses.append(use)
         line, score = data["line"], data["score"]
         if not isinstance(line, str) or not (score is None or isinstance(score, int | float)):
             return None

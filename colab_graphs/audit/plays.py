@@ -172,7 +172,9 @@ class LoggedPlays(Mapping[PlayKey, Play]):
         if play.example_id not in self._position:
             raise KeyError(f"a play of example {play.example_id!r}, which is not in this audit's dataset")
         i = self._position[play.example_id]
-        column = self._columns.setdefault(cid, _Column(len(self._ids)))
+        column = self._columns.get(cid)
+        if column is None:  # (not `setdefault`: that would make the arrays of every play, to throw them away)
+            column = self._columns[cid] = _Column(len(self._ids))
         if column.state[i] != _NONE:
             # The game never plays a coalition twice on one example; the running totals would count both.
             raise RuntimeError(f"the play of {cid} on example {play.example_id!r} was recorded twice")
