@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -26,7 +27,7 @@ import numpy as np
 
 from colab_graphs import otel
 from colab_graphs.accounting import Accounting, account, made_since
-from colab_graphs.audit.play_cache import PlayCache, chunks
+from colab_graphs.audit.play_cache import PlayCache, PlayCacheUnavailable, chunks
 from colab_graphs.audit.plays import LoggedPlays
 from colab_graphs.audit.plays import coalition_id as coalition_id
 from colab_graphs.coalition import restrict
@@ -57,6 +58,7 @@ from colab_graphs.tasks.task_types import TaskView
 from colab_graphs.watch import STALL_S, Watchdog
 
 Coalition = frozenset[str]
+logger = logging.getLogger("colab_graphs")
 
 
 class CoalitionGame:
@@ -359,10 +361,20 @@ class CoalitionGame:
         cache = self.client.cache
         if not self.play_cache_allowed or cache is None or not isinstance(self.plays, LoggedPlays):
             return None
+        if not (self.scorer is None or isinstance(self.scorer, str)):
+            return None  # a scorer function: code the key cannot name
         if self._play_cache is None or self._play_cache.cache is not cache:
-            self._play_cache = PlayCache(
-                cache, self.spec, self.pool, self.scorer, lambda game, members: self._graph(game, members)[0]
-            )
+            try:
+                self._play_cache = PlayCache(
+                    cache,
+                    self.spec,
+                    self.pool,
+                    self.scorer,
+                    lambda game, members: self._graph(game, members)[0],
+                )
+            except PlayCacheUnavailable as why:
+                logger.info("no play cache for this audit: %s; every play is played", why)
+                return None
         return self._play_cache
 
     async def _fit(self, game: str, members: list[str]) -> None:

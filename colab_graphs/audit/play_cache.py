@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import json
 import logging
+import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +46,7 @@ from colab_graphs.models.cache import CallCache
 from colab_graphs.models.identity import cache_identity
 from colab_graphs.pool import Pool
 from colab_graphs.redaction import hide_secrets
+from colab_graphs.registry import KINDS, registry_find
 from colab_graphs.sandbox import scope
 from colab_graphs.spec import GraphSpec
 from colab_graphs.tasks.example import Example
@@ -73,6 +76,29 @@ def code_digest() -> str:
     return digest.hexdigest()
 
 
+def outside_code() -> str | None:
+    """sha256 over the source files of the registered protocols, aggregators, routers and tasks that are not
+    the package's own (a plugin's, a user graph file's): their code decides plays too. None when the source of
+    one cannot be read (defined in a notebook cell, say): then no play is replayed."""
+    files: set[str] = set()
+    for kind in KINDS:
+        for info in registry_find(kind):
+            owner = info.obj if inspect.isfunction(info.obj) or inspect.isclass(info.obj) else type(info.obj)
+            if owner.__module__.split(".")[0] == "colab_graphs":
+                continue
+            try:
+                source = inspect.getsourcefile(owner)
+            except TypeError:
+                return None
+            if source is None or not os.path.isfile(source):
+                return None
+            files.add(source)
+    digest = hashlib.sha256()
+    for source in sorted(files):
+        digest.update(source.encode() + b"\0" + Path(source).read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def _sha(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -92,6 +118,10 @@ def _opened(entry: object) -> Any:
         return json.loads(text)
     except ValueError:
         return None
+
+
+class PlayCacheUnavailable(RuntimeError):
+    """What decides this audit's plays cannot all be keyed: its plays are played, none replayed or stored."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +191,9 @@ class PlayCache:
         self.cache = cache
         self.graph_spec = graph_spec
         self._warned = False
+        outside = outside_code()
+        if outside is None:
+            raise PlayCacheUnavailable("a registered protocol, aggregator, router or task has no source file")
         for statement in _TABLES:
             cache.query(statement)
         self._base = _sha(
@@ -168,6 +201,7 @@ class PlayCache:
                 {
                     "v": VERSION,
                     "code": code_digest(),
+                    "plugins": outside,
                     "spec": spec.to_dict(),
                     "pool": pool.to_public_dict(),
                     "identities": {m.name: cache_identity(m) for m in pool.members},
