@@ -38,7 +38,6 @@ from colab_graphs.audit.estimators import (
 )
 from colab_graphs.audit.game import CoalitionGame, Play, coalition_id
 from colab_graphs.audit.plan import CallPlanner
-from colab_graphs.audit.play_cache import chunks
 from colab_graphs.audit.plays import LoggedPlays
 from colab_graphs.audit.plots import plots_available, preload_plots, write_plots
 from colab_graphs.audit.report import (
@@ -209,29 +208,35 @@ async def _answers_table(audit: _Audit, kept: list[str]) -> np.ndarray:
     # play cache keeps it under the digest of that play's entry, and a rerun reads it back.
     # Only for the grand plays this run replayed from the play cache or wrote to it: what it holds is theirs.
     cache = game.play_cache()
-    versions: dict[str, str] = {}
-    stored: dict[str, list[float]] = {}
-    if cache is not None and isinstance(game.plays, LoggedPlays):
-        for chunk in chunks(game.plays.in_play_cache(grand, kept), 500):
-            keys = {cache.keys(by_id[e], [("coalition", players)])[0]: e for e in chunk}
-            versions.update((keys[k], v) for k, v in cache.versions(list(keys)).items())
-        stored = cache.values(f"answers-{kind}", list(versions.values()))
     table = np.empty((2 ** len(players), len(kept)))
-    fresh = []
-    for j, example_id in enumerate(kept):
-        column = stored.get(versions.get(example_id, ""))
-        if column is None or len(column) != len(table):
-            view = view_for(by_id[example_id], game.scorer)
-            replies = answers.seat_replies(
-                spec, game.pool, game.client, view, game.plays[(grand, example_id)].calls
-            )
-            empty = (await view.score(spec.empty_fallback)).value if spec.empty_fallback is not None else 0.0
-            column = await answers.game_from_answers(spec, kind, replies, view, empty)
-            if example_id in versions:
-                fresh.append((versions[example_id], column))
-        table[:, j] = column
-    if cache is not None and fresh:
-        cache.store_values(f"answers-{kind}", fresh)
+    for start in range(0, len(kept), 500):  # (a few hundred examples' columns held as lists at a time)
+        chunk = kept[start : start + 500]
+        versions: dict[str, str] = {}
+        stored: dict[str, list[float]] = {}
+        if cache is not None and isinstance(game.plays, LoggedPlays):
+            keys = {
+                cache.keys(by_id[e], [("coalition", players)])[0]: e
+                for e in game.plays.in_play_cache(grand, chunk)
+            }
+            versions = {keys[k]: v for k, v in cache.versions(list(keys)).items()}
+            stored = cache.values(f"answers-{kind}", list(versions.values()))
+        fresh = []
+        for j, example_id in enumerate(chunk, start):
+            column = stored.get(versions.get(example_id, ""))
+            if column is None or len(column) != len(table):
+                view = view_for(by_id[example_id], game.scorer)
+                replies = answers.seat_replies(
+                    spec, game.pool, game.client, view, game.plays[(grand, example_id)].calls
+                )
+                empty = (
+                    (await view.score(spec.empty_fallback)).value if spec.empty_fallback is not None else 0.0
+                )
+                column = await answers.game_from_answers(spec, kind, replies, view, empty)
+                if example_id in versions:
+                    fresh.append((versions[example_id], column))
+            table[:, j] = column
+        if cache is not None and fresh:
+            cache.store_values(f"answers-{kind}", fresh)
     played = game.values(audit.asked, exclude=audit.excluded())
     for coalition, scores in played.items():
         if not np.allclose(table[mask_of(coalition, players)], scores):
