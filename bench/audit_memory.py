@@ -49,18 +49,11 @@ def child(args: argparse.Namespace) -> None:
     from colab_graphs.models.client import ModelClient
     from colab_graphs.pool import Pool
     from colab_graphs.protocol_registry import build_protocol
-    from colab_graphs.tasks.builtin import builtin_task
 
     pool = Pool.from_dict(
         {m: {"model": f"openai/{m}", "api_base": args.base_url, "api_key": "sk-bench"} for m in MEMBERS}
     )
-    count, drawn = args.child // len(MEMBERS), args.child // len(MEMBERS)
-    while True:  # the generator repeats itself: draw more until `count` questions differ
-        examples = list({e.input: e for e in builtin_task("arithmetic", drawn, seed=0)}.values())
-        if len(examples) >= count:
-            examples = examples[:count]
-            break
-        drawn *= 2
+    examples = questions(args.child // len(MEMBERS))
     spec = build_protocol("majority_vote", MEMBERS)
     # The audit's own peak apart from drawing the questions (60,000 distinct ones take millions of draws: 1.8 GB
     # and 70 s before a 300,000-call audit starts): the kernel's high-water mark reset here, read after.
@@ -82,6 +75,32 @@ def child(args: argparse.Namespace) -> None:
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"peak_rss_mb": round(peak_mb, 1), "audit_peak_rss_mb": _high_water_mb(), "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
                       "calls": data["calls"], "values": json.dumps(values, sort_keys=True), "report": data}))  # fmt: skip
+
+
+def questions(count: int) -> list[Any]:
+    """`count` distinct arithmetic questions: the built-in task's (drawn until that many differ, as before),
+    then, past the few tens of thousands it can make, sums of three-digit numbers (no built-in question is one;
+    the scripted members solve any `a + b`)."""
+    from colab_graphs.tasks.builtin import builtin_task
+    from colab_graphs.tasks.example import Example
+
+    drawn = count
+    while True:  # the generator repeats itself: draw more until `count` questions differ, or 8x as many drawn
+        examples = list({e.input: e for e in builtin_task("arithmetic", drawn, seed=0)}.values())
+        if len(examples) >= count:
+            return examples[:count]
+        if drawn >= 8 * count:
+            break
+        drawn *= 2
+    more = range(count - len(examples))
+    return examples + [
+        Example(
+            id=f"sum-{i}",
+            input=f"What is {100 + i // 900} + {100 + i % 900}?",
+            answer=str(200 + i // 900 + i % 900),
+        )
+        for i in more
+    ]
 
 
 def _high_water_mb() -> float | None:
