@@ -209,3 +209,19 @@ def test_no_call_cache_no_play_cache(arun, moco, tmp_path):
     )
     assert sum(server.request_counts().values()) - sent == rerun.calls.made > 0
     assert marked_plays(tmp_path / "rerun")[0] == 0
+
+
+def test_cache_clear_empties_the_play_cache_too(arun, moco, tmp_path):
+    server, examples = moco
+    spec, pool = build_protocol("majority_vote", MEMBERS), pool_of(server)
+    audit(arun, spec, pool, examples, tmp_path / "cache", tmp_path / "first")
+    assert mark_stored_plays(tmp_path / "cache") > 0
+    cleared = cli_in_process("cache", "clear", "--yes", "--cache-dir", tmp_path / "cache")
+    assert cleared.returncode == 0, cleared.stdout
+    with sqlite3.connect(tmp_path / "cache" / "calls.sqlite") as conn:
+        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert not tables & {"plays", "play_calls"}
+    sent = sum(server.request_counts().values())
+    rerun = audit(arun, spec, pool, examples, tmp_path / "cache", tmp_path / "rerun")
+    assert sum(server.request_counts().values()) - sent == rerun.calls.made > 0
+    assert marked_plays(tmp_path / "rerun")[0] == 0
