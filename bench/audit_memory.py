@@ -6,7 +6,8 @@ A scripted OpenAI-compatible server answers at once (zero latency) in its own pr
 an exact-Shapley audit of a majority vote over five scripted members (`arithmetic_solver`, each member also
 alone) is played on N / 5 distinct arithmetic questions, writing its report and log to a folder, as
 `colab-graphs audit` does: N distinct calls. Each audit runs in a child process of its own (a fresh
-interpreter, so its peak resident memory is its own: `ru_maxrss`), twice: first with an empty call cache,
+interpreter, so its peak resident memory is its own: `ru_maxrss`; `audit_peak_rss_mb` is the peak from the
+moment the questions are drawn, the kernel's `VmHWM` reset then), twice: first with an empty call cache,
 then again in a new folder from the now-full cache (0 requests). The report's values of the rerun must equal
 the first run's. Each line gives the child's peak RSS, wall time and CPU time (user + system): on a shared
 machine the wall time is inflated by others' load, the CPU time much less.
@@ -16,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
+import gc
 import hashlib
 import json
 import os
@@ -46,19 +49,17 @@ def child(args: argparse.Namespace) -> None:
     from colab_graphs.models.client import ModelClient
     from colab_graphs.pool import Pool
     from colab_graphs.protocol_registry import build_protocol
-    from colab_graphs.tasks.builtin import builtin_task
 
     pool = Pool.from_dict(
         {m: {"model": f"openai/{m}", "api_base": args.base_url, "api_key": "sk-bench"} for m in MEMBERS}
     )
-    count, drawn = args.child // len(MEMBERS), args.child // len(MEMBERS)
-    while True:  # the generator repeats itself: draw more until `count` questions differ
-        examples = list({e.input: e for e in builtin_task("arithmetic", drawn, seed=0)}.values())
-        if len(examples) >= count:
-            examples = examples[:count]
-            break
-        drawn *= 2
+    examples = questions(args.child // len(MEMBERS))
     spec = build_protocol("majority_vote", MEMBERS)
+    # The audit's own peak apart from drawing the questions (60,000 distinct ones take millions of draws: 1.8 GB
+    # and 70 s before a 300,000-call audit starts): the kernel's high-water mark reset here, read after.
+    gc.collect()
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
     cache = CallCache(args.cache)
     client = ModelClient(cache, max_concurrency=args.concurrency)
     wall, cpu = time.perf_counter(), time.process_time()
@@ -72,8 +73,43 @@ def child(args: argparse.Namespace) -> None:
     # A coalition's calls and tokens are every call it needed, made or cached; its price is of those made.
     values["per_coalition"] = [{k: v for k, v in c.items() if k != "cost_usd"} for c in data["per_coalition"]]
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"peak_rss_mb": round(peak_mb, 1), "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+    print(json.dumps({"peak_rss_mb": round(peak_mb, 1), "audit_peak_rss_mb": _high_water_mb(), "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
                       "calls": data["calls"], "values": json.dumps(values, sort_keys=True), "report": data}))  # fmt: skip
+
+
+def questions(count: int) -> list[Any]:
+    """`count` distinct arithmetic questions: the built-in task's (drawn until that many differ, as before),
+    then, past the few tens of thousands it can make, sums of three-digit numbers (no built-in question is one;
+    the scripted members solve any `a + b`)."""
+    from colab_graphs.tasks.builtin import builtin_task
+    from colab_graphs.tasks.example import Example
+
+    drawn = count
+    while True:  # the generator repeats itself: draw more until `count` questions differ, or 8x as many drawn
+        examples = list({e.input: e for e in builtin_task("arithmetic", drawn, seed=0)}.values())
+        if len(examples) >= count:
+            return examples[:count]
+        if drawn >= 8 * count:
+            break
+        drawn *= 2
+    more = range(count - len(examples))
+    return examples + [
+        Example(
+            id=f"sum-{i}",
+            input=f"What is {100 + i // 900} + {100 + i % 900}?",
+            answer=str(200 + i // 900 + i % 900),
+        )
+        for i in more
+    ]
+
+
+def _high_water_mb() -> float | None:
+    """The process's peak resident memory since the last reset (`VmHWM`), in MB; None where not Linux."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    return None
 
 
 def run_child(calls: int, base_url: str, cache: Path, out: Path, concurrency: int) -> dict[str, Any]:
@@ -103,6 +139,16 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                 cache = work / f"cache-{calls}"
                 server_before = server_cpu_s(server)
                 first = run_child(calls, base_url, cache, work / f"first-{calls}", args.concurrency)
+                # (the first run's figures as soon as they are known: the rerun of a long one comes later)
+                print(
+                    json.dumps(
+                        {
+                            "calls": calls,
+                            "first": {k: v for k, v in first.items() if k not in ("values", "report")},
+                        }
+                    ),
+                    flush=True,
+                )
                 server_mid = server_cpu_s(server)
                 rerun = run_child(calls, base_url, cache, work / f"rerun-{calls}", args.concurrency)
                 assert rerun["calls"]["made"] == 0, rerun["calls"]

@@ -17,11 +17,46 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterable, Set
+from collections.abc import Iterable, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from colab_graphs.trace import Call, Trace
+
+
+class TokenUse(Protocol):
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def completion_tokens(self) -> int: ...
+
+
+class CallUse(Protocol):
+    """What the accounting reads of a call: a `Call`, or a play cache's `ServedCall` (no model copied)."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def member(self) -> str: ...
+    @property
+    def cached(self) -> bool: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def cost_usd(self) -> float | None: ...
+    @property
+    def usage(self) -> TokenUse: ...
+
+
+class PlayUse(Protocol):
+    """What the accounting reads of a play: a `Trace`, or a play cache's `ServedPlay`."""
+
+    @property
+    def game(self) -> str: ...
+    @property
+    def coalition(self) -> list[str]: ...
+    @property
+    def calls(self) -> Sequence[CallUse]: ...
 
 
 def add_cost(total: float | None, cost: float | None) -> float | None:
@@ -55,7 +90,7 @@ class Spend:
     cost_usd: float | None = 0.0
     _partials: list[float] = field(default_factory=list, repr=False, compare=False)
 
-    def add(self, call: Call, *, paid: bool = True) -> None:
+    def add(self, call: CallUse, *, paid: bool = True) -> None:
         """Count `call`, and its price when `paid` (a call served from cache costs nothing)."""
         self.calls += 1
         self.prompt_tokens += call.usage.prompt_tokens
@@ -148,7 +183,7 @@ class Tally:
         self.resumable = set(resumable)
         self.spent, self.saved = Spend(), Spend()  # the calls made and the calls served, for their exact sums
 
-    def add(self, play: Trace) -> None:
+    def add(self, play: PlayUse) -> None:
         acct = self.acct
         share = acct.per_coalition.setdefault((play.game, tuple(play.coalition)), Spend())
         for call in play.calls:

@@ -14,7 +14,7 @@ ones that fired on every decision, which the CLI prints and report.md lists.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from colab_graphs.trace import Trace
 
@@ -48,6 +48,13 @@ def mechanism_notes(plays: Iterable[Trace]) -> list[dict[str, Any]]:
     return tally.notes()
 
 
+class WithExtra(Protocol):
+    """A play as the notes read it (a `Trace`, or a play cache's `ServedPlay`): its extra fields."""
+
+    @property
+    def model_extra(self) -> dict[str, Any] | None: ...
+
+
 class NoteTally:
     """`mechanism_notes` as a running total: plays added as they finish, not kept."""
 
@@ -55,7 +62,7 @@ class NoteTally:
         self.ran: dict[str, int] = {}
         self.missing: dict[tuple[str, str], int] = {}
 
-    def add(self, play: Trace) -> None:
+    def add(self, play: WithExtra) -> None:
         table = (play.model_extra or {}).get("mechanism") or {}
         for node, counts in table.items():
             self.ran[node] = self.ran.get(node, 0) + int(counts.get(RAN, 0))

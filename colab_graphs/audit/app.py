@@ -171,6 +171,7 @@ class AppGame(CoalitionGame):
         )
 
     default_example_timeout = APP_EXAMPLE_TIMEOUT_S
+    play_cache_allowed = False  # the app's graph is its own code, which the play cache's key does not cover
     """An app's plays have a deadline by default: a sync node waiting forever must not hang the audit."""
 
     def _graph(self, game: str, members: list[str]) -> tuple[Any, Any]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -26,6 +27,7 @@ import numpy as np
 
 from colab_graphs import otel
 from colab_graphs.accounting import Accounting, account, made_since
+from colab_graphs.audit.play_cache import PlayCache, PlayCacheUnavailable, chunks
 from colab_graphs.audit.plays import LoggedPlays
 from colab_graphs.audit.plays import coalition_id as coalition_id
 from colab_graphs.coalition import restrict
@@ -56,6 +58,7 @@ from colab_graphs.tasks.task_types import TaskView
 from colab_graphs.watch import STALL_S, Watchdog
 
 Coalition = frozenset[str]
+logger = logging.getLogger("colab_graphs")
 
 
 class CoalitionGame:
@@ -104,6 +107,7 @@ class CoalitionGame:
         self.started_at = time.time()
         self._graphs: dict[str, tuple[GraphSpec | None, Any]] = {}
         self._watchdog: Watchdog | None = None
+        self._play_cache: PlayCache | None = None
         # Coalition id -> the coalition fitted by its protocol's fit step (protocols that declare one).
         self.fits: dict[str, Fitted] = {}
         if self.store is not None:
@@ -274,7 +278,7 @@ class CoalitionGame:
             # once instead of each waiting on the same calls in flight (thousands of waiting tasks per example
             # in a sampled 8-member audit); the calls only they make run together after it.
             # A spending cap stops the example: the plays that finish anyway (their calls were sent) are kept.
-            first, *rest = sorted(todo, key=lambda job: (job[0] != "coalition", -len(job[1])))
+            first, *rest = todo  # (ordered by `_play_order`)
             view, memo = view_for(example, self.scorer), Memo()
             with otel.example_span(example.id):
                 plays = [await one(*first, example, view, memo)]
@@ -284,23 +288,43 @@ class CoalitionGame:
                 )
             plays += [p for p in others if isinstance(p, Play)]
             self.record(plays)
+            if cache is not None:
+                assert isinstance(self.plays, LoggedPlays)
+                for play in cache.store(example, [(p.game, p.coalition) for p in plays], plays):
+                    self.plays.stored(play)
             errors = [e for e in others if isinstance(e, BaseException)]
             if errors:
                 raise errors[0]
             if on_plays:
                 on_plays(plays)
 
+        cache = self.play_cache()
         work: list[tuple[Example, list[tuple[str, list[str]]]]] = []
-        for example in self.examples:
-            todo = []
-            for game, members in jobs:
-                key = (coalition_id(game, members), example.id)
-                if key not in self.plays:
-                    todo.append((game, members))
-                elif on_progress:
-                    on_progress(self.plays[key])
-            if todo:
-                work.append((example, todo))
+        for chunk in chunks(self.examples, 256):
+            todos = []
+            for example in chunk:
+                todo = []
+                for game, members in jobs:
+                    key = (coalition_id(game, members), example.id)
+                    if key not in self.plays:
+                        todo.append((game, members))
+                    elif on_progress:
+                        on_progress(self.plays[key])
+                if todo:
+                    todos.append((example, _play_order(todo)))
+            # The examples whose plays the play cache holds (every call cached) are not played: their plays are
+            # recorded as stored, here, before any other is played.
+            served = cache.served(todos) if cache is not None and todos else {}
+            for example, todo in todos:
+                plays = served.get(example.id)
+                if plays is None:
+                    work.append((example, todo))
+                    continue
+                assert isinstance(self.plays, LoggedPlays)
+                self.plays.replay(plays)
+                if on_progress is not None:
+                    for play in plays:
+                        on_progress(play.as_play(self.spec.name))
         queue, reached = iter(work), []
 
         async def worker() -> None:
@@ -313,16 +337,45 @@ class CoalitionGame:
                     reached.append(err)
 
         workers = [asyncio.ensure_future(worker()) for _ in range(min(self.max_in_flight, len(work)))]
-        if self.stall_s is None or not workers:
-            await _settle(workers)
-        else:
-            with Watchdog(self.stall_s, loop=asyncio.get_running_loop()) as self._watchdog:
-                try:
-                    await _settle(workers)
-                finally:
-                    self._watchdog = None
+        try:
+            if self.stall_s is None or not workers:
+                await _settle(workers)
+            else:
+                with Watchdog(self.stall_s, loop=asyncio.get_running_loop()) as self._watchdog:
+                    try:
+                        await _settle(workers)
+                    finally:
+                        self._watchdog = None
+        finally:
+            if cache is not None:
+                cache.flush()  # (the plays noted as stored are in the file before anyone reads it)
         if reached:
             raise reached[0]
+
+    play_cache_allowed = True
+    """Whether this game's plays may be replayed from the play cache (an app's graph is its own code: not)."""
+
+    def play_cache(self) -> PlayCache | None:
+        """The play cache this game's plays are replayed from and stored in (`colab_graphs.audit.play_cache`):
+        none without a call cache, or when the plays are held in memory (a study's worker)."""
+        cache = self.client.cache
+        if not self.play_cache_allowed or cache is None or not isinstance(self.plays, LoggedPlays):
+            return None
+        if not (self.scorer is None or isinstance(self.scorer, str)):
+            return None  # a scorer function: code the key cannot name
+        if self._play_cache is None or self._play_cache.cache is not cache:
+            try:
+                self._play_cache = PlayCache(
+                    cache,
+                    self.spec,
+                    self.pool,
+                    self.scorer,
+                    lambda game, members: self._graph(game, members)[0],
+                )
+            except PlayCacheUnavailable as why:
+                logger.info("no play cache for this audit: %s; every play is played", why)
+                return None
+        return self._play_cache
 
     async def _fit(self, game: str, members: list[str]) -> None:
         """Run the protocol's fit step for one coalition, once (see `colab_graphs.fitting`)."""
@@ -396,6 +449,12 @@ class CoalitionGame:
             return self.plays.accounting(made)
         plays = list(self.plays.values())
         return account(plays, made_since(self.client.cache, plays, self.started_at))
+
+
+def _play_order(todo: list[tuple[str, list[str]]]) -> list[tuple[str, list[str]]]:
+    """The order an example's plays are played and recorded in (coalitions first, the largest first): the order
+    of the accounting's totals, which a rerun taking them from the play cache records them in too."""
+    return sorted(todo, key=lambda job: (job[0] != "coalition", -len(job[1])))
 
 
 async def _settle(tasks: list[asyncio.Future]) -> None:

@@ -22,13 +22,16 @@ from typing import IO, Any
 import numpy as np
 
 from colab_graphs.accounting import Accounting, Tally
+from colab_graphs.audit.play_cache import ServedPlay
 from colab_graphs.log import Header, LogWriter, Play
 from colab_graphs.log.records import CallRecord, PlayRecord
 from colab_graphs.mechanism import NoteTally
 
 PlayKey = tuple[str, str]  # (coalition id, example id)
 
-_NONE, _SCORED, _FAILED = 0, 1, 2
+# A play's state: not played, scored, failed; or scored and, in this run, replayed from the play cache or written
+# to it (`play_cache`: what it holds of the play is then this play's).
+_NONE, _SCORED, _FAILED, _SERVED, _STORED = 0, 1, 2, 3, 4
 
 
 class _Column:
@@ -38,7 +41,7 @@ class _Column:
         self.score = np.zeros(
             n, dtype=float
         )  # the play's score, 0.0 where it has none (as values() reads it)
-        self.state = np.zeros(n, dtype=np.int8)  # _NONE (not played), _SCORED or _FAILED
+        self.state = np.zeros(n, dtype=np.int8)  # _NONE (not played), _SCORED, _FAILED, _SERVED or _STORED
         self.offset = np.zeros(n, dtype=np.int64)  # where its line begins in the log
 
 
@@ -109,6 +112,13 @@ class LoggedPlays(Mapping[PlayKey, Play]):
         before = self.writer.calls_held
         self._index(plays, before, self.writer.append(self.writer.plays_text(plays)))
 
+    def replay(self, plays: Sequence[ServedPlay]) -> None:
+        """Append plays taken from the play cache to the log, and keep what is asked of them, as `record`."""
+        if not plays:
+            return
+        before = self.writer.calls_held
+        self._index(plays, before, self.writer.append(self.writer.served_text(plays)))
+
     def resume(
         self, header: Header, examples: Sequence[object], records: Iterable[tuple[int, int, Any]]
     ) -> None:
@@ -145,7 +155,9 @@ class LoggedPlays(Mapping[PlayKey, Play]):
         os.replace(fresh, path)
         self.writer.path = path
 
-    def _index(self, plays: Sequence[Play], calls_before: int, offsets: list[int]) -> None:
+    def _index(
+        self, plays: Sequence[Play] | Sequence[ServedPlay], calls_before: int, offsets: list[int]
+    ) -> None:
         new_calls = self.writer.calls_held - calls_before
         if len(self._calls) != calls_before or len(offsets) != new_calls + len(plays):
             raise RuntimeError(
@@ -155,22 +167,25 @@ class LoggedPlays(Mapping[PlayKey, Play]):
         for play, offset in zip(plays, offsets[new_calls:], strict=True):
             self._add(play, offset)
 
-    def _add(self, play: Play, offset: int) -> None:
+    def _add(self, play: Play | ServedPlay, offset: int) -> None:
         cid = coalition_id(play.game, play.coalition)
         if play.example_id not in self._position:
             raise KeyError(f"a play of example {play.example_id!r}, which is not in this audit's dataset")
         i = self._position[play.example_id]
-        column = self._columns.setdefault(cid, _Column(len(self._ids)))
+        column = self._columns.get(cid)
+        if column is None:  # (not `setdefault`: that would make the arrays of every play, to throw them away)
+            column = self._columns[cid] = _Column(len(self._ids))
         if column.state[i] != _NONE:
             # The game never plays a coalition twice on one example; the running totals would count both.
             raise RuntimeError(f"the play of {cid} on example {play.example_id!r} was recorded twice")
         column.score[i] = play.score or 0.0
-        column.state[i] = _FAILED if play.failed else _SCORED
+        served = isinstance(play, ServedPlay)
+        column.state[i] = _FAILED if play.failed else _SERVED if served else _SCORED
         column.offset[i] = offset
         self._tally.add(play)
         if play.game == "coalition":
             self._notes.add(play)
-        if play.failed or (play.model_extra or {}).get("ended_by_absent"):
+        if isinstance(play, Play) and (play.failed or (play.model_extra or {}).get("ended_by_absent")):
             self._kept[(cid, play.example_id)] = play
 
     # --- what the audit asks of every play ---------------------------------------------------------------------
@@ -183,6 +198,19 @@ class LoggedPlays(Mapping[PlayKey, Play]):
             missing = next(e for e in example_ids if column is None or not column.state[self._position[e]])
             raise KeyError((cid, missing))
         return column.score[index].copy()
+
+    def stored(self, play: Play) -> None:
+        """Note that the play cache now holds `play` (recorded in this run) as it is."""
+        column, i = self._columns[coalition_id(play.game, play.coalition)], self._position[play.example_id]
+        if column.state[i] == _SCORED:
+            column.state[i] = _STORED
+
+    def in_play_cache(self, cid: str, example_ids: Sequence[str]) -> list[str]:
+        """The examples among `example_ids` whose play of `cid` the play cache holds as this audit has it."""
+        column = self._columns.get(cid)
+        if column is None:
+            return []
+        return [e for e in example_ids if column.state[self._position[e]] in (_SERVED, _STORED)]
 
     def failed_ids(self) -> Set[str]:
         return {eid for (_, eid), play in self._kept.items() if play.failed}

@@ -34,9 +34,11 @@ from colab_graphs.audit.estimators import (
     Method,
     estimates_from,
     ordered_coalitions,
+    remembered_bootstraps,
 )
 from colab_graphs.audit.game import CoalitionGame, Play, coalition_id
 from colab_graphs.audit.plan import CallPlanner
+from colab_graphs.audit.plays import LoggedPlays
 from colab_graphs.audit.plots import plots_available, preload_plots, write_plots
 from colab_graphs.audit.report import (
     AuditReport,
@@ -201,17 +203,40 @@ async def _answers_table(audit: _Audit, kept: list[str]) -> np.ndarray:
     grand = coalition_id("coalition", players)
     spec = game.fits[grand].spec if grand in game.fits else game.spec
     by_id = {e.id: e for e in game.examples}
-    columns = []
-    for example_id in kept:
-        view = view_for(by_id[example_id], game.scorer)
-        replies = answers.seat_replies(
-            spec, game.pool, game.client, view, game.plays[(grand, example_id)].calls
-        )
-        empty = (await view.score(spec.empty_fallback)).value if spec.empty_fallback is not None else 0.0
-        columns.append(
-            await answers.game_from_answers(spec, s.answers_kind or "aggregate", replies, view, empty)
-        )
-    table = np.stack(columns, axis=1)
+    kind = s.answers_kind or "aggregate"
+    # Each example's column is a function of its grand play (its calls' replies), the spec and the scorer: the
+    # play cache keeps it under the digest of that play's entry, and a rerun reads it back.
+    # Only for the grand plays this run replayed from the play cache or wrote to it: what it holds is theirs.
+    cache = game.play_cache()
+    table = np.empty((2 ** len(players), len(kept)))
+    for start in range(0, len(kept), 500):  # (a few hundred examples' columns held as lists at a time)
+        chunk = kept[start : start + 500]
+        versions: dict[str, str] = {}
+        stored: dict[str, list[float]] = {}
+        if cache is not None and isinstance(game.plays, LoggedPlays):
+            keys = {
+                cache.keys(by_id[e], [("coalition", players)])[0]: e
+                for e in game.plays.in_play_cache(grand, chunk)
+            }
+            versions = {keys[k]: v for k, v in cache.versions(list(keys)).items()}
+            stored = cache.values(f"answers-{kind}", list(versions.values()))
+        fresh = []
+        for j, example_id in enumerate(chunk, start):
+            column = stored.get(versions.get(example_id, ""))
+            if column is None or len(column) != len(table):
+                view = view_for(by_id[example_id], game.scorer)
+                replies = answers.seat_replies(
+                    spec, game.pool, game.client, view, game.plays[(grand, example_id)].calls
+                )
+                empty = (
+                    (await view.score(spec.empty_fallback)).value if spec.empty_fallback is not None else 0.0
+                )
+                column = await answers.game_from_answers(spec, kind, replies, view, empty)
+                if example_id in versions:
+                    fresh.append((versions[example_id], column))
+            table[:, j] = column
+        if cache is not None and fresh:
+            cache.store_values(f"answers-{kind}", fresh)
     played = game.values(audit.asked, exclude=audit.excluded())
     for coalition, scores in played.items():
         if not np.allclose(table[mask_of(coalition, players)], scores):
@@ -395,9 +420,12 @@ async def _play_audit(
         )
     fields: dict[str, Any] = {"n_examples": 0, "coalitions": [], "loo": {}, "method": method}
     if kept:
-        shapley, values, listed = await _shapley(audit, kept, seed)
-        solo = game.solo_values(audit.solo, exclude=audit.excluded()) if individual else None
-        fields = contribution_fields(strategy.plan, values, solo, shapley=shapley, listed=listed, seed=seed)
+        with remembered_bootstraps(game.play_cache()):
+            shapley, values, listed = await _shapley(audit, kept, seed)
+            solo = game.solo_values(audit.solo, exclude=audit.excluded()) if individual else None
+            fields = contribution_fields(
+                strategy.plan, values, solo, shapley=shapley, listed=listed, seed=seed
+            )
         fields["method"] = method
         if strategy.estimator == "exact_from_answers" and len(listed) < 2 ** len(players):
             fields["coalitions_valued"] = 2 ** len(players)

@@ -15,7 +15,7 @@ import json
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel
 
@@ -30,6 +30,26 @@ if TYPE_CHECKING:
 
 def _dumps(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+class ServedCallText(Protocol):
+    """A call of a replayed play (served from the cache): its key, seat, and its record's text after the seat."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def seat(self) -> str | None: ...
+    @property
+    def body(self) -> str: ...
+
+
+class ServedLines(Protocol):
+    """A replayed play: its line up to its call references (`"calls":`), and its calls."""
+
+    @property
+    def line(self) -> str: ...
+    @property
+    def calls(self) -> Sequence[ServedCallText]: ...
 
 
 def _rank(call: Call) -> tuple[bool, bool]:
@@ -138,6 +158,37 @@ class LogWriter:
         for play in plays:
             refs = [_ref(numbers[c.key], c, seats[numbers[c.key]]) for c in play.calls]
             lines.append(_dumps(play_fields(play, refs)))
+        return "".join(line + "\n" for line in lines)
+
+    def served_text(self, plays: Sequence[ServedLines]) -> str:
+        """The lines that record plays replayed from the play cache (`colab_graphs.audit.play_cache`): as
+        `plays_text` would write them had each call been served from the cache, built from the text stored."""
+        lines: list[str] = []
+        numbers, seats, failed = self._numbers, self._seats, self._failed
+        for play in plays:
+            for call in play.calls:
+                if call.key in numbers and call.key not in failed:
+                    continue
+                n = len(seats)
+                seats.append(call.seat)
+                numbers[call.key] = n
+                failed.discard(call.key)
+                seat = f'"seat":{_dumps(call.seat)},' if call.seat else ""
+                lines.append(f'{{"type":"call","n":{n},{seat}{call.body}')
+        seat_text: dict[
+            str | None, str
+        ] = {}  # (the references written as text: a replay's main cost otherwise)
+        for play in plays:
+            refs = []
+            for call in play.calls:
+                n = numbers[call.key]
+                if call.seat == seats[n]:
+                    refs.append(f"[{n},1]")
+                    continue
+                if call.seat not in seat_text:
+                    seat_text[call.seat] = _dumps(call.seat)
+                refs.append(f"[{n},1,{seat_text[call.seat]}]")
+            lines.append(f"{play.line}[{','.join(refs)}]}}")
         return "".join(line + "\n" for line in lines)
 
     @property

@@ -46,6 +46,9 @@ _COLUMNS = (
 )
 
 
+# Tables other parts keep in this file (`colab_graphs.audit.play_cache`): emptied with the calls by `clear`.
+_SIDE_TABLES = ("plays", "play_calls")
+
 _PRICE_COLUMNS = (
     "model TEXT, source TEXT, prompt REAL, completion REAL, known INTEGER, PRIMARY KEY (model, source)"
 )
@@ -372,9 +375,30 @@ class CallCache:
             return self.drop(model=model)
         with self._lock:
             cur = self._conn.execute("DELETE FROM calls")
+            for table in (
+                _SIDE_TABLES
+            ):  # plays replayed from calls that are gone (see `colab_graphs.audit.play_cache`)
+                self._conn.execute(f"DROP TABLE IF EXISTS {table}")
             self._conn.execute("VACUUM")
             self._recent.clear()
         return cur.rowcount
+
+    def query(self, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> list[tuple[Any, ...]]:
+        """Rows of one statement on this cache's file (the play cache's tables live beside the calls)."""
+        with self._lock:
+            return self._conn.execute(sql, params).fetchall()
+
+    def write_many(self, statements: list[tuple[str, list[tuple[Any, ...]]]]) -> None:
+        """Each statement over its rows, all in one transaction (everything stored, or nothing)."""
+        with self._lock:
+            self._conn.execute("BEGIN")
+            try:
+                for sql, rows in statements:
+                    self._conn.executemany(sql, rows)
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
 
     def close(self) -> None:
         with self._lock:
