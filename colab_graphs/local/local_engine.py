@@ -32,6 +32,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from colab_graphs.local.prefix import SharedPrefixes, plan_shared_prefixes
+
 # torch's OpenMP threads otherwise spin at every barrier; on a machine whose cores other processes also use
 # (a laptop, a shared CI runner), a spinning thread burns the time slice its partner needs. Measured on 2 cores
 # (BENCHMARKS.md, batch 8): passive waits decode 2.1x faster with 2 other busy processes (56 vs 27 tok/s) and
@@ -624,30 +626,38 @@ class LocalEngine:
             rows = [_Row(req, self, eos_ids) for req in requests]
             model, device = self.model, self.device
             cache_name = cache_kwarg(model)
-            width = max(len(r.prompt_ids) for r in requests)
-            # The mask for every position the batch can reach, filled once: a step passes a prefix (a view).
-            capacity = width + max(r.max_tokens for r in requests)
-            input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-            full_mask = torch.ones((len(rows), capacity), dtype=torch.long)
-            full_mask[:, :width] = 0
-            for i, req in enumerate(requests):
-                input_ids[i, width - len(req.prompt_ids) :] = torch.tensor(req.prompt_ids)
-                full_mask[i, width - len(req.prompt_ids) : width] = 1
-            input_ids, full_mask = input_ids.to(device), full_mask.to(device)
-            # Left padding: positions must count real tokens only, or padded rows see shifted positions.
-            positions = (full_mask[:, :width].cumsum(-1) - 1).clamp(min=0)
-            kwargs = prefill_kwargs(model, cache_name, capacity)
-            out = model(
-                input_ids=input_ids,
-                attention_mask=full_mask[:, :width],
-                position_ids=positions,
-                use_cache=True,
-                **kwargs,
-            )
-            cache, logits = output_cache(out), out.logits[:, -1, :].float()
+            most = max(r.max_tokens for r in requests)
+            plan = plan_shared_prefixes([r.prompt_ids for r in requests])
+            shared = preallocated_cache(model, plan.width + most) if plan is not None else None
+            if plan is not None and shared is not None:
+                width = plan.width
+                capacity = width + most
+                logits, mask, next_pos = self._shared_pass(model, cache_name, shared, plan)
+                full_mask = torch.ones((len(rows), capacity), dtype=torch.long, device=device)
+                full_mask[:, :width] = mask
+                cache = shared
+            else:
+                width = max(len(r.prompt_ids) for r in requests)
+                # The mask for every position the batch can reach, filled once: a step passes a prefix (a view).
+                capacity = width + most
+                input_ids, mask = _left_padded([r.prompt_ids for r in requests], width, self.pad_id)
+                full_mask = torch.ones((len(rows), capacity), dtype=torch.long)
+                full_mask[:, :width] = mask
+                input_ids, full_mask = input_ids.to(device), full_mask.to(device)
+                # Left padding: positions must count real tokens only, or padded rows see shifted positions.
+                positions = (full_mask[:, :width].cumsum(-1) - 1).clamp(min=0)
+                kwargs = prefill_kwargs(model, cache_name, capacity)
+                out = model(
+                    input_ids=input_ids,
+                    attention_mask=full_mask[:, :width],
+                    position_ids=positions,
+                    use_cache=True,
+                    **kwargs,
+                )
+                cache, logits = output_cache(out), out.logits[:, -1, :].float()
+                next_pos = positions[:, -1:] + 1
             self.steps += 1
             active = list(range(len(rows)))
-            next_pos = positions[:, -1:] + 1
             length = width
             layer_class = _preallocated_layer_class()
             joinable = admit is not None and all(
@@ -671,12 +681,14 @@ class LocalEngine:
                                 (len(active), room - capacity), dtype=torch.long, device=device
                             )
                             full_mask, capacity = torch.cat([full_mask, grown], dim=1), room
-                        logits = torch.cat([logits, self._join(model, cache, joined, length)])
-                        mask = torch.zeros((len(joined), capacity), dtype=torch.long, device=device)
-                        for i, req in enumerate(joined):
+                        own_logits, own_mask = self._join(model, cache, joined, length)
+                        logits = torch.cat([logits, own_logits])
+                        mask = torch.ones((len(joined), capacity), dtype=torch.long, device=device)
+                        mask[:, : length - own_mask.shape[1]] = 0
+                        mask[:, length - own_mask.shape[1] : length] = own_mask
+                        for req in joined:
                             rows.append(_Row(req, self, eos_ids))
                             active.append(len(rows) - 1)
-                            mask[i, length - len(req.prompt_ids) :] = 1
                         full_mask = torch.cat([full_mask, mask])
                         pos = torch.tensor(
                             [[len(r.prompt_ids)] for r in joined], dtype=next_pos.dtype, device=device
@@ -716,35 +728,98 @@ class LocalEngine:
                 next_pos = next_pos + 1
         return [row.result() for row in rows]
 
-    def _join(self, model: Any, cache: Any, joined: Sequence[GenerationRequest], length: int) -> Any:
+    def _join(
+        self, model: Any, cache: Any, joined: Sequence[GenerationRequest], length: int
+    ) -> tuple[Any, Any]:
         """One prompt pass of the `joined` requests together (left-padded among themselves, as a batch's own
-        prompts are), their keys and values written into the batch's `cache` (every layer a preallocated one)
-        as new rows whose prompts end at column `length`; returns their next-token logits."""
+        prompts are, or sharing their prefixes: `colab_graphs.local.prefix`), their keys and values written
+        into the batch's `cache` (every layer a preallocated one) as new rows whose prompts end at column
+        `length`; returns their next-token logits and their mask over the columns they filled."""
+        prompts = [req.prompt_ids for req in joined]
+        plan = plan_shared_prefixes(prompts)
+        own = preallocated_cache(model, plan.width) if plan is not None and plan.width <= length else None
+        if plan is not None and own is not None:
+            logits, mask, _ = self._shared_pass(model, cache_kwarg(model), own, plan)
+            layers = own.layers
+        else:
+            out, mask = self._padded_pass(model, prompts)
+            logits, layers = out.logits[:, -1, :].float(), output_cache(out).layers
+        self.steps += 1
+        # (A padded column's keys and values are copied too; the row's mask hides them, as it hides the zeros.)
+        for layer, mine in zip(cache.layers, layers, strict=True):
+            layer.add_rows(mine.keys, mine.values, length - mask.shape[1])
+        return logits, mask
+
+    def _shared_pass(
+        self, model: Any, cache_name: str, cache: Any, plan: SharedPrefixes
+    ) -> tuple[Any, Any, Any]:
+        """The prompt pass `plan` lays out (`colab_graphs.local.prefix`) into `cache`, an empty preallocated
+        one: the distinct prefixes in one pass, their keys and values copied to the rows that share them, then
+        every row's suffix in a second pass against them. Returns the next-token logits, the rows' mask over
+        the ``plan.width`` columns and each row's next position (its prompt's length)."""
         import torch
 
         device = self.device
-        width = max(len(req.prompt_ids) for req in joined)
-        prompt = torch.full((len(joined), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(joined), width), dtype=torch.long)
-        for i, req in enumerate(joined):
-            prompt[i, width - len(req.prompt_ids) :] = torch.tensor(req.prompt_ids)
-            mask[i, width - len(req.prompt_ids) :] = 1
-        prompt, mask = prompt.to(device), mask.to(device)
-        kwargs: dict[str, Any] = {}
-        if "logits_to_keep" in _forward_params(_unbound(model.forward)):
-            kwargs["logits_to_keep"] = 1
+        prefix_width, suffix_width = plan.prefix_width, plan.suffix_width
+        out, _ = self._padded_pass(model, plan.prefixes)
+        # Row i takes its prefix's keys and values; a row that shares none takes zeros (its mask hides them).
+        pick = torch.tensor([g if g >= 0 else len(plan.prefixes) for g in plan.group], device=device)
+        for layer, own in zip(cache.layers, output_cache(out).layers, strict=True):
+            keys = torch.cat([own.keys, own.keys.new_zeros((1, *own.keys.shape[1:]))])
+            values = torch.cat([own.values, own.values.new_zeros((1, *own.values.shape[1:]))])
+            layer.update(keys.index_select(0, pick), values.index_select(0, pick))
+        rows = len(plan.suffixes)
+        ids = torch.full((rows, suffix_width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((rows, prefix_width + suffix_width), dtype=torch.long)
+        positions = torch.zeros((rows, suffix_width), dtype=torch.long)
+        for i, suffix in enumerate(plan.suffixes):
+            before, n = plan.prefix_length(i), len(suffix)
+            mask[i, prefix_width - before : prefix_width] = 1
+            mask[i, prefix_width + suffix_width - n :] = 1
+            ids[i, suffix_width - n :] = torch.tensor(suffix)
+            positions[i, suffix_width - n :] = torch.arange(before, before + n)
+        ids, mask, positions = ids.to(device), mask.to(device), positions.to(device)
         out = model(
-            input_ids=prompt,
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **{cache_name: cache},
+            **_last_logits(model),
+        )
+        return out.logits[:, -1, :].float(), mask, positions[:, -1:] + 1
+
+    def _padded_pass(self, model: Any, prompts: Sequence[Sequence[int]]) -> tuple[Any, Any]:
+        """One forward pass of `prompts` left-padded to the longest (the model's own cache, the last logits):
+        its output and the prompts' mask."""
+        ids, mask = _left_padded(prompts, max(len(p) for p in prompts), self.pad_id)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        out = model(
+            input_ids=ids,
             attention_mask=mask,
             position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
             use_cache=True,
-            **kwargs,
+            **_last_logits(model),
         )
-        self.steps += 1
-        # (A padded column's keys and values are copied too; the row's mask hides them, as it hides the zeros.)
-        for layer, own in zip(cache.layers, output_cache(out).layers, strict=True):
-            layer.add_rows(own.keys, own.values, length - width)
-        return out.logits[:, -1, :].float()
+        return out, mask
+
+
+def _left_padded(prompts: Sequence[Sequence[int]], width: int, pad_id: int) -> tuple[Any, Any]:
+    """`prompts` as one (rows, width) tensor padded on the left with `pad_id`, and its mask."""
+    import torch
+
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, prompt in enumerate(prompts):
+        if prompt:
+            ids[i, width - len(prompt) :] = torch.tensor(list(prompt))
+            mask[i, width - len(prompt) :] = 1
+    return ids, mask
+
+
+def _last_logits(model: Any) -> dict[str, Any]:
+    """Ask a prompt pass for the last position's logits only, where the model's forward can be asked."""
+    return {"logits_to_keep": 1} if "logits_to_keep" in _forward_params(_unbound(model.forward)) else {}
 
 
 class _Streams:
@@ -841,9 +916,7 @@ def prefill_kwargs(model: Any, cache_name: str, capacity: int) -> dict[str, Any]
     them costs a vocabulary-sized matmul per prompt token), and the cache stores the same keys and values that
     concatenation would, in place.
     """
-    kwargs: dict[str, Any] = {}
-    if "logits_to_keep" in _forward_params(_unbound(model.forward)):
-        kwargs["logits_to_keep"] = 1
+    kwargs = _last_logits(model)
     cache = preallocated_cache(model, capacity)
     if cache is not None:
         kwargs[cache_name] = cache
