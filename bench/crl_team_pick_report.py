@@ -196,9 +196,20 @@ def _sampling(manifest: dict[str, Any]) -> str:
     if "temperature" not in manifest:  # a study from before either was an option
         return ""
     baseline = {"group": "each question's group mean (GRPO)", "batch": "the whole update's mean"}
+    terms = []
+    if manifest.get("entropy_target") is not None:
+        terms.append(
+            f"an entropy floor {manifest['entropy_target']:g} (bonus at least {manifest.get('entropy_coef') or 0:g} "
+            "at or below it)"
+        )
+    elif manifest.get("entropy_coef"):
+        terms.append(f"an entropy bonus {manifest['entropy_coef']:g}")
+    if manifest.get("beta"):
+        terms.append(f"a KL to the initial policy, beta {manifest['beta']:g}")
     return (
         f", rollouts at temperature {manifest['temperature']}, the RL arms' advantage baseline "
         f"{baseline[manifest.get('baseline', 'group')]}"
+        + (f", the RL arms with {' and '.join(terms)}" if terms else "")
     )
 
 
@@ -319,20 +330,34 @@ def main(argv: list[str] | None = None) -> None:
     if args.doc:
         manifest = json.loads((folder / "manifest.json").read_text())
         setting, baseline = manifest["settings"][-1], manifest.get("baseline", "group")
-        args.doc.write_text(replace_block(args.doc.read_text(), text, setting, str(args.doc), baseline))
+        block = replace_block(
+            args.doc.read_text(), text, setting, str(args.doc), baseline, explores(manifest)
+        )
+        args.doc.write_text(block)
     print(text)
 
 
-def markers(setting: str, baseline: str = "group") -> tuple[str, str]:
+def markers(setting: str, baseline: str = "group", explore: bool = False) -> tuple[str, str]:
     """The markers of `setting`'s table in a page (docs/crl-study.md); a study whose RL arms took the batch's
-    mean as their baseline (`crl_team.py --baseline batch`) has a block of its own."""
-    name = setting.replace("_", "-") + ("-batch" if baseline == "batch" else "")
+    mean as their baseline (`crl_team.py --baseline batch`) has a block of its own, and one whose RL arms had
+    an exploration term (`--entropy-coef`, `--entropy-target`, `--beta`) another."""
+    name = setting.replace("_", "-")
+    name += "-explore" if explore else "-batch" if baseline == "batch" else ""
     return f"<!-- crl-{name}-table -->", f"<!-- /crl-{name}-table -->"
 
 
-def replace_block(text: str, block: str, setting: str, where: str, baseline: str = "group") -> str:
+def explores(manifest: dict[str, Any]) -> bool:
+    """Whether the study's RL arms had an exploration term."""
+    return bool(
+        manifest.get("entropy_coef") or manifest.get("entropy_target") is not None or manifest.get("beta")
+    )
+
+
+def replace_block(
+    text: str, block: str, setting: str, where: str, baseline: str = "group", explore: bool = False
+) -> str:
     """`text` with the part between `setting`'s markers replaced by `block`."""
-    start, end = markers(setting, baseline)
+    start, end = markers(setting, baseline, explore)
     if start not in text or end not in text:
         raise SystemExit(f"{where}: no {start} ... {end} block")
     head, rest = text.split(start, 1)

@@ -169,7 +169,9 @@ def main(argv: list[str] | None = None) -> None:
         shipped = [args.pack / f.name for f in args.folders]
     else:
         shipped = sorted(p.parent for p in args.folders[0].glob("*/manifest.json"))
-    rows = [candidate(f) for f in shipped]
+    # In the order they were run (then by name): the table reads as the sweep went.
+    started = {f: json.loads((f / "manifest.json").read_text()).get("started", "") for f in shipped}
+    rows = [candidate(f) for f in sorted(shipped, key=lambda f: (started[f], f.name))]
     text = table(rows)
     root = args.pack or args.folders[0]
     (root / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")

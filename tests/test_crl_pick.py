@@ -226,10 +226,41 @@ def test_the_study_page_tables_are_rebuilt_from_the_shipped_rows_alone(tmp_path:
         (folder / made).unlink()
     summary, text = pick_report.build(folder)
     manifest = json.loads((folder / "manifest.json").read_text())
-    start, end = pick_report.markers(manifest["settings"][-1], manifest.get("baseline", "group"))
+    start, end = pick_report.markers(
+        manifest["settings"][-1], manifest.get("baseline", "group"), pick_report.explores(manifest)
+    )
     page = (ROOT / "docs" / "crl-study.md").read_text()
     assert page.split(start, 1)[1].split(end, 1)[0] == "\n" + text
     assert text == (shipped / "table.md").read_text()
     # The control's gap closed (floor -> oracle) is the one the page states for the seat.
     closed = summary["arms"]["control"]["gap_closed"][0]
     assert f"{closed:+.3f}" in page.split(start, 1)[1].split(end, 1)[0]
+
+
+def test_the_exploration_sweep_table_is_rebuilt_from_its_shipped_rows_alone(tmp_path: Path) -> None:
+    """The sweep that chose the exploration setting: its table, on the study page, comes from its pack alone
+    (every candidate's dev rows, metrics and logged replies), and the pack holds no held-out question."""
+    import shutil
+
+    import crl_team_sweep as sweep
+
+    shipped = ROOT / "bench" / "results" / "crl_brief_sweep"
+    folder = tmp_path / "sweep"
+    shutil.copytree(shipped, folder)
+    for made in ("summary.json", "table.md"):
+        (folder / made).unlink()
+    sweep.main([str(folder)])
+    text = (folder / "table.md").read_text()
+    assert text == (shipped / "table.md").read_text()
+    page = (ROOT / "docs" / "crl-study.md").read_text()
+    assert (
+        page.split("<!-- crl-brief-sweep-table -->\n", 1)[1].split("<!-- /crl-brief-sweep-table -->")[0]
+        == text
+    )
+    _, held = team.pick_questions(300, 60)
+    held_inputs = {r["input"] for r in held}
+    for candidate in folder.glob("*/rows.jsonl.gz"):
+        assert not held_inputs & {r["input"] for r in sweep._lines(candidate) if "input" in r}, candidate
+    # Reading a pick: a reply names exactly one teammate, or it is not one.
+    assert sweep.one_name("Ben: 95") and sweep.one_name("Ana is right, Ana.")
+    assert not sweep.one_name("Ana or Ben") and not sweep.one_name("Benjamin") and not sweep.one_name("")

@@ -619,16 +619,19 @@ def _tiny_lora(tmp_path: Path, name: str, **overrides: object) -> TrainConfig:
 @pytest.mark.slow
 def test_kl_term_with_lora_is_to_the_policy_before_training(tmp_path: Path) -> None:
     """beta > 0 with LoRA: the reference is the policy with its adapter disabled. The adapter starts as a
-    no-op, so the first update's KL is 0; once the adapter moved, the KL to the starting policy is not."""
+    no-op, so the KL is 0 until an update moves it; after that the KL to the starting policy is not 0 (a
+    reference that followed the policy would keep it at 0)."""
     from colab_graphs.trainers.pipeline import train
 
-    config = _tiny_lora(tmp_path, "kl", beta=0.1, max_steps=3, eval_size=0)
+    config = _tiny_lora(tmp_path, "kl", beta=0.1, max_steps=4, eval_size=0)
     train(config)
     lines = [json.loads(line) for line in (tmp_path / "kl" / "metrics.jsonl").read_text().splitlines()]
-    kl = [line["kl"] for line in lines if "kl" in line]
-    assert len(kl) == 3
-    assert kl[0] == pytest.approx(0.0, abs=1e-6)
-    assert kl[-1] > 1e-6
+    assert len(lines) == 4 and all("kl" in line for line in lines)
+    # The first update with a gradient moves the adapter; the KL is 0 up to it and positive after it.
+    moved = next(i for i, line in enumerate(lines) if line["grad_norm"] > 0)
+    assert moved < 3
+    assert all(line["kl"] == pytest.approx(0.0, abs=1e-7) for line in lines[: moved + 1])
+    assert lines[moved + 1]["kl"] > 1e-6
 
 
 def _checkpointed_run(tmp_path: Path, **overrides: object) -> dict:
