@@ -69,6 +69,9 @@ ARMS = {
     # The positive control: the same LoRA, optimizer, schedule and number of updates (of as many sequences),
     # trained with supervision on the oracle's answer (`crl_team_control.py`); not a TrainConfig reward.
     "control": {"reward": "sft"},
+    # The format warm start: the control's training with a teammate's name drawn at random as the target
+    # (`crl_team_control.blind_reply`): the form of a pick, none of the skill; arms may start from its policy.
+    "warm": {"reward": "sft"},
 }
 SETTINGS = team.GRAPHS
 TRANSFER_SEATS = ("vote", "gate")
@@ -186,10 +189,10 @@ def train_arm(args: argparse.Namespace, setting: str, arm: str, seed: int, data:
     folder = Path(values["output_dir"])
     if (folder / "summary.json").exists():
         return folder / "policy"
-    if arm == "control":
+    if arm in ("control", "warm"):
         import crl_team_control
 
-        return crl_team_control.train_control(values, args.bf16)
+        return crl_team_control.train_control(values, args.bf16, "oracle" if arm == "control" else "blind")
     if any((folder / "checkpoints").glob("checkpoint-*")):
         values["resume_from_checkpoint"] = True
     started = time.perf_counter()

@@ -33,6 +33,7 @@ import crl_team_report as base  # noqa: E402
 ARMS = {
     "before": "before (untrained)",
     "control": "positive control: supervised on the oracle's answer",
+    "warm": "format warm start (a shown name at random, no skill)",
     "solo": "solo RL (policy alone, no teammates)",
     "own": "RL on the policy's own correctness in the seat",
     "sft": "collaborative SFT (team-rewarded rollouts)",

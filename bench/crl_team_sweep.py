@@ -31,7 +31,6 @@ sys.path.insert(0, str(BENCH))
 
 import crl_team_graphs as team  # noqa: E402
 
-RUN = "pick_brief-uniform-0"
 WINDOW = 5  # updates at the start and at the end of a run the time-course columns average over
 NAMES = re.compile(r"\b(" + "|".join(team.PICK_TEAMMATES) + r")\b", re.IGNORECASE)
 
@@ -46,11 +45,11 @@ def pack(folder: Path, target: Path) -> None:
     target.mkdir(parents=True, exist_ok=True)
     shutil.copy(folder / "manifest.json", target / "manifest.json")
     rows = [r for f in sorted((folder / "rows").glob("*.jsonl")) for r in _lines(f)]
-    run = folder / "runs" / RUN
+    (run,) = (folder / "runs").iterdir()  # a candidate is one training
     for name, records in (
         ("rows.jsonl.gz", rows),
         ("metrics.jsonl.gz", _lines(run / "metrics.jsonl")),
-        ("rollouts.jsonl.gz", _lines(run / "rollouts.jsonl")),
+        ("rollouts.jsonl.gz", _lines(run / "rollouts.jsonl") if (run / "rollouts.jsonl").exists() else []),
     ):
         (target / name).write_bytes(
             gzip.compress("".join(json.dumps(r) + "\n" for r in records).encode(), mtime=0)
@@ -97,23 +96,39 @@ def candidate(folder: Path) -> dict[str, Any]:
         ]
         return _mean(picked)
 
+    (arm,) = [a for a in manifest["arms"] if a != "before"]
     scores = {0: dev("before")}
     for step in manifest.get("curve_steps", []):
-        scores[step] = dev("uniform", step)
-    scores[manifest["steps"]] = dev("uniform")
+        scores[step] = dev(arm, step)
+    scores[manifest["steps"]] = dev(arm)
     return {
         "name": folder.name,
-        "flags": {k: manifest.get(k) for k in ("learning_rate", "entropy_coef", "entropy_target", "beta")},
+        "flags": {
+            k: manifest.get(k) for k in ("learning_rate", "entropy_coef", "entropy_target", "beta", "policy")
+        },
+        "arm": arm,
         "steps_planned": manifest["steps"],
         "steps_run": steps,
         "finished": json.loads((folder / "finished.json").read_text()),
         "dev_floor": dev("floor"),
         "dev_team": {k: v for k, v in scores.items() if v is not None},
-        "groups_varied": [_mean([m["groups_varied"] for m in w]) for w in (first, last)],
-        "entropy": [_mean([m["entropy"] for m in w]) for w in (first, last)],
+        "groups_varied": [
+            _mean([m["groups_varied"] for m in w if "groups_varied" in m]) for w in (first, last)
+        ],
+        "entropy": [_mean([m["entropy"] for m in w if "entropy" in m]) for w in (first, last)],
         "one_name": [replies(first), replies(last)],
-        "team_reward_last": _mean([m["system_reward"] for m in last]),
+        "team_reward_last": _mean([m["system_reward"] for m in last if "system_reward" in m]),
+        "picks_by_cue": picks_by_cue([r for r in rows if r["arm"] == arm and r["eval"] == "audit"]),
     }
+
+
+def picks_by_cue(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """Per cue word, the share of the policy's dev replies that pick each teammate (or nobody)."""
+    out: dict[str, dict[str, float]] = {}
+    for cue in sorted({r["cue"] for r in rows}):
+        picked = [r["picked"] or "none" for r in rows if r["cue"] == cue]
+        out[cue] = {m: picked.count(m) / len(picked) for m in [*team.PICK_TEAMMATES, "none"]}
+    return out
 
 
 def _f(value: float | None) -> str:
@@ -123,6 +138,10 @@ def _f(value: float | None) -> str:
 def setting_text(flags: dict[str, Any]) -> str:
     """A candidate's setting in words."""
     parts = [f"lr {flags['learning_rate']:g}"]
+    if flags.get("arm") == "warm":
+        parts.insert(0, "format warm start (SFT on a shown name drawn at random)")
+    elif flags.get("policy") not in (None, "smollm2-135m"):
+        parts.insert(0, "C-RL from the warm start")
     if flags.get("entropy_target") is not None:
         parts.append(
             f"entropy floor {flags['entropy_target']:g} (TRL's adaptive bonus, at least "
@@ -149,12 +168,27 @@ def table(rows: list[dict[str, Any]]) -> str:
         cells = "".join(f"{_f(r['dev_team'].get(k))} | " for k in evaluated)
         pair = lambda xs: f"{_f(xs[0])} -> {_f(xs[1])}"  # noqa: E731
         lines.append(
-            f"| {r['name']} | {setting_text(r['flags'])} | {run} | {_f(r['dev_team'].get(0))} | {cells}"
+            f"| {r['name']} | {setting_text({**r['flags'], 'arm': r['arm']})} | {run} | {_f(r['dev_team'].get(0))} | {cells}"
             f"{pair(r['groups_varied'])} | {pair(r['entropy'])} | {pair(r['one_name'])} | "
             f"{_f(r['team_reward_last'])} |"
         )
     floor = {_f(r["dev_floor"]) for r in rows}
     lines += ["", f"Dev floor (the first shown teammate): {', '.join(sorted(floor))}; oracle 1.00."]
+    for r in rows:
+        if r["name"] != "warm":
+            continue
+        names = [*team.PICK_TEAMMATES, "none"]
+        lines += [
+            "",
+            "Picks of the format warm start on the dev split, by cue word (share of that cue's questions; the "
+            "cue's owner in brackets): ",
+            "",
+            "| cue | " + " | ".join(names) + " |",
+            "|---|" + "---|" * len(names),
+        ]
+        for cue, shares in r["picks_by_cue"].items():
+            owner = team.OWNER[cue]
+            lines.append(f"| {cue} ({owner}) | " + " | ".join(f"{shares[m]:.2f}" for m in names) + " |")
     return "\n".join(lines) + "\n"
 
 
