@@ -217,11 +217,16 @@ def _sampling(manifest: dict[str, Any]) -> str:
 def table(summary: dict[str, Any], manifest: dict[str, Any]) -> str:
     """The markdown table (and the lines around it) of `summary`."""
     c = summary["constants"]
+    names = dict(ARMS)
+    warm = manifest.get("policy") not in (None, "smollm2-135m")
+    if warm:  # every arm starts from another policy than the zoo's: the study's "before" is that policy
+        names["before"] = "before: the format warm start every arm starts from"
     n = manifest.get("eval_size")
     lines = [
         f"Setting `{manifest['settings'][-1]}`: {n} held-out questions (never trained on), {manifest.get('steps')} updates of "
         f"{manifest.get('prompts_per_step')} prompts x {manifest.get('rollouts_per_prompt')} rollouts per arm, "
-        f"policy {manifest.get('policy')} (LoRA r 16), learning rate {manifest.get('learning_rate')} "
+        f"policy {'smollm2-135m after the format warm start' if warm else manifest.get('policy')} (LoRA r 16), "
+        f"learning rate {manifest.get('learning_rate')} "
         f"({manifest.get('lr_schedule', 'linear')}){_sampling(manifest)}. Intervals: 95% t over seeds; one seed: "
         "no interval.",
         "",
@@ -229,6 +234,15 @@ def table(summary: dict[str, Any], manifest: dict[str, Any]) -> str:
         f"teammate) {c['floor']:.3f}; copy Ana {c['copy-ana']:.3f}, copy Ben {c['copy-ben']:.3f}, copy Cal "
         f"{c['copy-cal']:.3f} (each needs the names, not the question); oracle {c['oracle']:.3f}.",
         "",
+        *(
+            [
+                "Every arm starts from a question-blind format warm start (a shown name at random, "
+                "`crl_team.py --arms warm`), not from the zoo's policy.",
+                "",
+            ]
+            if warm
+            else []
+        ),
         "| arm | seeds | team score | per seed | gap closed (floor -> oracle) | team - floor (LOO) | position "
         "swap | policy's own answer right | picks the cue's teammate | picks by number / name / none |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -237,7 +251,7 @@ def table(summary: dict[str, Any], manifest: dict[str, Any]) -> str:
         seeds = ",".join("-" if s is None else str(s) for s in e["seeds"])
         picks = " / ".join(f"{e[k][0]:.2f}" for k in ("by_number", "by_name", "by_none"))
         lines.append(
-            f"| {ARMS[arm]} | {seeds} | {_fmt(e['team'])} | "
+            f"| {names[arm]} | {seeds} | {_fmt(e['team'])} | "
             f"{' / '.join(f'{v:.3f}' for v in e['team_per_seed'])} | {_fmt(e['gap_closed'], True)} | "
             f"{_fmt(e['loo'], True)} | {_fmt(e['swap'])} | {_fmt(e['own'])} | {_fmt(e['owner'])} | {picks} |"
         )
@@ -250,12 +264,12 @@ def table(summary: dict[str, Any], manifest: dict[str, Any]) -> str:
         a, b = name.split(" - ")
         tag = "**primary**" if (a, b) in PRIMARY else "secondary"
         lines.append(
-            f"| {ARMS[a]} minus {ARMS[b]} | {len(p['seeds'])} | {_fmt(p['diff'], True)} | "
+            f"| {names[a]} minus {names[b]} | {len(p['seeds'])} | {_fmt(p['diff'], True)} | "
             f"{' / '.join(f'{v:+.3f}' for v in p['per_seed'])} | {tag} |"
         )
     if summary["training_reward_thirds"]:
         parts = [
-            f"{ARMS[a]} {' / '.join(f'{v:.2f}' for v in t)}"
+            f"{names[a]} {' / '.join(f'{v:.2f}' for v in t)}"
             for a, t in summary["training_reward_thirds"].items()
         ]
         lines += [
@@ -272,18 +286,19 @@ def table(summary: dict[str, Any], manifest: dict[str, Any]) -> str:
         lines += [
             "",
             f"Held-out team score at matched numbers of updates (rollouts, {per} an update; the control's: "
-            "supervised sequences), mean over seeds [95% t]; update 0 is the untrained policy:",
+            "supervised sequences), mean over seeds [95% t]; update 0 is the "
+            + ("warm start every arm starts from:" if warm else "untrained policy:"),
             "",
             "| arm | " + " | ".join(head) + " |",
             "|---|" + "---|" * len(head),
         ]
         for arm, points in summary["curves"].items():
             cells = [_fmt(points[k]["team"]) if k in points else "-" for k in [*steps, -1]]
-            lines.append(f"| {ARMS[arm]} | " + " | ".join(cells) + " |")
+            lines.append(f"| {names[arm]} | " + " | ".join(cells) + " |")
     varied = {a: t for a, t in summary.get("training", {}).items() if "groups_varied" in t}
     if varied:
         parts = [
-            f"{ARMS[a]} {t['groups_varied']:.2f} ({t['groups_varied_first']:.2f} in the first tenth of the "
+            f"{names[a]} {t['groups_varied']:.2f} ({t['groups_varied_first']:.2f} in the first tenth of the "
             f"updates, {t['groups_varied_last']:.2f} in the last"
             + (
                 f"; the entropy of its samples {t['entropy_first']:.2f} -> {t['entropy_last']:.2f})"
@@ -299,7 +314,7 @@ def table(summary: dict[str, Any], manifest: dict[str, Any]) -> str:
             "trains on whichever rollouts scored 1): " + "; ".join(parts) + ".",
         ]
         # (the studies before `groups_varied` was logged ran under other loads: their cost is in BENCHMARKS.md)
-        parts = [f"{ARMS[a]} {t['step_time_median_s']:.1f} s" for a, t in summary["training"].items()]
+        parts = [f"{names[a]} {t['step_time_median_s']:.1f} s" for a, t in summary["training"].items()]
         lines += ["", "Median seconds an update took (two trainings at once, one thread each, 2 cores): "]
         lines[-1] += "; ".join(parts) + "."
     return "\n".join(lines) + "\n"
