@@ -345,35 +345,28 @@ def main(argv: list[str] | None = None) -> None:
     _, text = build(folder)
     if args.doc:
         manifest = json.loads((folder / "manifest.json").read_text())
-        setting, baseline = manifest["settings"][-1], manifest.get("baseline", "group")
-        block = replace_block(
-            args.doc.read_text(), text, setting, str(args.doc), baseline, explores(manifest)
-        )
-        args.doc.write_text(block)
+        args.doc.write_text(replace_block(args.doc.read_text(), text, manifest, str(args.doc)))
     print(text)
 
 
-def markers(setting: str, baseline: str = "group", explore: bool = False) -> tuple[str, str]:
-    """The markers of `setting`'s table in a page (docs/crl-study.md); a study whose RL arms took the batch's
-    mean as their baseline (`crl_team.py --baseline batch`) has a block of its own, and one whose RL arms had
-    an exploration term (`--entropy-coef`, `--entropy-target`, `--beta`) another."""
-    name = setting.replace("_", "-")
-    name += "-explore" if explore else "-batch" if baseline == "batch" else ""
+def markers(manifest: dict[str, Any]) -> tuple[str, str]:
+    """The markers of a study's table in a page (docs/crl-study.md): one block per setting, and one of its own
+    for a study whose arms start from the format warm start (`--policy` a warm start's folder), whose RL arms
+    had an exploration term (`--entropy-coef`, `--entropy-target`, `--beta`) or took the batch's mean as
+    their baseline (`--baseline batch`), the first that applies."""
+    name = manifest["settings"][-1].replace("_", "-")
+    if manifest.get("policy") not in (None, "smollm2-135m"):
+        name += "-warm"
+    elif manifest.get("entropy_coef") or manifest.get("entropy_target") is not None or manifest.get("beta"):
+        name += "-explore"
+    elif manifest.get("baseline", "group") == "batch":
+        name += "-batch"
     return f"<!-- crl-{name}-table -->", f"<!-- /crl-{name}-table -->"
 
 
-def explores(manifest: dict[str, Any]) -> bool:
-    """Whether the study's RL arms had an exploration term."""
-    return bool(
-        manifest.get("entropy_coef") or manifest.get("entropy_target") is not None or manifest.get("beta")
-    )
-
-
-def replace_block(
-    text: str, block: str, setting: str, where: str, baseline: str = "group", explore: bool = False
-) -> str:
-    """`text` with the part between `setting`'s markers replaced by `block`."""
-    start, end = markers(setting, baseline, explore)
+def replace_block(text: str, block: str, manifest: dict[str, Any], where: str) -> str:
+    """`text` with the part between the study's markers replaced by `block`."""
+    start, end = markers(manifest)
     if start not in text or end not in text:
         raise SystemExit(f"{where}: no {start} ... {end} block")
     head, rest = text.split(start, 1)

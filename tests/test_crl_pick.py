@@ -226,9 +226,7 @@ def test_the_study_page_tables_are_rebuilt_from_the_shipped_rows_alone(tmp_path:
         (folder / made).unlink()
     summary, text = pick_report.build(folder)
     manifest = json.loads((folder / "manifest.json").read_text())
-    start, end = pick_report.markers(
-        manifest["settings"][-1], manifest.get("baseline", "group"), pick_report.explores(manifest)
-    )
+    start, end = pick_report.markers(manifest)
     page = (ROOT / "docs" / "crl-study.md").read_text()
     assert page.split(start, 1)[1].split(end, 1)[0] == "\n" + text
     assert text == (shipped / "table.md").read_text()
