@@ -213,7 +213,9 @@ def test_a_tiny_pick_study_runs_end_to_end_with_its_positive_control(
         pick_report.build(pack)
 
 
-@pytest.mark.parametrize("study", ["crl_pick", "crl_pick_number", "crl_brief_group", "crl_brief_batch"])
+@pytest.mark.parametrize(
+    "study", ["crl_pick", "crl_pick_number", "crl_brief_group", "crl_brief_batch", "crl_brief_warm"]
+)
 def test_the_study_page_tables_are_rebuilt_from_the_shipped_rows_alone(tmp_path: Path, study: str) -> None:
     import shutil
 
