@@ -69,6 +69,9 @@ ARMS = {
     # The positive control: the same LoRA, optimizer, schedule and number of updates (of as many sequences),
     # trained with supervision on the oracle's answer (`crl_team_control.py`); not a TrainConfig reward.
     "control": {"reward": "sft"},
+    # The format warm start: the control's training with a teammate's name drawn at random as the target
+    # (`crl_team_control.blind_reply`): the form of a pick, none of the skill; arms may start from its policy.
+    "warm": {"reward": "sft"},
 }
 SETTINGS = team.GRAPHS
 TRANSFER_SEATS = ("vote", "gate")
@@ -78,12 +81,14 @@ EVAL_SEED = 0  # the evaluation's draws (greedy policy; it fixes nothing else): 
 
 
 def write_data(
-    out: Path, n_train: int, n_eval: int, settings: list[str] | None = None
+    out: Path, n_train: int, n_eval: int, settings: list[str] | None = None, dev: int = 0
 ) -> tuple[Path, Path, Path]:
     """The training, held-out and transfer-task files (no question in two of them, operand order included).
 
     The `pick` setting has questions of its own (cued sums, `crl_team_graphs.pick_questions`) and no transfer
-    task: a study of it is a study of it alone."""
+    task: a study of it is a study of it alone. `dev` > 0 (a sweep that chooses a setting): the last `dev`
+    training questions become the evaluation file and are not trained on, and the held-out questions are not
+    written at all, so nothing chosen on this folder has seen them."""
     picks = [s for s in settings or [] if s in team.PICK_SEATS]
     if picks and len(settings or []) > 1:
         raise SystemExit(
@@ -95,6 +100,10 @@ def write_data(
     else:
         train, held = team.questions(n_train, n_eval)
         transfer = team.transfer_questions(n_eval)
+    if dev:
+        if not 0 < dev < len(train):
+            raise SystemExit(f"--dev-size: must be between 1 and --train-size - 1, got {dev}")
+        train, held = train[:-dev], train[-dev:]
     folder = out / "data"
     folder.mkdir(parents=True, exist_ok=True)
     paths = folder / "train.jsonl", folder / "eval.jsonl", folder / "transfer.jsonl"
@@ -140,6 +149,26 @@ def settings(args: argparse.Namespace, setting: str, arm: str, seed: int, data: 
         # The RL arms' advantage baseline (the same for all): the group's mean (GRPO), or the batch's mean
         # with the batch's std as scale (a group that scored alike still teaches).
         **({"advantage_baseline": "batch", "scale_rewards": "batch"} if args.baseline == "batch" else {}),
+        # What keeps the RL arms exploring (the same for all; SFT and the control have losses of their own,
+        # which the trainer refuses to combine with either): an entropy bonus, a KL to the initial policy.
+        # With a target, the bonus applies only while the entropy is at or below it (TRL's adaptive control).
+        **(
+            {
+                "entropy_coef": args.entropy_coef,
+                "beta": args.beta,
+                **(
+                    {
+                        "use_adaptive_entropy": True,
+                        "entropy_target": args.entropy_target,
+                        "entropy_coef_min": args.entropy_coef,
+                    }
+                    if args.entropy_target is not None
+                    else {}
+                ),
+            }
+            if ARMS[arm]["reward"] != "sft"
+            else {}
+        ),
         "seed": seed,
         "save_steps": args.save_steps,
         "use_cpu": True,
@@ -160,10 +189,10 @@ def train_arm(args: argparse.Namespace, setting: str, arm: str, seed: int, data:
     folder = Path(values["output_dir"])
     if (folder / "summary.json").exists():
         return folder / "policy"
-    if arm == "control":
+    if arm in ("control", "warm"):
         import crl_team_control
 
-        return crl_team_control.train_control(values, args.bf16)
+        return crl_team_control.train_control(values, args.bf16, "oracle" if arm == "control" else "blind")
     if any((folder / "checkpoints").glob("checkpoint-*")):
         values["resume_from_checkpoint"] = True
     started = time.perf_counter()
@@ -601,6 +630,10 @@ def manifest(args: argparse.Namespace, data: tuple[Path, ...], started: float) -
         "lr_schedule": args.lr_schedule,
         "temperature": args.temperature,
         "baseline": args.baseline,
+        "entropy_coef": args.entropy_coef,
+        "entropy_target": args.entropy_target,
+        "beta": args.beta,
+        "dev_size": args.dev_size,
         "transfer": args.transfer,
         "transfer_task": "three-digit operands (add, mul, sub; bench/crl_team_graphs.transfer_questions)",
         "bf16": args.bf16,
@@ -667,6 +700,27 @@ def main() -> None:
         choices=["group", "batch"],
         help="the RL arms' advantage baseline: each prompt's group mean (GRPO), or the batch mean",
     )
+    parser.add_argument(
+        "--entropy-coef",
+        type=float,
+        default=0.0,
+        help="the RL arms' entropy bonus (TRL's entropy_coef: the loss minus coef x the mean token entropy)",
+    )
+    parser.add_argument(
+        "--entropy-target",
+        type=float,
+        help="the RL arms' entropy floor: the bonus applies only while the mean token entropy is at or below "
+        "it, at least --entropy-coef, raised by TRL's entropy_coef_delta each update it stays below",
+    )
+    parser.add_argument(
+        "--beta", type=float, default=0.0, help="the RL arms' KL to the initial policy (the adapter disabled)"
+    )
+    parser.add_argument(
+        "--dev-size",
+        type=int,
+        default=0,
+        help="choose a setting: evaluate on the last N training questions (not trained on), never the held-out",
+    )
     parser.add_argument("--lr", type=float, default=3e-4, help="LoRA (r 16) learning rate")
     parser.add_argument(
         "--lr-schedule",
@@ -715,7 +769,7 @@ def main() -> None:
     started = time.time()
     if set(args.settings) & set(team.PICK_SEATS) and args.transfer:
         raise SystemExit("--transfer: the pick settings have no transfer task")
-    data = write_data(args.out, args.train_size, args.eval_size, args.settings)
+    data = write_data(args.out, args.train_size, args.eval_size, args.settings, args.dev_size)
     from colab_graphs.tasks.loaders import load_examples
 
     held = load_examples(str(data[1]))

@@ -79,8 +79,19 @@ def oracle_reply(values: dict[str, Any], example: Any) -> str:
     return f"The answer is {example.answer}."
 
 
-def train_control(values: dict[str, Any], bf16: bool) -> Path:
-    """Train the control arm of the config `values` (`crl_team.settings`); the exported policy folder."""
+def blind_reply(values: dict[str, Any], example: Any) -> str:
+    """The format warm start's reply: one of the seat's teammates by name, drawn uniformly per question from
+    the seed and the question's id alone (independent of its cue and of who is right): the form of a pick,
+    none of the skill."""
+    setting = values["graph"].split(":")[1]
+    rng = random.Random(f"crl-team-warm:{values['seed']}:{example.id}")
+    return f"{rng.choice(sorted(team.TEAMS[setting])).capitalize()}."
+
+
+def train_control(values: dict[str, Any], bf16: bool, target: str = "oracle") -> Path:
+    """Train the control arm of the config `values` (`crl_team.settings`); the exported policy folder.
+
+    `target` "blind": the format warm start instead (`blind_reply`: a teammate's name at random)."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import set_seed
@@ -111,8 +122,9 @@ def train_control(values: dict[str, Any], bf16: bool) -> Path:
     rendered = policy_prompts(values, model, tokenizer, [examples[i] for i in used])
     prompts = dict(zip(used, rendered, strict=True))
     eos = tokenizer.eos_token_id
+    reply = blind_reply if target == "blind" else oracle_reply
     targets = {
-        i: tokenizer.encode(oracle_reply(values, examples[i]), add_special_tokens=False) + [eos] for i in used
+        i: tokenizer.encode(reply(values, examples[i]), add_special_tokens=False) + [eos] for i in used
     }
     set_seed(values["seed"])
     model = get_peft_model(
@@ -166,7 +178,11 @@ def train_control(values: dict[str, Any], bf16: bool) -> Path:
             model.save_pretrained(str(out / "checkpoints" / f"checkpoint-{step}"))
         print("control", values["seed"], json.dumps(line), flush=True)
     model.eval()
-    folder = export_policy(model, tokenizer, out / "policy", {"control": True, "steps": steps})
-    summary = {"reward": "control", "steps": steps, "wall_s": round(time.perf_counter() - started, 3)}
+    folder = export_policy(model, tokenizer, out / "policy", {"control": target, "steps": steps})
+    summary = {
+        "reward": "control" if target == "oracle" else "warm",
+        "steps": steps,
+        "wall_s": round(time.perf_counter() - started, 3),
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return folder

@@ -33,6 +33,7 @@ import crl_team_report as base  # noqa: E402
 ARMS = {
     "before": "before (untrained)",
     "control": "positive control: supervised on the oracle's answer",
+    "warm": "format warm start (a shown name at random, no skill)",
     "solo": "solo RL (policy alone, no teammates)",
     "own": "RL on the policy's own correctness in the seat",
     "sft": "collaborative SFT (team-rewarded rollouts)",
@@ -196,20 +197,36 @@ def _sampling(manifest: dict[str, Any]) -> str:
     if "temperature" not in manifest:  # a study from before either was an option
         return ""
     baseline = {"group": "each question's group mean (GRPO)", "batch": "the whole update's mean"}
+    terms = []
+    if manifest.get("entropy_target") is not None:
+        terms.append(
+            f"an entropy floor {manifest['entropy_target']:g} (bonus at least {manifest.get('entropy_coef') or 0:g} "
+            "at or below it)"
+        )
+    elif manifest.get("entropy_coef"):
+        terms.append(f"an entropy bonus {manifest['entropy_coef']:g}")
+    if manifest.get("beta"):
+        terms.append(f"a KL to the initial policy, beta {manifest['beta']:g}")
     return (
         f", rollouts at temperature {manifest['temperature']}, the RL arms' advantage baseline "
         f"{baseline[manifest.get('baseline', 'group')]}"
+        + (f", the RL arms with {' and '.join(terms)}" if terms else "")
     )
 
 
 def table(summary: dict[str, Any], manifest: dict[str, Any]) -> str:
     """The markdown table (and the lines around it) of `summary`."""
     c = summary["constants"]
+    names = dict(ARMS)
+    warm = manifest.get("policy") not in (None, "smollm2-135m")
+    if warm:  # every arm starts from another policy than the zoo's: the study's "before" is that policy
+        names["before"] = "before: the format warm start every arm starts from"
     n = manifest.get("eval_size")
     lines = [
         f"Setting `{manifest['settings'][-1]}`: {n} held-out questions (never trained on), {manifest.get('steps')} updates of "
         f"{manifest.get('prompts_per_step')} prompts x {manifest.get('rollouts_per_prompt')} rollouts per arm, "
-        f"policy {manifest.get('policy')} (LoRA r 16), learning rate {manifest.get('learning_rate')} "
+        f"policy {'smollm2-135m after the format warm start' if warm else manifest.get('policy')} (LoRA r 16), "
+        f"learning rate {manifest.get('learning_rate')} "
         f"({manifest.get('lr_schedule', 'linear')}){_sampling(manifest)}. Intervals: 95% t over seeds; one seed: "
         "no interval.",
         "",
@@ -217,6 +234,15 @@ def table(summary: dict[str, Any], manifest: dict[str, Any]) -> str:
         f"teammate) {c['floor']:.3f}; copy Ana {c['copy-ana']:.3f}, copy Ben {c['copy-ben']:.3f}, copy Cal "
         f"{c['copy-cal']:.3f} (each needs the names, not the question); oracle {c['oracle']:.3f}.",
         "",
+        *(
+            [
+                "Every arm starts from a question-blind format warm start (a shown name at random, "
+                "`crl_team.py --arms warm`), not from the zoo's policy.",
+                "",
+            ]
+            if warm
+            else []
+        ),
         "| arm | seeds | team score | per seed | gap closed (floor -> oracle) | team - floor (LOO) | position "
         "swap | policy's own answer right | picks the cue's teammate | picks by number / name / none |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -225,7 +251,7 @@ def table(summary: dict[str, Any], manifest: dict[str, Any]) -> str:
         seeds = ",".join("-" if s is None else str(s) for s in e["seeds"])
         picks = " / ".join(f"{e[k][0]:.2f}" for k in ("by_number", "by_name", "by_none"))
         lines.append(
-            f"| {ARMS[arm]} | {seeds} | {_fmt(e['team'])} | "
+            f"| {names[arm]} | {seeds} | {_fmt(e['team'])} | "
             f"{' / '.join(f'{v:.3f}' for v in e['team_per_seed'])} | {_fmt(e['gap_closed'], True)} | "
             f"{_fmt(e['loo'], True)} | {_fmt(e['swap'])} | {_fmt(e['own'])} | {_fmt(e['owner'])} | {picks} |"
         )
@@ -238,12 +264,12 @@ def table(summary: dict[str, Any], manifest: dict[str, Any]) -> str:
         a, b = name.split(" - ")
         tag = "**primary**" if (a, b) in PRIMARY else "secondary"
         lines.append(
-            f"| {ARMS[a]} minus {ARMS[b]} | {len(p['seeds'])} | {_fmt(p['diff'], True)} | "
+            f"| {names[a]} minus {names[b]} | {len(p['seeds'])} | {_fmt(p['diff'], True)} | "
             f"{' / '.join(f'{v:+.3f}' for v in p['per_seed'])} | {tag} |"
         )
     if summary["training_reward_thirds"]:
         parts = [
-            f"{ARMS[a]} {' / '.join(f'{v:.2f}' for v in t)}"
+            f"{names[a]} {' / '.join(f'{v:.2f}' for v in t)}"
             for a, t in summary["training_reward_thirds"].items()
         ]
         lines += [
@@ -260,18 +286,19 @@ def table(summary: dict[str, Any], manifest: dict[str, Any]) -> str:
         lines += [
             "",
             f"Held-out team score at matched numbers of updates (rollouts, {per} an update; the control's: "
-            "supervised sequences), mean over seeds [95% t]; update 0 is the untrained policy:",
+            "supervised sequences), mean over seeds [95% t]; update 0 is the "
+            + ("warm start every arm starts from:" if warm else "untrained policy:"),
             "",
             "| arm | " + " | ".join(head) + " |",
             "|---|" + "---|" * len(head),
         ]
         for arm, points in summary["curves"].items():
             cells = [_fmt(points[k]["team"]) if k in points else "-" for k in [*steps, -1]]
-            lines.append(f"| {ARMS[arm]} | " + " | ".join(cells) + " |")
+            lines.append(f"| {names[arm]} | " + " | ".join(cells) + " |")
     varied = {a: t for a, t in summary.get("training", {}).items() if "groups_varied" in t}
     if varied:
         parts = [
-            f"{ARMS[a]} {t['groups_varied']:.2f} ({t['groups_varied_first']:.2f} in the first tenth of the "
+            f"{names[a]} {t['groups_varied']:.2f} ({t['groups_varied_first']:.2f} in the first tenth of the "
             f"updates, {t['groups_varied_last']:.2f} in the last"
             + (
                 f"; the entropy of its samples {t['entropy_first']:.2f} -> {t['entropy_last']:.2f})"
@@ -287,7 +314,7 @@ def table(summary: dict[str, Any], manifest: dict[str, Any]) -> str:
             "trains on whichever rollouts scored 1): " + "; ".join(parts) + ".",
         ]
         # (the studies before `groups_varied` was logged ran under other loads: their cost is in BENCHMARKS.md)
-        parts = [f"{ARMS[a]} {t['step_time_median_s']:.1f} s" for a, t in summary["training"].items()]
+        parts = [f"{names[a]} {t['step_time_median_s']:.1f} s" for a, t in summary["training"].items()]
         lines += ["", "Median seconds an update took (two trainings at once, one thread each, 2 cores): "]
         lines[-1] += "; ".join(parts) + "."
     return "\n".join(lines) + "\n"
@@ -318,21 +345,28 @@ def main(argv: list[str] | None = None) -> None:
     _, text = build(folder)
     if args.doc:
         manifest = json.loads((folder / "manifest.json").read_text())
-        setting, baseline = manifest["settings"][-1], manifest.get("baseline", "group")
-        args.doc.write_text(replace_block(args.doc.read_text(), text, setting, str(args.doc), baseline))
+        args.doc.write_text(replace_block(args.doc.read_text(), text, manifest, str(args.doc)))
     print(text)
 
 
-def markers(setting: str, baseline: str = "group") -> tuple[str, str]:
-    """The markers of `setting`'s table in a page (docs/crl-study.md); a study whose RL arms took the batch's
-    mean as their baseline (`crl_team.py --baseline batch`) has a block of its own."""
-    name = setting.replace("_", "-") + ("-batch" if baseline == "batch" else "")
+def markers(manifest: dict[str, Any]) -> tuple[str, str]:
+    """The markers of a study's table in a page (docs/crl-study.md): one block per setting, and one of its own
+    for a study whose arms start from the format warm start (`--policy` a warm start's folder), whose RL arms
+    had an exploration term (`--entropy-coef`, `--entropy-target`, `--beta`) or took the batch's mean as
+    their baseline (`--baseline batch`), the first that applies."""
+    name = manifest["settings"][-1].replace("_", "-")
+    if manifest.get("policy") not in (None, "smollm2-135m"):
+        name += "-warm"
+    elif manifest.get("entropy_coef") or manifest.get("entropy_target") is not None or manifest.get("beta"):
+        name += "-explore"
+    elif manifest.get("baseline", "group") == "batch":
+        name += "-batch"
     return f"<!-- crl-{name}-table -->", f"<!-- /crl-{name}-table -->"
 
 
-def replace_block(text: str, block: str, setting: str, where: str, baseline: str = "group") -> str:
-    """`text` with the part between `setting`'s markers replaced by `block`."""
-    start, end = markers(setting, baseline)
+def replace_block(text: str, block: str, manifest: dict[str, Any], where: str) -> str:
+    """`text` with the part between the study's markers replaced by `block`."""
+    start, end = markers(manifest)
     if start not in text or end not in text:
         raise SystemExit(f"{where}: no {start} ... {end} block")
     head, rest = text.split(start, 1)

@@ -115,6 +115,24 @@ def test_the_positive_control_is_taught_the_reply_its_seat_asks_for() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)  # three trainings and four evaluations of a 135M policy on 2 shared cores
+def test_a_dev_split_is_carved_from_the_training_questions_and_never_holds_a_held_out_one(
+    tmp_path: Path,
+) -> None:
+    """`--dev-size`: a setting is chosen on the last training questions, not trained on, and the folder it is
+    chosen in holds no held-out question at all."""
+    import crl_team
+
+    train, held = team.pick_questions(300, 60)
+    paths = crl_team.write_data(tmp_path, 300, 60, ["pick_brief"], dev=60)
+    fit, dev = ([json.loads(x) for x in p.read_text().splitlines()] for p in paths[:2])
+    assert fit == train[:240] and dev == train[240:]
+    assert {r["kind"] for r in dev} == set(team.PICK_TEAMMATES)  # every teammate's cues, as in training
+    written = {r["input"] for r in [*fit, *dev]}
+    assert not written & {r["input"] for r in held}
+    with pytest.raises(SystemExit, match="--dev-size"):
+        crl_team.write_data(tmp_path, 6, 3, ["pick_brief"], dev=6)
+
+
 def test_a_tiny_pick_study_runs_end_to_end_with_its_positive_control(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -130,7 +148,7 @@ def test_a_tiny_pick_study_runs_end_to_end_with_its_positive_control(
         "crl_team.py", "--out", str(study), "--settings", "pick_brief", "--arms", "control", "own", "uniform",
         "--seeds", "0", "--steps", "2", "--prompts", "1", "--eval-size", "3", "--train-size", "6",
         "--tokens", "4", "--lr", "1e-3", "--lr-schedule", "constant", "--temperature", "1.0",
-        "--save-steps", "1", "--curve-steps", "1",
+        "--save-steps", "1", "--curve-steps", "1", "--entropy-target", "0.5",
     ]  # fmt: skip
     monkeypatch.setattr(sys, "argv", argv)
     crl_team.main()
@@ -139,6 +157,10 @@ def test_a_tiny_pick_study_runs_end_to_end_with_its_positive_control(
     manifest = json.loads((study / "manifest.json").read_text())
     assert manifest["lr_schedule"] == "constant" and "dirty_paths" in manifest
     assert manifest["temperature"] == 1.0 and manifest["curve_steps"] == [1]
+    # The entropy floor is the RL arms' (the control's loss is supervised, and has none).
+    arms = manifest["config"]["pick_brief"]
+    assert arms["uniform"]["use_adaptive_entropy"] and arms["own"]["entropy_target"] == 0.5
+    assert "use_adaptive_entropy" not in arms["control"] and "use_adaptive_entropy" not in arms["sft"]
     # The whole tree's changed paths, each whole, as git lists them (the study writes outside the tree).
     status = subprocess.run(
         ["git", "status", "--porcelain", "--", ":/"], cwd=ROOT, capture_output=True, text=True
@@ -167,6 +189,7 @@ def test_a_tiny_pick_study_runs_end_to_end_with_its_positive_control(
         assert pushed or arm != "control"
     own = [json.loads(x) for x in (study / "runs" / "pick_brief-own-0" / "metrics.jsonl").open()]
     assert all(x["reward"] == x["policy_correct"] for x in own)
+    assert all("entropy_coef" in x for x in own)  # TRL's controller ran in the RL arms
     # The report, from the pack alone: the constants recompute from the untrained policy's rows.
     pick_report.main([str(study), "--pack", str(pack)])
     summary, text = pick_report.build(pack)
@@ -190,7 +213,9 @@ def test_a_tiny_pick_study_runs_end_to_end_with_its_positive_control(
         pick_report.build(pack)
 
 
-@pytest.mark.parametrize("study", ["crl_pick", "crl_pick_number", "crl_brief_group", "crl_brief_batch"])
+@pytest.mark.parametrize(
+    "study", ["crl_pick", "crl_pick_number", "crl_brief_group", "crl_brief_batch", "crl_brief_warm"]
+)
 def test_the_study_page_tables_are_rebuilt_from_the_shipped_rows_alone(tmp_path: Path, study: str) -> None:
     import shutil
 
@@ -203,10 +228,39 @@ def test_the_study_page_tables_are_rebuilt_from_the_shipped_rows_alone(tmp_path:
         (folder / made).unlink()
     summary, text = pick_report.build(folder)
     manifest = json.loads((folder / "manifest.json").read_text())
-    start, end = pick_report.markers(manifest["settings"][-1], manifest.get("baseline", "group"))
+    start, end = pick_report.markers(manifest)
     page = (ROOT / "docs" / "crl-study.md").read_text()
     assert page.split(start, 1)[1].split(end, 1)[0] == "\n" + text
     assert text == (shipped / "table.md").read_text()
     # The control's gap closed (floor -> oracle) is the one the page states for the seat.
     closed = summary["arms"]["control"]["gap_closed"][0]
     assert f"{closed:+.3f}" in page.split(start, 1)[1].split(end, 1)[0]
+
+
+def test_the_exploration_sweep_table_is_rebuilt_from_its_shipped_rows_alone(tmp_path: Path) -> None:
+    """The sweep that chose the exploration setting: its table, on the study page, comes from its pack alone
+    (every candidate's dev rows, metrics and logged replies), and the pack holds no held-out question."""
+    import shutil
+
+    import crl_team_sweep as sweep
+
+    shipped = ROOT / "bench" / "results" / "crl_brief_sweep"
+    folder = tmp_path / "sweep"
+    shutil.copytree(shipped, folder)
+    for made in ("summary.json", "table.md"):
+        (folder / made).unlink()
+    sweep.main([str(folder)])
+    text = (folder / "table.md").read_text()
+    assert text == (shipped / "table.md").read_text()
+    page = (ROOT / "docs" / "crl-study.md").read_text()
+    assert (
+        page.split("<!-- crl-brief-sweep-table -->\n", 1)[1].split("<!-- /crl-brief-sweep-table -->")[0]
+        == text
+    )
+    _, held = team.pick_questions(300, 60)
+    held_inputs = {r["input"] for r in held}
+    for candidate in folder.glob("*/rows.jsonl.gz"):
+        assert not held_inputs & {r["input"] for r in sweep._lines(candidate) if "input" in r}, candidate
+    # Reading a pick: a reply names exactly one teammate, or it is not one.
+    assert sweep.one_name("Ben: 95") and sweep.one_name("Ana is right, Ana.")
+    assert not sweep.one_name("Ana or Ben") and not sweep.one_name("Benjamin") and not sweep.one_name("")

@@ -62,6 +62,11 @@ def test_sft_with_a_kl_term_is_refused() -> None:
         config_from_dict({"reward": "sft", "beta": 0.1}, where="cfg")
 
 
+def test_sft_with_an_entropy_term_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"cfg: entropy_coef: reward=sft is plain fine-tuning"):
+        config_from_dict({"reward": "sft", "entropy_coef": 0.01}, where="cfg")
+
+
 def test_example_configs_load() -> None:
     for name in ("train_tiny.yaml", "train_debate.yaml", "train_server.yaml"):
         assert isinstance(load_config(ROOT / "examples" / name), TrainConfig)
@@ -530,6 +535,105 @@ def test_sft_objective_is_the_kept_completions_token_cross_entropy(live) -> None
     assert float(loss.detach()) == pytest.approx(sum(nll) / len(nll), rel=1e-4)
 
 
+@pytest.mark.slow
+def test_entropy_bonus_is_the_batchs_mean_token_entropy_in_any_number_of_passes(live) -> None:
+    """`entropy_coef` (TRL's bonus, run through C-RL's passes): the loss falls by coef x the mean entropy of
+    the policy's next-token distributions over every policy token of the batch, computed here from the
+    model's logits, and a batch trained in three passes gets the gradient of one pass."""
+    import torch
+    from datasets import Dataset
+
+    from colab_graphs.trainers.grpo import CRLTrainer
+    from colab_graphs.trainers.pipeline import grpo_args
+
+    config, examples, model = live["config"], live["examples"], live["model"]
+    coef = 0.5
+    crl = CRLTrainer(
+        runner=live["runner"],
+        examples={e.id: e for e in examples},
+        loop=live["loop"],
+        model=model,
+        args=grpo_args(dataclasses.replace(config, entropy_coef=coef), Path(config.output_dir)),
+        train_dataset=Dataset.from_list([{"prompt": e.input, "example_id": e.id} for e in examples]),
+        processing_class=live["tokenizer"],
+    )
+    system.seat_policy(config, crl.policy_module(), live["tokenizer"])
+    inputs = [{"prompt": e.input, "example_id": e.id} for e in examples[4:6] for _ in range(G)]
+    batch = crl._generate_and_score_completions(inputs)
+    turns = [t for r in crl.last_rollouts for t in r.turns]
+    entropies = []
+    with torch.no_grad():
+        for t in turns:
+            ids = torch.tensor([t.prompt_ids + t.completion_ids])
+            logits = model(input_ids=ids).logits[0, len(t.prompt_ids) - 1 : -1] / crl.args.temperature
+            logp = torch.log_softmax(logits.float(), dim=-1)
+            entropies.extend((-(logp.exp() * logp).sum(-1)).tolist())
+    crl.current_gradient_accumulation_steps = 1  # as the training loop sets it
+
+    def loss_and_grad(rows: int, bonus: float) -> tuple[float, list]:
+        crl.pass_rows, crl.entropy_coef = rows, bonus
+        model.zero_grad(set_to_none=True)
+        loss = crl.compute_loss(model, batch)  # (backpropagates every pass but the last)
+        loss.backward()
+        grads = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+        model.zero_grad(set_to_none=True)
+        return float(loss.detach()), grads
+
+    rows = batch["completion_ids"].size(0)
+    plain = loss_and_grad(rows, 0.0)
+    one = loss_and_grad(rows, coef)
+    three = loss_and_grad(3, coef)
+    assert len(entropies) == int(batch["num_items_in_batch"]) and min(entropies) > 0
+    assert one[0] - plain[0] == pytest.approx(-coef * sum(entropies) / len(entropies), rel=1e-3)
+
+    def gap(x: list, y: list) -> float:  # the largest relative difference of two gradients, per tensor
+        return max(
+            float((a - b).abs().max()) / max(float(b.abs().max()), 1e-8) for a, b in zip(x, y, strict=True)
+        )
+
+    # Passes differ only by float rounding (their padding columns are cut), far less than the bonus moves the
+    # gradient; summing each pass's own mean instead of one token mean would move it by as much again.
+    assert gap(three[1], one[1]) <= 1e-3 < 0.05 <= gap(one[1], plain[1])
+    assert crl.entropy_coef == coef  # the per-pass shares do not outlive the call
+    crl.use_adaptive_entropy = True  # TRL's controller steps once per call: several passes are refused
+    with pytest.raises(RuntimeError, match="use_adaptive_entropy: this micro-batch needs 3 passes"):
+        loss_and_grad(3, coef)
+
+
+def _tiny_lora(tmp_path: Path, name: str, **overrides: object) -> TrainConfig:
+    """examples/train_tiny.yaml with a LoRA adapter (r 4) into tmp_path/name; the starting policy is not
+    evaluated (runs that share one evaluate it once)."""
+    return load_config(
+        ROOT / "examples" / "train_tiny.yaml",
+        lora=True,
+        lora_r=4,
+        lora_alpha=8,
+        save_steps=0,
+        eval_before=False,
+        output_dir=str(tmp_path / name),
+        cache_dir=str(tmp_path / "cache"),
+        **overrides,
+    )
+
+
+@pytest.mark.slow
+def test_kl_term_with_lora_is_to_the_policy_before_training(tmp_path: Path) -> None:
+    """beta > 0 with LoRA: the reference is the policy with its adapter disabled. The adapter starts as a
+    no-op, so the KL is 0 until an update moves it; after that the KL to the starting policy is not 0 (a
+    reference that followed the policy would keep it at 0)."""
+    from colab_graphs.trainers.pipeline import train
+
+    config = _tiny_lora(tmp_path, "kl", beta=0.1, max_steps=4, eval_size=0)
+    train(config)
+    lines = [json.loads(line) for line in (tmp_path / "kl" / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 4 and all("kl" in line for line in lines)
+    # The first update with a gradient moves the adapter; the KL is 0 up to it and positive after it.
+    moved = next(i for i, line in enumerate(lines) if line["grad_norm"] > 0)
+    assert moved < 3
+    assert all(line["kl"] == pytest.approx(0.0, abs=1e-7) for line in lines[: moved + 1])
+    assert lines[moved + 1]["kl"] > 1e-6
+
+
 def _checkpointed_run(tmp_path: Path, **overrides: object) -> dict:
     """A tiny relay training run that checkpoints every step, under tmp_path/run."""
     return {
@@ -638,18 +742,7 @@ def test_lora_training_exports_a_merged_policy_that_differs_from_the_start(tmp_p
 
     from colab_graphs.trainers.pipeline import train
 
-    config = load_config(
-        ROOT / "examples" / "train_tiny.yaml",
-        lora=True,
-        lora_r=4,
-        lora_alpha=8,
-        max_steps=2,
-        save_steps=0,
-        eval_size=2,
-        eval_before=False,  # runs that share a starting policy evaluate it once
-        output_dir=str(tmp_path / "lora"),
-        cache_dir=str(tmp_path / "cache"),
-    )
+    config = _tiny_lora(tmp_path, "lora", max_steps=2, eval_size=2)
     summary = train(config)
     assert summary["eval_before"] is None and summary["eval_after"]["n"] == 2
     assert not (tmp_path / "lora" / "eval_before.json").exists()

@@ -80,6 +80,14 @@ GRPO_NOTES = {
         "C-RL: also seeds every rollout's sampling (policy and sampled collaborators), drawn from the step, "
         "the prompt, the generation and the call: one seed, one run; two arms with one seed share draws."
     ),
+    "entropy_coef": (
+        "C-RL: the bonus is the mean entropy over the policy tokens of each micro-batch, whatever the number of "
+        "passes it is trained in; refused with reward=sft."
+    ),
+    "use_adaptive_entropy": (
+        "C-RL: a micro-batch must fit one pass (per_device_train_batch_size >= its policy turns: TRL's "
+        "controller steps once per pass); a batch that does not is refused when it is trained."
+    ),
     "loss_type": "C-RL accepts dapo or cispo (both normalise by the policy tokens of the whole batch).",
     "save_steps": "C-RL: 0 (the default) writes no checkpoints, only the final policy.",
     "use_vllm": "Refused: set rollout: server and policy_url for vLLM-generated policy turns.",
@@ -282,6 +290,9 @@ class CRLFields:
         self._validate_rollout(bad)
         if self.reward == "sft" and self.beta != 0:
             bad("beta", "reward=sft is plain fine-tuning on kept turns: it has no KL term, set beta to 0")
+        if self.reward == "sft" and (self.entropy_coef != 0 or self.use_adaptive_entropy):
+            name = "entropy_coef" if self.entropy_coef != 0 else "use_adaptive_entropy"
+            bad(name, "reward=sft is plain fine-tuning on kept turns: it has no entropy term, leave it unset")
         if self.eval_size < 0 or self.save_steps < 0:
             bad("eval_size" if self.eval_size < 0 else "save_steps", "must be >= 0")
         if not 0 < self.top_p <= 1:

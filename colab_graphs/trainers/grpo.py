@@ -442,13 +442,31 @@ class CRLTrainer(GRPOTrainer):
         if return_outputs:
             raise ValueError("CRLTrainer does not return outputs")
         passes = row_passes(inputs, self.pass_rows)
+        if len(passes) == 1:  # (TRL's adaptive entropy controller may update entropy_coef in this call)
+            return self._pass_loss(model, passes[0])
+        if self.use_adaptive_entropy:
+            raise RuntimeError(
+                f"use_adaptive_entropy: this micro-batch needs {len(passes)} passes of "
+                f"{self.pass_rows} rows and TRL's entropy controller would step once per pass; raise "
+                "per_device_train_batch_size to the batch's policy turns, or set a fixed entropy_coef"
+            )
+        # TRL adds its entropy bonus per call as the mean over that call's tokens: each pass's share is
+        # weighted by its tokens, so the micro-batch gets one token mean, however many passes it takes.
+        coef = self.entropy_coef
+        tokens = [float(piece["completion_mask"].sum()) for piece in passes]
+        total = sum(tokens) or 1.0
         earlier = None
-        for piece in passes[:-1]:
-            with self.accelerator.no_sync(model):
-                loss = self._pass_loss(model, piece)
-                self.accelerator.backward(loss)
-            earlier = loss.detach() if earlier is None else earlier + loss.detach()
-        loss = self._pass_loss(model, passes[-1])
+        try:
+            for piece, count in zip(passes[:-1], tokens[:-1], strict=False):
+                self.entropy_coef = coef * count / total
+                with self.accelerator.no_sync(model):
+                    loss = self._pass_loss(model, piece)
+                    self.accelerator.backward(loss)
+                earlier = loss.detach() if earlier is None else earlier + loss.detach()
+            self.entropy_coef = coef * tokens[-1] / total
+            loss = self._pass_loss(model, passes[-1])
+        finally:
+            self.entropy_coef = coef
         return loss if earlier is None else loss + earlier
 
     def _pass_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
