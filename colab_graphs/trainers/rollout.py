@@ -235,6 +235,11 @@ class PolicyRouter:
         self.seed = seed
         self.stream = stream
 
+    cache: None = None
+    """No play cache behind a router: the policy's replies change with every update, so a game played through
+    it must play every coalition (`Game.play_cache` reads this; the collaborators' calls stay cached in
+    `client`)."""
+
     @property
     def max_concurrency(self) -> int:
         return self.client.max_concurrency
