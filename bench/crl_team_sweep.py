@@ -104,7 +104,8 @@ def candidate(folder: Path) -> dict[str, Any]:
     return {
         "name": folder.name,
         "flags": {
-            k: manifest.get(k) for k in ("learning_rate", "entropy_coef", "entropy_target", "beta", "policy")
+            k: manifest.get(k)
+            for k in ("learning_rate", "entropy_coef", "entropy_target", "beta", "policy", "prompts_per_step")
         },
         "arm": arm,
         "steps_planned": manifest["steps"],
@@ -151,6 +152,8 @@ def setting_text(flags: dict[str, Any]) -> str:
         parts.append(f"entropy bonus {flags['entropy_coef']:g}")
     if flags.get("beta"):
         parts.append(f"KL to the initial policy, beta {flags['beta']:g}")
+    if flags.get("prompts_per_step") not in (None, 2):
+        parts.append(f"{flags['prompts_per_step']} questions x 4 rollouts an update")
     return ", ".join(parts)
 
 
