@@ -174,9 +174,7 @@ def write_pool_file(path: Path, server: ScriptedServer, names: list[str]) -> Pat
     return path
 
 
-def score_code_replies(
-    tmp: Path, records: list[dict[str, Any]], coder: Callable[..., str]
-) -> dict[str, float]:
+def score_code_replies(tmp: Path, records: list[dict[str, Any]], coder: Callable[..., str]) -> CodeScores:
     """`colab-graphs run --protocol solo --scorer code` (in process) on `records`, a coding data file written
     under `tmp`, its one member `coder` a scripted model over real HTTP; each record's score, by id."""
     import json
@@ -196,7 +194,15 @@ def score_code_replies(
         server.stop()
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (tmp / "run" / "results.jsonl").read_text().splitlines()]
-    return {row["id"]: row["score"] for row in rows}
+    scores = CodeScores({row["id"]: row["score"] for row in rows})
+    scores.why = {row["id"]: row["sandbox"]["failed"] for row in rows if "failed" in row.get("sandbox", {})}
+    return scores
+
+
+class CodeScores(dict[str, float]):
+    """Each record's score, by id; `why`: the reason each failed run's row gives (a timeout, an assertion)."""
+
+    why: dict[str, str]
 
 
 def cli_in_process(*args: str | Path) -> subprocess.CompletedProcess[str]:

@@ -187,4 +187,4 @@ def scores(tmp_path_factory) -> Iterator[dict[str, float]]:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_wrong_reply_scores_zero_and_the_correct_one_one(scores, case):
-    assert (scores[f"{case}-wrong"], scores[f"{case}-right"]) == (0.0, 1.0)
+    assert (scores[f"{case}-wrong"], scores[f"{case}-right"]) == (0.0, 1.0), scores.why

@@ -107,7 +107,7 @@ def scored(host, tmp_path_factory) -> Iterator[tuple[dict[str, float], dict[str,
 @pytest.mark.parametrize("case", [*PLAIN_PYTHON, "signals_its_own_group"])
 def test_the_wrong_reply_scores_zero_and_the_correct_one_one(scored, case):
     scores, _, _, _ = scored
-    assert (scores[f"{case}-wrong"], scores[f"{case}-right"]) == (0.0, 1.0)
+    assert (scores[f"{case}-wrong"], scores[f"{case}-right"]) == (0.0, 1.0), scores.why
 
 
 def test_replies_that_reach_outside_the_run_change_nothing_and_leave_nothing(scored, host):

@@ -665,6 +665,19 @@ def test_correct_numpy_code_scores_one_on_the_users_interpreter(backend):
     assert not wrong.passed and "AssertionError" in wrong.reason
 
 
+@pytest.mark.parametrize("backend", SAFE_BACKENDS)
+def test_numpy_imports_where_the_runs_uid_has_no_thread_to_spare(backend):
+    """A run whose uid may start no other task (RLIMIT_NPROC 1: a non-root caller's own processes can use up
+    its budget) still imports numpy: OpenBLAS starts no thread in the sandbox, where refused one it interrupts
+    the import (a correct numpy answer scored 0 that way under a whole suite as a plain user)."""
+    from colab_graphs.sandbox.runner import run_code
+
+    pytest.importorskip("numpy")
+    code = "import numpy as np\nprint(int(np.sum(np.asarray([1, -2, 3, 0]) > 0)))\n"
+    ran = run_code(code, max_procs=1, backend=backend)
+    assert (ran.returncode, ran.stdout.strip()) == (0, "2"), ran.stderr[-1000:]
+
+
 @pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="no system interpreter to name")
 def test_a_run_may_name_its_interpreter():
     from colab_graphs.sandbox.code_tests import run_tests

@@ -853,8 +853,22 @@ class _CappedReader:
         return b"".join(self._chunks).decode("utf-8", errors="replace")
 
 
+# Math libraries start one thread each (a run's verdict never needs BLAS threads): OpenBLAS otherwise starts one
+# per core at `import numpy` and, refused a thread, interrupts the import, so a correct numpy answer would score 0
+# wherever the run's uid has few tasks left under RLIMIT_NPROC (a non-root caller shares it with all its own
+# processes). The launcher gives the candidate the same (`launcher._ONE_THREAD`).
+ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
 def _child_env(home: str) -> dict[str, str]:
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8"}
+    """The whole environment of the launcher (and the judge it forks): nothing of the caller's."""
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": home,
+        "TMPDIR": home,
+        "LANG": "C.UTF-8",
+        **ONE_THREAD,
+    }
 
 
 def _kill_group(pgid: int) -> None:

@@ -62,6 +62,8 @@ class Score:
 
 ScorerFn = Callable[[str, Example], "Score | float | Awaitable[Score | float]"]
 
+FAILED_CHARS = 300  # the most of a failed code run's reason a result row keeps
+
 DEFAULT_INSTRUCTION = "Answer concisely. End with: The answer is <answer>."
 
 
@@ -296,7 +298,10 @@ class CodeTask(TaskType):
                 f"example {example.id!r}: its test passed without calling the code under test, so it would pass "
                 "any code; the 'code' scorer needs a test that calls the solution"
             )
-        return Score(float(verdict.passed), code, scope.row_record(verdict.backend, verdict.isolation))
+        record = scope.row_record(verdict.backend, verdict.isolation)
+        if not verdict.passed:  # why not, for the user reading the row: the failing assertion, "timeout", ...
+            record["failed"] = verdict.reason[:FAILED_CHARS]
+        return Score(float(verdict.passed), code, record)
 
 
 class ReasoningGymTask(TaskType):
