@@ -315,7 +315,13 @@ def table(summary: dict[str, Any], manifest: dict[str, Any]) -> str:
         ]
         # (the studies before `groups_varied` was logged ran under other loads: their cost is in BENCHMARKS.md)
         parts = [f"{names[a]} {t['step_time_median_s']:.1f} s" for a, t in summary["training"].items()]
-        lines += ["", "Median seconds an update took (two trainings at once, one thread each, 2 cores): "]
+        # The 2-prompt studies ran two trainings at once, one thread each; the larger updates one at a time.
+        how = (
+            "two trainings at once, one thread each"
+            if int(manifest.get("prompts_per_step", 2)) == 2
+            else "one training at a time, two threads"
+        )
+        lines += ["", f"Median seconds an update took ({how}, 2 cores): "]
         lines[-1] += "; ".join(parts) + "."
     return "\n".join(lines) + "\n"
 
@@ -351,12 +357,17 @@ def main(argv: list[str] | None = None) -> None:
 
 def markers(manifest: dict[str, Any]) -> tuple[str, str]:
     """The markers of a study's table in a page (docs/crl-study.md): one block per setting, and one of its own
-    for a study whose arms start from the format warm start (`--policy` a warm start's folder), whose RL arms
-    had an exploration term (`--entropy-coef`, `--entropy-target`, `--beta`) or took the batch's mean as
-    their baseline (`--baseline batch`), the first that applies."""
+    for a study whose arms start from the format warm start (`--policy` a warm start's folder; `-qN` added at
+    N questions an update other than 2), whose RL arms had an exploration term (`--entropy-coef`,
+    `--entropy-target`, `--beta`) or took the batch's mean as their baseline (`--baseline batch`), the first
+    that applies."""
     name = manifest["settings"][-1].replace("_", "-")
     if manifest.get("policy") not in (None, "smollm2-135m"):
         name += "-warm"
+        if (
+            int(manifest.get("prompts_per_step", 2)) != 2
+        ):  # the warm start's study at more questions an update
+            name += f"-q{manifest['prompts_per_step']}"
     elif manifest.get("entropy_coef") or manifest.get("entropy_target") is not None or manifest.get("beta"):
         name += "-explore"
     elif manifest.get("baseline", "group") == "batch":

@@ -214,7 +214,8 @@ def test_a_tiny_pick_study_runs_end_to_end_with_its_positive_control(
 
 
 @pytest.mark.parametrize(
-    "study", ["crl_pick", "crl_pick_number", "crl_brief_group", "crl_brief_batch", "crl_brief_warm"]
+    "study",
+    ["crl_pick", "crl_pick_number", "crl_brief_group", "crl_brief_batch", "crl_brief_warm", "crl_brief_q8"],
 )
 def test_the_study_page_tables_are_rebuilt_from_the_shipped_rows_alone(tmp_path: Path, study: str) -> None:
     import shutil
@@ -232,9 +233,12 @@ def test_the_study_page_tables_are_rebuilt_from_the_shipped_rows_alone(tmp_path:
     page = (ROOT / "docs" / "crl-study.md").read_text()
     assert page.split(start, 1)[1].split(end, 1)[0] == "\n" + text
     assert text == (shipped / "table.md").read_text()
-    # The control's gap closed (floor -> oracle) is the one the page states for the seat.
-    closed = summary["arms"]["control"]["gap_closed"][0]
-    assert f"{closed:+.3f}" in page.split(start, 1)[1].split(end, 1)[0]
+    # The control's gap closed (floor -> oracle) is the one the page states for the seat (a study being
+    # packed seed by seed may not have its control yet).
+    if "control" in summary["arms"]:
+        closed = summary["arms"]["control"]["gap_closed"][0]
+        assert f"{closed:+.3f}" in page.split(start, 1)[1].split(end, 1)[0]
+    assert study == "crl_brief_q8" or "control" in summary["arms"]  # (every finished study has one)
 
 
 def test_the_exploration_sweep_table_is_rebuilt_from_its_shipped_rows_alone(tmp_path: Path) -> None:
