@@ -468,12 +468,20 @@ class LocalEngine:
                 )
                 self._worker.start()
 
-    def close(self) -> None:
-        """Stop the worker thread after the queued requests, so the model can be freed."""
+    def close(self, wait_s: float = 60.0) -> None:
+        """Stop the worker thread after the queued requests, so the model can be freed; wait up to `wait_s` for
+        it to end.
+
+        Waiting matters at exit: a worker still ending when the interpreter finalizes frees its tensors
+        there, and torch's deallocator, retaking the GIL from a daemon thread at that moment, aborts the whole
+        process ("terminate called without an active exception") after everything else succeeded.
+        """
         with self._start_lock:
-            if self._worker is not None and self._worker.is_alive():
+            worker, self._worker = self._worker, None
+            if worker is not None and worker.is_alive():
                 self._queue.put(_STOP)
-            self._worker = None
+        if worker is not None and worker is not threading.current_thread():
+            worker.join(wait_s)
 
     def _next(self, timeout: float | None = None) -> Any:
         """The oldest waiting item (one a running batch could not take comes first); `queue.Empty` when none

@@ -110,6 +110,7 @@ class DaemonThreads(concurrent.futures.ThreadPoolExecutor):
                 return
             future, fn, args, kwargs = job
             del job
+            result: Any = None
             if future.set_running_or_notify_cancel():
                 try:
                     result = fn(*args, **kwargs)
@@ -121,7 +122,10 @@ class DaemonThreads(concurrent.futures.ThreadPoolExecutor):
                         # was cancelled meanwhile): closed, not left to warn "never awaited".
                         result.close()
                     future.set_result(result)
-            del future, fn, args, kwargs
+            # An idle thread holds nothing of its last job: one that ends (idle, or at exit) while holding a
+            # result with tensors frees them as the interpreter finalizes, and torch's deallocator, retaking the
+            # GIL from a daemon thread then, aborts the process ("terminate called without an active exception").
+            del future, fn, args, kwargs, result
             with self._lock:
                 self._idle += 1
 
