@@ -110,6 +110,19 @@ def summarise(rows: list[dict], curves: list[dict], setting: str = "pick") -> di
             values = per_seed(rows, arm, key, kind)
             entry[name] = base.t_interval([_mean(values[s]) for s in seeds if s in values])
             entry[f"{name}_per_seed"] = [_mean(values[s]) for s in seeds if s in values]
+        # What a policy learnt, cue by cue: the cue words all of whose held-out questions the team got right,
+        # and the teammates it named (a policy that never names one cannot reach the oracle).
+        audits = [r for r in rows if r["arm"] == arm and r["eval"] == "audit"]
+        cues = sorted({r["cue"] for r in audits if "cue" in r})
+        entry["cues"] = len(cues)
+        entry["cues_learnt_per_seed"] = [
+            sum(all(r["score"] for r in audits if r["seed"] == s and r["cue"] == c) for c in cues)
+            for s in seeds
+        ]
+        entry["named_per_seed"] = [
+            {m: sum(r["picked"] == m for r in audits if r["seed"] == s) for m in ("ana", "ben", "cal")}
+            for s in seeds
+        ]
         gap = [(m - floor) / (oracle - floor) for m in entry["team_per_seed"]]
         entry["gap_closed"] = base.t_interval(gap)
         arms[arm] = entry
@@ -267,6 +280,21 @@ def table(summary: dict[str, Any], manifest: dict[str, Any]) -> str:
             f"| {names[a]} minus {names[b]} | {len(p['seeds'])} | {_fmt(p['diff'], True)} | "
             f"{' / '.join(f'{v:+.3f}' for v in p['per_seed'])} | {tag} |"
         )
+    learnt = {a: e for a, e in summary["arms"].items() if e.get("cues")}
+    if learnt:
+        parts = [
+            f"{names[a]} {' / '.join(str(n) for n in e['cues_learnt_per_seed'])} (named Ana / Ben / Cal: "
+            + "; ".join(f"{d['ana']} / {d['ben']} / {d['cal']}" for d in e["named_per_seed"])
+            + ")"
+            for a, e in learnt.items()
+        ]
+        lines += [
+            "",
+            f"Cue words learnt per seed (of {max(e['cues'] for e in learnt.values())}: every held-out question of "
+            "the cue right), and how often the policy named each teammate on the held-out questions: "
+            + "; ".join(parts)
+            + ".",
+        ]
     if summary["training_reward_thirds"]:
         parts = [
             f"{names[a]} {' / '.join(f'{v:.2f}' for v in t)}"
