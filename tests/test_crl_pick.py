@@ -268,3 +268,19 @@ def test_the_exploration_sweep_table_is_rebuilt_from_its_shipped_rows_alone(tmp_
     # Reading a pick: a reply names exactly one teammate, or it is not one.
     assert sweep.one_name("Ben: 95") and sweep.one_name("Ana is right, Ana.")
     assert not sweep.one_name("Ana or Ben") and not sweep.one_name("Benjamin") and not sweep.one_name("")
+
+
+def test_readme_and_the_study_summary_state_the_shipped_rows_numbers() -> None:
+    """README's C-RL line, docs/crl.md and the study page's summary quote the latest study's figures as its
+    shipped summary computes them from the rows (C-RL's held-out team score and the primary C-RL minus SFT)."""
+    summary = json.loads((ROOT / "bench" / "results" / "crl_brief_q8" / "summary.json").read_text())
+    team = "{:.3f} [{:.3f}, {:.3f}]".format(*summary["arms"]["uniform"]["team"])
+    versus_sft = "{:+.3f} [{:+.3f}, {:+.3f}]".format(*summary["pairs"]["uniform - sft"]["diff"])
+    page = (ROOT / "docs" / "crl-study.md").read_text()
+    first = page.split("<!-- crl-summary -->", 1)[1].split("<!-- /crl-summary -->", 1)[0]
+    for name, text in (
+        ("README.md", " ".join((ROOT / "README.md").read_text().split())),
+        ("docs/crl.md", " ".join((ROOT / "docs" / "crl.md").read_text().split())),
+        ("docs/crl-study.md's summary", " ".join(first.split())),
+    ):
+        assert team in text and versus_sft in text, (name, team, versus_sft)
