@@ -1,6 +1,7 @@
 """Audit memory and cached reruns: peak RSS, wall and CPU of an exact audit at growing numbers of calls.
 
-Run: ``python bench/audit_memory.py [--calls 3000,30000] [--concurrency 32] [--json PATH]``
+Run: ``python bench/audit_memory.py [--calls 3000,30000] [--concurrency 32] [--json PATH]
+[--memory-entries N] [--profile DIR]``
 
 A scripted OpenAI-compatible server answers at once (zero latency) in its own process. For each `--calls` N,
 an exact-Shapley audit of a majority vote over five scripted members (`arithmetic_solver`, each member also
@@ -11,6 +12,11 @@ moment the questions are drawn, the kernel's `VmHWM` reset then), twice: first w
 then again in a new folder from the now-full cache (0 requests). The report's values of the rerun must equal
 the first run's. Each line gives the child's peak RSS, wall time and CPU time (user + system): on a shared
 machine the wall time is inflated by others' load, the CPU time much less.
+
+`--memory-entries N` keeps N call cache entries in memory instead of the product's 50,000
+(`CallCache(memory_entries=...)`): with N well below the calls, a small audit meets the regime of a big one,
+its cache past the in-memory copy. `--profile DIR` runs each rerun under cProfile and writes
+`DIR/rerun-<calls>.prof`, timed in CPU seconds (its CPU figures then include the profiler's overhead).
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ SPENT = ("calls", "tokens", "usage", "cost_usd", "cost_saved_usd", "per_coalitio
 def child(args: argparse.Namespace) -> None:
     """One audit in this process; prints a JSON line: peak RSS, wall, CPU, calls and the report's values."""
     import colab_graphs._env  # noqa: F401  (offline settings before litellm loads)
+    from colab_graphs.audit.play_cache import code_digest
+    from colab_graphs.audit.plays import LoggedPlays
     from colab_graphs.audit.run import play_audit
     from colab_graphs.models.cache import CallCache
     from colab_graphs.models.client import ModelClient
@@ -60,13 +68,38 @@ def child(args: argparse.Namespace) -> None:
     gc.collect()
     with contextlib.suppress(OSError):
         Path("/proc/self/clear_refs").write_text("5")
-    cache = CallCache(args.cache)
+    # The play cache's key holds a digest of the package's files, taken once per process (here, before the
+    # audit): a file changed between the first run and the rerun (a merge, an edit) makes every play a miss and
+    # the rerun an audit from the call cache (0 requests still, at about half the first run's CPU).
+    code = code_digest()
+    plays = {"played": 0, "replayed": 0}
+    record, replay = LoggedPlays.record, LoggedPlays.replay
+
+    def counted(kind: str, method: Any) -> Any:
+        def wrapper(self: Any, batch: Any) -> Any:
+            plays[kind] += len(batch)
+            return method(self, batch)
+
+        return wrapper
+
+    LoggedPlays.record = counted("played", record)  # type: ignore[method-assign]
+    LoggedPlays.replay = counted("replayed", replay)  # type: ignore[method-assign]
+    cache = CallCache(args.cache, **({"memory_entries": args.memory_entries} if args.memory_entries else {}))
     client = ModelClient(cache, max_concurrency=args.concurrency)
+    profiler = None
+    if args.profile:
+        import cProfile
+
+        profiler = cProfile.Profile(time.process_time)  # CPU: others' load left out
+        profiler.enable()
     wall, cpu = time.perf_counter(), time.process_time()
     report = asyncio.run(
         play_audit(spec, pool, examples, client=client, method="exact", out=args.out, plots=False)
     )
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(args.profile)
     cache.close()
     data = {k: v for k, v in report.model_dump(mode="json").items() if k not in VOLATILE}
     values = {k: v for k, v in data.items() if k not in SPENT}
@@ -74,7 +107,9 @@ def child(args: argparse.Namespace) -> None:
     values["per_coalition"] = [{k: v for k, v in c.items() if k != "cost_usd"} for c in data["per_coalition"]]
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"peak_rss_mb": round(peak_mb, 1), "audit_peak_rss_mb": _high_water_mb(), "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
-                      "calls": data["calls"], "values": json.dumps(values, sort_keys=True), "report": data}))  # fmt: skip
+                      "calls": data["calls"], "plays": plays, "code_sha256": code,
+                      "code_changed_during_run": code_digest.__wrapped__() != code,
+                      "values": json.dumps(values, sort_keys=True), "report": data}))  # fmt: skip
 
 
 def questions(count: int) -> list[Any]:
@@ -112,9 +147,21 @@ def _high_water_mb() -> float | None:
     return None
 
 
-def run_child(calls: int, base_url: str, cache: Path, out: Path, concurrency: int) -> dict[str, Any]:
+def run_child(
+    calls: int,
+    base_url: str,
+    cache: Path,
+    out: Path,
+    concurrency: int,
+    memory_entries: int | None = None,
+    profile: Path | None = None,
+) -> dict[str, Any]:
     command = [sys.executable, __file__, "--child", str(calls), "--base-url", base_url, "--cache", str(cache)]
     command += ["--out", str(out), "--concurrency", str(concurrency)]
+    if memory_entries:
+        command += ["--memory-entries", str(memory_entries)]
+    if profile:
+        command += ["--profile", str(profile)]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -138,7 +185,9 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             for calls in [int(c) for c in args.calls.split(",")]:
                 cache = work / f"cache-{calls}"
                 server_before = server_cpu_s(server)
-                first = run_child(calls, base_url, cache, work / f"first-{calls}", args.concurrency)
+                first = run_child(
+                    calls, base_url, cache, work / f"first-{calls}", args.concurrency, args.memory_entries
+                )
                 # (the first run's figures as soon as they are known: the rerun of a long one comes later)
                 print(
                     json.dumps(
@@ -150,8 +199,30 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                     flush=True,
                 )
                 server_mid = server_cpu_s(server)
-                rerun = run_child(calls, base_url, cache, work / f"rerun-{calls}", args.concurrency)
+                profile = args.profile / f"rerun-{calls}.prof" if args.profile else None
+                if profile:
+                    profile.parent.mkdir(parents=True, exist_ok=True)
+                rerun = run_child(
+                    calls,
+                    base_url,
+                    cache,
+                    work / f"rerun-{calls}",
+                    args.concurrency,
+                    args.memory_entries,
+                    profile,
+                )
                 assert rerun["calls"]["made"] == 0, rerun["calls"]
+                if first["code_sha256"] != rerun["code_sha256"] or first["code_changed_during_run"]:
+                    raise RuntimeError(
+                        "colab_graphs' files changed between the first run and the rerun (a merge or an edit in "
+                        "this checkout?): the play cache's key holds their digest, so the rerun replayed "
+                        f"{rerun['plays']['replayed']} of {first['plays']['played']} plays; run it again on a "
+                        "checkout nobody changes meanwhile"
+                    )
+                assert rerun["plays"] == {"played": 0, "replayed": first["plays"]["played"]}, (
+                    first["plays"],
+                    rerun["plays"],
+                )
                 assert first["calls"]["made"] == calls, first["calls"]
                 same = first["values"] == rerun.pop("values")
                 report, again = first.pop("report"), rerun.pop("report")
@@ -179,6 +250,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}",
         "python": platform.python_version(),
         "concurrency": args.concurrency,
+        "memory_entries": args.memory_entries,  # None: the product's default (`CallCache`)
+        "profiled": bool(args.profile),
         "rows": rows,
     }
 
@@ -190,6 +263,8 @@ def cli() -> None:
     parser.add_argument("--calls", default="3000,30000")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--memory-entries", type=int, help="call cache entries kept in memory")
+    parser.add_argument("--profile", type=Path, help="a folder for each rerun's cProfile stats")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--base-url", help=argparse.SUPPRESS)
     parser.add_argument("--cache", type=Path, help=argparse.SUPPRESS)

@@ -225,3 +225,43 @@ def test_cache_clear_empties_the_play_cache_too(arun, moco, tmp_path):
     rerun = audit(arun, spec, pool, examples, tmp_path / "cache", tmp_path / "rerun")
     assert sum(server.request_counts().values()) - sent == rerun.calls.made > 0
     assert marked_plays(tmp_path / "rerun")[0] == 0
+
+
+def test_a_call_cache_past_its_in_memory_copy_still_replays_and_a_dropped_call_plays_its_example(
+    arun, moco, tmp_path
+):
+    """A big audit's call cache holds more calls than it keeps in memory (`CallCache.memory_entries`): the
+    rerun still replays every play from the play cache (0 requests, the same values), and a call dropped with
+    `cache drop` still plays its examples again (issue 43, item 3: the regime of a 300,000-call audit)."""
+    server, examples = moco
+    spec, pool = build_protocol("majority_vote", MEMBERS), pool_of(server)
+    cache = tmp_path / "cache"
+
+    def run(out: str):
+        client = ModelClient(CallCache(cache, memory_entries=2), max_concurrency=4, backoff_s=0.01)
+        return arun(
+            play_audit(spec, pool, examples, client=client, method="exact", out=tmp_path / out, plots=False)
+        )
+
+    first = run("first")
+    assert first.calls.made > CallCache(cache, memory_entries=2).memory_entries  # past the copy in memory
+    plays = mark_stored_plays(cache)
+    assert plays > 0
+    sent = sum(server.request_counts().values())
+    rerun = run("rerun")
+    assert sum(server.request_counts().values()) == sent and rerun.calls.made == 0
+    assert values(rerun) == values(first)
+    assert marked_plays(tmp_path / "rerun") == (plays, plays)  # every play replayed
+
+    assert CallCache(cache).drop(member="b") > 0
+    dropped = run("dropped")
+    made = sum(server.request_counts().values()) - sent
+    assert made == dropped.calls.made > 0  # b's calls made again
+    assert values(dropped) == values(first)
+    # Every example has a play with one of b's calls (the grand coalition's): each was played, none replayed.
+    assert marked_plays(tmp_path / "dropped")[0] == 0
+    assert mark_stored_plays(cache) > 0  # stored anew: a fourth run replays them all
+    fourth = run("fourth")
+    assert sum(server.request_counts().values()) - sent == made
+    assert marked_plays(tmp_path / "fourth")[0] == marked_plays(tmp_path / "fourth")[1] > 0
+    assert values(fourth) == values(first)

@@ -76,18 +76,24 @@ def request_key(request: dict[str, Any]) -> str:
 class CallCache:
     """Key -> finished call result (completion, usage, token ids, cost) in one SQLite file.
 
+    Args:
+        directory: the folder of the file (default: `default_cache_dir`).
+        memory_entries: how many stored replies are also kept in memory (the most recent; `_remember`);
+            default `MEMORY_ENTRIES`.
+
     Raises:
         CacheError: the file was written by a newer colab-graphs, or cannot be opened at all.
     """
 
-    def __init__(self, directory: str | os.PathLike[str] | None = None):
+    def __init__(self, directory: str | os.PathLike[str] | None = None, *, memory_entries: int | None = None):
         self.directory = Path(directory).expanduser() if directory else default_cache_dir()
         if self.directory.exists() and not self.directory.is_dir():
             raise CacheError(f"call cache directory {self.directory} is a file; pass a folder as --cache-dir")
         self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / DEFAULT_FILENAME
         self._lock = threading.Lock()
-        self._recent: dict[str, str] = {}  # key -> stored response JSON, the most recent MEMORY_ENTRIES
+        self.memory_entries = MEMORY_ENTRIES if memory_entries is None else memory_entries
+        self._recent: dict[str, str] = {}  # key -> stored response JSON, the most recent `memory_entries`
         self._warned_bad_rows = False
         self._conn = self._open_checked()
         self._setup()
@@ -261,10 +267,10 @@ class CallCache:
 
         A SQLite read releases the GIL, and getting it back behind LiteLLM's worker threads cost a vote
         audit about 1 s of its main thread (BENCHMARKS.md). Entries never change once written, so a copy in
-        memory is always right; the oldest are dropped beyond `MEMORY_ENTRIES`.
+        memory is always right; the oldest are dropped beyond `memory_entries`.
         """
         self._recent[key] = blob
-        if len(self._recent) > MEMORY_ENTRIES:
+        if len(self._recent) > self.memory_entries:
             del self._recent[next(iter(self._recent))]
 
     def contains(self, keys: set[str]) -> set[str]:
