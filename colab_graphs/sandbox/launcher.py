@@ -882,10 +882,6 @@ def _run_candidate(
     os._exit(code)
 
 
-# One thread per math library (runner.ONE_THREAD, why): this file imports nothing of the package.
-_ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-
 def _exec_candidate(plan: LaunchPlan, files_dir: str, workdir: str, rpc: dict[str, int] | None) -> NoReturn:
     try:
         # Its own session and process group, apart from the judge's and the launcher's: `kill(0, ...)` and
@@ -910,7 +906,8 @@ def _exec_candidate(plan: LaunchPlan, files_dir: str, workdir: str, rpc: dict[st
             _confine(plan, writable=workdir)
         python = plan["python"]
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"}
-        env |= _ONE_THREAD
+        # The math libraries' thread counts the host set for this process (`runner.ONE_THREAD`, why).
+        env |= {k: v for k, v in os.environ.items() if k.endswith("_NUM_THREADS")}
         flags = ["-I"]
         if plan["landlock"]:  # the allowed packages come from the work directory's links (`_link_packages`)
             flags = ["-s", "-P"] if sys.version_info >= (3, 11) else ["-s"]

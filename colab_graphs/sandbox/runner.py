@@ -856,7 +856,7 @@ class _CappedReader:
 # Math libraries start one thread each (a run's verdict never needs BLAS threads): OpenBLAS otherwise starts one
 # per core at `import numpy` and, refused a thread, interrupts the import, so a correct numpy answer would score 0
 # wherever the run's uid has few tasks left under RLIMIT_NPROC (a non-root caller shares it with all its own
-# processes). The launcher gives the candidate the same (`launcher._ONE_THREAD`).
+# processes). The launcher passes them on to the candidate.
 ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
