@@ -78,6 +78,9 @@ TRANSFER_SEATS = ("vote", "gate")
 """The seats `--transfer` evaluates a policy in besides its own (the pick seat has questions of its own)."""
 TEMPERATURE = 0.7  # the teammates' sampling temperature (their phrasing), and the rollouts' by default
 EVAL_SEED = 0  # the evaluation's draws (greedy policy; it fixes nothing else): the same for every arm
+DEVICE = "cpu"
+"""Where every policy trains and is evaluated (`--device`): the CPU, or one CUDA GPU (the teammates are scripted
+on either)."""
 
 
 def write_data(
@@ -171,7 +174,7 @@ def settings(args: argparse.Namespace, setting: str, arm: str, seed: int, data: 
         ),
         "seed": seed,
         "save_steps": args.save_steps,
-        "use_cpu": True,
+        "use_cpu": DEVICE == "cpu",
         "bf16": args.bf16,
         "max_concurrency": 32,
         "output_dir": str(args.out / "runs" / f"{setting}-{arm}-{seed}"),
@@ -229,7 +232,7 @@ def load(folder: str, label: str, bf16: bool) -> str:
     from colab_graphs.local.provider import set_local_model
     from colab_graphs.trainers import system
 
-    model, tokenizer = system.load_policy(folder, "cpu")
+    model, tokenizer = system.load_policy(folder, DEVICE)
     if bf16:
         import torch
 
@@ -637,6 +640,7 @@ def manifest(args: argparse.Namespace, data: tuple[Path, ...], started: float) -
         "transfer": args.transfer,
         "transfer_task": "three-digit operands (add, mul, sub; bench/crl_team_graphs.transfer_questions)",
         "bf16": args.bf16,
+        "device": DEVICE,
         "eval_seed": EVAL_SEED,
         "curve_steps": args.curve_steps,
         "config": config,
@@ -744,6 +748,12 @@ def main() -> None:
         "--bf16", action="store_true", help="bf16 autocast in training, bf16 weights in evaluation"
     )
     parser.add_argument(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help="train and evaluate every policy on the CPU or on one CUDA GPU",
+    )
+    parser.add_argument(
         "--stop-after",
         type=int,
         default=0,
@@ -756,6 +766,13 @@ def main() -> None:
         help="a shipped study (bench/results/crl_team): its finished policies are not redone here",
     )
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = args.device
+    if DEVICE == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("--device cuda: torch sees no CUDA device here")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.resume_from:
         print(
@@ -800,7 +817,8 @@ def main() -> None:
 
                     curve = ["--settings", setting, "--arms", arm, "--seeds", str(seed), "--steps"]
                     bf16 = ["--bf16"] if args.bf16 else []
-                    crl_team_curve.main([str(args.out), *curve, *map(str, args.curve_steps), *bf16])
+                    device = ["--device", DEVICE]
+                    crl_team_curve.main([str(args.out), *curve, *map(str, args.curve_steps), *bf16, *device])
                 (args.out / "manifest.json").write_text(
                     json.dumps(manifest(args, data, started), indent=1) + "\n"
                 )

@@ -118,7 +118,8 @@ def train_control(values: dict[str, Any], bf16: bool, target: str = "oracle") ->
             picked.append(order.pop())
         schedule.append(picked)
     used = sorted({i for picked in schedule for i in picked})
-    model, tokenizer = system.load_policy(values["policy_model"], "cpu")
+    device = "cpu" if values.get("use_cpu", True) else "cuda"
+    model, tokenizer = system.load_policy(values["policy_model"], device)
     rendered = policy_prompts(values, model, tokenizer, [examples[i] for i in used])
     prompts = dict(zip(used, rendered, strict=True))
     eos = tokenizer.eos_token_id
@@ -156,7 +157,8 @@ def train_control(values: dict[str, Any], bf16: bool, target: str = "oracle") ->
             ids[row, : len(seq)] = torch.tensor(seq)
             mask[row, : len(seq)] = 1
             labels[row, len(prompts[i]) : len(seq)] = torch.tensor(targets[i])
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
             loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(trainable, values.get("max_grad_norm", 1.0))

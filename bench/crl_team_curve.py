@@ -33,7 +33,7 @@ def load_checkpoint(base: str, checkpoint: Path, label: str, bf16: bool) -> str:
     from colab_graphs.local.provider import set_local_model
     from colab_graphs.trainers import system
 
-    model, tokenizer = system.load_policy(base, "cpu")
+    model, tokenizer = system.load_policy(base, crl_team.DEVICE)
     model = PeftModel.from_pretrained(model, str(checkpoint)).merge_and_unload()
     if bf16:
         import torch
@@ -55,10 +55,12 @@ def main(argv: list[str] | None = None) -> None:
         "--steps", type=int, nargs="+", required=True, help="checkpoints (updates) to evaluate"
     )
     parser.add_argument("--bf16", action="store_true", help="evaluate bf16 weights (as the study's --bf16)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="as the study's --device")
     parser.add_argument(
         "--running", action="store_true", help="also evaluate the checkpoints of trainings not finished yet"
     )
     args = parser.parse_args(argv)
+    crl_team.DEVICE = args.device
     manifest = json.loads((args.study / "manifest.json").read_text())
     from colab_graphs.local.provider import unload
     from colab_graphs.tasks.loaders import load_examples
