@@ -57,7 +57,7 @@ torch.manual_seed(0)
 AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(dst), dtype=torch.float32).save_pretrained(dst)
 EOF
     # shellcheck disable=SC2086
-    timeout 300 $PY bench/crl_team_parallel.py --out /tmp/smoke --jobs $JOBS --deadline-s 240 -- $COMMON \
+    timeout 150 $PY bench/crl_team_parallel.py --out /tmp/smoke --jobs $JOBS --deadline-s 110 -- $COMMON \
         --lr 3e-4 --prompts 8 --policy /tmp/smolshape --steps 4 --save-steps 2 --curve-steps 2 --eval-size 16 \
         --train-size 80 >"$OUT/smoke.log" 2>&1
     echo "smoke rc=$? after $(($(date +%s) - START)) s"
