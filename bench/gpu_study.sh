@@ -43,7 +43,7 @@ case "${1:-}" in
     du -sh .whl .gg1 .gg2
     ;;
 install)
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .whl/*.whl || exit 2
+    [ -d $SITE/litellm ] || $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .whl/*.whl || exit 2
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
     $PY -c 'import torch, transformers, trl, litellm, langgraph, peft; print(torch.__version__, transformers.__version__, trl.__version__, peft.__version__, torch.cuda.get_device_name(0))' | tee -a "$OUT/gpu.txt" || exit 3
     # A SmolLM2-shaped model with random weights (the real ones arrive with the next two calls): the cuda path
