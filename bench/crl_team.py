@@ -641,6 +641,7 @@ def manifest(args: argparse.Namespace, data: tuple[Path, ...], started: float) -
         "transfer_task": "three-digit operands (add, mul, sub; bench/crl_team_graphs.transfer_questions)",
         "bf16": args.bf16,
         "device": DEVICE,
+        **({"gpu": torch.cuda.get_device_name(0)} if DEVICE == "cuda" else {}),
         "eval_seed": EVAL_SEED,
         "curve_steps": args.curve_steps,
         "config": config,
@@ -766,13 +767,13 @@ def main() -> None:
         help="a shipped study (bench/results/crl_team): its finished policies are not redone here",
     )
     args = parser.parse_args()
-    global DEVICE
-    DEVICE = args.device
-    if DEVICE == "cuda":
+    if args.device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             raise SystemExit("--device cuda: torch sees no CUDA device here")
+    global DEVICE
+    DEVICE = args.device
     args.out.mkdir(parents=True, exist_ok=True)
     if args.resume_from:
         print(

@@ -106,7 +106,7 @@ def run_parts(
     return outcomes
 
 
-def merge(out: Path, outcomes: list[dict[str, Any]]) -> Path:
+def merge(out: Path, outcomes: list[dict[str, Any]], threads: int = 1) -> Path:
     """The parts merged into `out/study`; what was merged in `out/study/merge.json`."""
     study = out / "study"
     parts = [
@@ -148,6 +148,7 @@ def merge(out: Path, outcomes: list[dict[str, Any]]) -> Path:
     manifest["command"] = "bench/crl_team_parallel.py " + " ".join(sys.argv[1:])
     manifest["part_commands"] = [m["command"] for m in manifests]
     manifest["wall_s"] = max(m.get("wall_s", 0) for m in manifests)
+    manifest["threads_per_part"] = threads
     (study / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     record = {
         "parts": outcomes,
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"{flag}: set by crl_team_parallel.py for each part; leave it out after --")
     jobs = [j for group in args.jobs for j in group]
     outcomes = run_parts(args.out, jobs, study_args, args.deadline_s, args.threads)
-    study = merge(args.out, outcomes)
+    study = merge(args.out, outcomes, args.threads)
     print(json.dumps({"merged": str(study), **json.loads((study / "merge.json").read_text())}, indent=1))
 
 

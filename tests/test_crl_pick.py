@@ -215,7 +215,15 @@ def test_a_tiny_pick_study_runs_end_to_end_with_its_positive_control(
 
 @pytest.mark.parametrize(
     "study",
-    ["crl_pick", "crl_pick_number", "crl_brief_group", "crl_brief_batch", "crl_brief_warm", "crl_brief_q8"],
+    [
+        "crl_pick",
+        "crl_pick_number",
+        "crl_brief_group",
+        "crl_brief_batch",
+        "crl_brief_warm",
+        "crl_brief_q8",
+        "crl_brief_gpu",
+    ],
 )
 def test_the_study_page_tables_are_rebuilt_from_the_shipped_rows_alone(tmp_path: Path, study: str) -> None:
     import shutil
@@ -273,9 +281,10 @@ def test_the_exploration_sweep_table_is_rebuilt_from_its_shipped_rows_alone(tmp_
 def test_readme_and_the_study_summary_state_the_shipped_rows_numbers() -> None:
     """README's C-RL line, docs/crl.md and the study page's summary quote the latest study's figures as its
     shipped summary computes them from the rows (C-RL's held-out team score and the primary C-RL minus SFT)."""
-    summary = json.loads((ROOT / "bench" / "results" / "crl_brief_q8" / "summary.json").read_text())
+    summary = json.loads((ROOT / "bench" / "results" / "crl_brief_gpu" / "summary.json").read_text())
     team = "{:.3f} [{:.3f}, {:.3f}]".format(*summary["arms"]["uniform"]["team"])
     versus_sft = "{:+.3f} [{:+.3f}, {:+.3f}]".format(*summary["pairs"]["uniform - sft"]["diff"])
+    versus_own = "{:+.3f} [{:+.3f}, {:+.3f}]".format(*summary["pairs"]["uniform - own"]["diff"])
     page = (ROOT / "docs" / "crl-study.md").read_text()
     first = page.split("<!-- crl-summary -->", 1)[1].split("<!-- /crl-summary -->", 1)[0]
     for name, text in (
@@ -283,4 +292,9 @@ def test_readme_and_the_study_summary_state_the_shipped_rows_numbers() -> None:
         ("docs/crl.md", " ".join((ROOT / "docs" / "crl.md").read_text().split())),
         ("docs/crl-study.md's summary", " ".join(first.split())),
     ):
-        assert team in text and versus_sft in text, (name, team, versus_sft)
+        assert team in text and versus_sft in text and versus_own in text, (
+            name,
+            team,
+            versus_sft,
+            versus_own,
+        )
