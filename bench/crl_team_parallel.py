@@ -77,6 +77,9 @@ def run_parts(
         procs.append({"part": name, "arm": arm, "seed": seed, "proc": proc, "log": log, "cmd": cmd})
         print(json.dumps({"started": name, "pid": proc.pid}), flush=True)
     while any(p["proc"].poll() is None for p in procs):
+        for p in procs:  # each part's own end (not when the last one ended)
+            if "ended" not in p and p["proc"].poll() is not None:
+                p["ended"] = time.monotonic() - started
         if time.monotonic() - started > deadline_s:
             for p in procs:
                 if p["proc"].poll() is None:
@@ -98,7 +101,7 @@ def run_parts(
             "seed": p["seed"],
             "rc": rc,
             "stopped_at_deadline": p.get("stopped", False),
-            "ended_after_s": round(time.monotonic() - started),
+            "ended_after_s": round(p.get("ended", time.monotonic() - started)),
             "command": " ".join(p["cmd"][1:]),
         }
         outcomes.append(outcome)

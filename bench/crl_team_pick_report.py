@@ -338,8 +338,16 @@ def table(summary: dict[str, Any], manifest: dict[str, Any]) -> str:
         lines += [
             "",
             "Share of groups (a question's 4 rollouts) whose rewards differ, over every update of every seed "
-            "(under the group baseline a group of identical rewards has no advantage and teaches nothing; SFT "
-            "trains on whichever rollouts scored 1): " + "; ".join(parts) + ".",
+            + (
+                "(under the batch baseline, which these RL arms had, a rollout's advantage is its reward minus "
+                "the whole update's mean, so a group of identical rewards still teaches unless the whole update "
+                "scored alike; SFT trains on whichever rollouts scored 1): "
+                if manifest.get("baseline") == "batch"
+                else "(under the group baseline a group of identical rewards has no advantage and teaches "
+                "nothing; SFT trains on whichever rollouts scored 1): "
+            )
+            + "; ".join(parts)
+            + ".",
         ]
         # (the studies before `groups_varied` was logged ran under other loads: their cost is in BENCHMARKS.md)
         parts = [f"{names[a]} {t['step_time_median_s']:.1f} s" for a, t in summary["training"].items()]
