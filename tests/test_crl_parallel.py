@@ -75,10 +75,15 @@ def test_two_parts_run_at_once_and_merge_into_a_study_the_report_packs(tmp_path:
         parallel.merge(out, merged["parts"])
 
 
-def test_parts_stopped_at_the_deadline_are_not_merged(tmp_path: Path) -> None:
+def test_parts_stopped_at_the_deadline_are_not_merged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "late"
+    # A deadline already passed: the part is stopped as soon as it has started, before it writes anything.
     with pytest.raises(SystemExit, match="no part wrote a manifest"):
-        parallel.main(["--out", str(out), "--jobs", "own:0", "--deadline-s", "0.5", "--", *TINY])
+        parallel.main(["--out", str(out), "--jobs", "own:0", "--deadline-s", "0", "--", *TINY])
+    outcome = json.loads(next(x for x in capsys.readouterr().out.splitlines() if '"part"' in x))
+    assert outcome["part"] == "own-0" and outcome["stopped_at_deadline"] and outcome["rc"] != 0
     assert (out / "logs" / "own-0.log").exists() and not (out / "study" / "merge.json").exists()
 
 
