@@ -308,7 +308,7 @@ class CoalitionGame:
 
         cache = self.play_cache()
         work: list[tuple[Example, list[tuple[str, list[str]]]]] = []
-        # (the collector spared what was alive before: see `collector_spared`)
+        # (no full collection of the cyclic collector meanwhile: see `collector_spared`)
         with collector_spared() if cache is not None else contextlib.nullcontext():
             for chunk in chunks(self.examples, 256):
                 todos = []
