@@ -295,6 +295,10 @@ def cli() -> None:
     parser.add_argument("--cache", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    sizes = [int(c) for c in args.calls.split(",")]
+    if len(set(sizes)) != len(sizes):
+        # (one size's runs share its cache and folders: a second first run would resume the first one's log)
+        parser.error(f"--calls {args.calls}: each size once; run the bench again for another sample")
     if args.child:
         child(args)
         return
