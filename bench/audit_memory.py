@@ -8,8 +8,9 @@ an exact-Shapley audit of a majority vote over five scripted members (`arithmeti
 alone) is played on N / 5 distinct arithmetic questions, writing its report and log to a folder, as
 `colab-graphs audit` does: N distinct calls. Each audit runs in a child process of its own (a fresh
 interpreter, so its peak resident memory is its own: `ru_maxrss`; `audit_peak_rss_mb` is the peak from the
-moment the questions are drawn, the kernel's `VmHWM` reset then), twice: first with an empty call cache,
-then again in a new folder from the now-full cache (0 requests). The report's values of the rerun must equal
+moment the questions are drawn, the kernel's `VmHWM` reset then) and what its cyclic garbage collector took
+(`gc`: collections per generation, their CPU seconds in all and in full ones), twice: first with an empty
+call cache, then again in a new folder from the now-full cache (0 requests). The report's values of the rerun must equal
 the first run's. Each line gives the child's peak RSS, wall time and CPU time (user + system): on a shared
 machine the wall time is inflated by others' load, the CPU time much less.
 
@@ -92,11 +93,13 @@ def child(args: argparse.Namespace) -> None:
 
         profiler = cProfile.Profile(time.process_time)  # CPU: others' load left out
         profiler.enable()
+    collector = collector_timer()
     wall, cpu = time.perf_counter(), time.process_time()
     report = asyncio.run(
         play_audit(spec, pool, examples, client=client, method="exact", out=args.out, plots=False)
     )
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    gc.callbacks.remove(collector)
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(args.profile)
@@ -106,10 +109,32 @@ def child(args: argparse.Namespace) -> None:
     # A coalition's calls and tokens are every call it needed, made or cached; its price is of those made.
     values["per_coalition"] = [{k: v for k, v in c.items() if k != "cost_usd"} for c in data["per_coalition"]]
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    collected = {k: round(v, 2) if isinstance(v, float) else v for k, v in collector.stats.items()}
     print(json.dumps({"peak_rss_mb": round(peak_mb, 1), "audit_peak_rss_mb": _high_water_mb(), "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
-                      "calls": data["calls"], "plays": plays, "code_sha256": code,
+                      "calls": data["calls"], "plays": plays, "gc": collected, "code_sha256": code,
                       "code_changed_during_run": code_digest.__wrapped__() != code,
                       "values": json.dumps(values, sort_keys=True), "report": data}))  # fmt: skip
+
+
+def collector_timer() -> Any:
+    """A `gc.callbacks` entry (registered) that counts the cyclic collector's collections per generation and
+    times them in CPU seconds (`.stats`): what a run spends in the collector."""
+    stats: dict[str, Any] = {"collections": [0, 0, 0], "cpu_s": 0.0, "full_cpu_s": 0.0}
+    began = [0.0]
+
+    def timer(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            began[0] = time.process_time()
+            return
+        spent = time.process_time() - began[0]
+        stats["collections"][info["generation"]] += 1
+        stats["cpu_s"] += spent
+        if info["generation"] == 2:
+            stats["full_cpu_s"] += spent
+
+    timer.stats = stats  # type: ignore[attr-defined]
+    gc.callbacks.append(timer)
+    return timer
 
 
 def questions(count: int) -> list[Any]:
@@ -270,6 +295,10 @@ def cli() -> None:
     parser.add_argument("--cache", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    sizes = [int(c) for c in args.calls.split(",")]
+    if len(set(sizes)) != len(sizes):
+        # (one size's runs share its cache and folders: a second first run would resume the first one's log)
+        parser.error(f"--calls {args.calls}: each size once; run the bench again for another sample")
     if args.child:
         child(args)
         return

@@ -265,3 +265,83 @@ def test_a_call_cache_past_its_in_memory_copy_still_replays_and_a_dropped_call_p
     assert sum(server.request_counts().values()) - sent == made
     assert marked_plays(tmp_path / "fourth")[0] == marked_plays(tmp_path / "fourth")[1] > 0
     assert values(fourth) == values(first)
+
+
+def test_a_rerun_that_replays_no_play_although_every_call_is_cached_says_why_once(
+    arun, moco, tmp_path, caplog, monkeypatch
+):
+    """The package's code changed between a first run and its rerun (an upgrade, an edit, a merge): every call
+    is still in the call cache, every play misses (their keys hold the code's digest). The rerun says so, once;
+    a first run and a rerun that replays its plays say nothing."""
+    from colab_graphs.audit import play_cache
+
+    server, examples = moco
+    spec, pool = build_protocol("majority_vote", MEMBERS), pool_of(server)
+
+    def notes(out: str):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="colab_graphs"):
+            report = audit(arun, spec, pool, examples, tmp_path / "cache", tmp_path / out)
+        said = [r.getMessage() for r in caplog.records if "none of its" in r.getMessage()]
+        return report, said
+
+    first, said = notes("first")
+    assert first.calls.made > 0 and said == []
+    replayed, said = notes("replayed")
+    assert replayed.calls.made == 0 and said == []
+    monkeypatch.setattr(play_cache, "code_digest", lambda: "the digest of another version of the package")
+    sent = sum(server.request_counts().values())
+    missed, said = notes("missed")
+    assert sum(server.request_counts().values()) == sent and missed.calls.made == 0
+    assert values(missed) == values(first)
+    plays = len(examples) * (1 + len(MEMBERS) + len(MEMBERS))
+    assert len(said) == 1, said
+    assert f"none of its {plays} plays" in said[0] and "colab_graphs' files" in said[0], said[0]
+    assert "endpoint" in said[0] and str(tmp_path / "cache") in said[0]
+    again, said = notes("again")  # stored anew under the new digest: replayed, nothing to say
+    assert again.calls.made == 0 and said == []
+
+
+def test_the_replay_spares_the_collector_and_gives_the_process_its_collector_back_even_on_an_error():
+    """`collector_spared` (around a replay): no full collection meanwhile; afterwards the collector's
+    thresholds are the caller's again, also when the replay raises; a caller's own change made meanwhile is
+    kept; a collector turned off is left as it is; what the caller froze stays frozen."""
+    import gc
+
+    from colab_graphs.audit.play_cache import collector_spared
+
+    before = gc.get_threshold()
+    frozen = gc.get_freeze_count()
+    with collector_spared():
+        assert gc.get_threshold()[:2] == before[:2] and gc.get_threshold()[2] > 10**6
+        assert gc.get_freeze_count() == frozen
+    assert gc.get_threshold() == before and gc.isenabled()
+    with pytest.raises(KeyError), collector_spared():
+        raise KeyError("a replay that fails")
+    assert gc.get_threshold() == before and gc.isenabled()
+    try:
+        with collector_spared():
+            gc.set_threshold(500, 5, 5)  # the caller's own, meanwhile
+        assert gc.get_threshold() == (500, 5, 5)
+    finally:
+        gc.set_threshold(*before)
+    gc.disable()
+    try:
+        with collector_spared():
+            assert gc.get_threshold() == before and not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_a_rerun_gives_the_process_its_collector_back(arun, moco, tmp_path):
+    import gc
+
+    server, examples = moco
+    spec, pool = build_protocol("majority_vote", MEMBERS), pool_of(server)
+    before = gc.get_threshold()
+    audit(arun, spec, pool, examples, tmp_path / "cache", tmp_path / "first")
+    assert mark_stored_plays(tmp_path / "cache") > 0
+    rerun = audit(arun, spec, pool, examples, tmp_path / "cache", tmp_path / "rerun")
+    assert marked_plays(tmp_path / "rerun")[0] > 0 and rerun.calls.made == 0  # replayed
+    assert gc.get_threshold() == before and gc.isenabled()

@@ -27,7 +27,7 @@ import numpy as np
 
 from colab_graphs import otel
 from colab_graphs.accounting import Accounting, account, made_since
-from colab_graphs.audit.play_cache import PlayCache, PlayCacheUnavailable, chunks
+from colab_graphs.audit.play_cache import PlayCache, PlayCacheUnavailable, chunks, collector_spared
 from colab_graphs.audit.plays import LoggedPlays
 from colab_graphs.audit.plays import coalition_id as coalition_id
 from colab_graphs.coalition import restrict
@@ -108,6 +108,10 @@ class CoalitionGame:
         self._graphs: dict[str, tuple[GraphSpec | None, Any]] = {}
         self._watchdog: Watchdog | None = None
         self._play_cache: PlayCache | None = None
+        # This game's plays so far: played, replayed from the play cache, and the played ones' calls that were
+        # sent (not served by a cache) or failed (`note_unreplayed`).
+        self._counts = {"played": 0, "replayed": 0, "sent": 0}
+        self._unreplayed_noted = False
         # Coalition id -> the coalition fitted by its protocol's fit step (protocols that declare one).
         self.fits: dict[str, Fitted] = {}
         if self.store is not None:
@@ -288,6 +292,10 @@ class CoalitionGame:
                 )
             plays += [p for p in others if isinstance(p, Play)]
             self.record(plays)
+            self._counts["played"] += len(plays)
+            self._counts["sent"] += sum(
+                1 for p in plays for c in p.calls if not c.cached or c.error is not None
+            )
             if cache is not None:
                 assert isinstance(self.plays, LoggedPlays)
                 for play in cache.store(example, [(p.game, p.coalition) for p in plays], plays):
@@ -300,31 +308,34 @@ class CoalitionGame:
 
         cache = self.play_cache()
         work: list[tuple[Example, list[tuple[str, list[str]]]]] = []
-        for chunk in chunks(self.examples, 256):
-            todos = []
-            for example in chunk:
-                todo = []
-                for game, members in jobs:
-                    key = (coalition_id(game, members), example.id)
-                    if key not in self.plays:
-                        todo.append((game, members))
-                    elif on_progress:
-                        on_progress(self.plays[key])
-                if todo:
-                    todos.append((example, _play_order(todo)))
-            # The examples whose plays the play cache holds (every call cached) are not played: their plays are
-            # recorded as stored, here, before any other is played.
-            served = cache.served(todos) if cache is not None and todos else {}
-            for example, todo in todos:
-                plays = served.get(example.id)
-                if plays is None:
-                    work.append((example, todo))
-                    continue
-                assert isinstance(self.plays, LoggedPlays)
-                self.plays.replay(plays)
-                if on_progress is not None:
-                    for play in plays:
-                        on_progress(play.as_play(self.spec.name))
+        # (no full collection of the cyclic collector meanwhile: see `collector_spared`)
+        with collector_spared() if cache is not None else contextlib.nullcontext():
+            for chunk in chunks(self.examples, 256):
+                todos = []
+                for example in chunk:
+                    todo = []
+                    for game, members in jobs:
+                        key = (coalition_id(game, members), example.id)
+                        if key not in self.plays:
+                            todo.append((game, members))
+                        elif on_progress:
+                            on_progress(self.plays[key])
+                    if todo:
+                        todos.append((example, _play_order(todo)))
+                # The examples whose plays the play cache holds (every call cached) are not played: their plays
+                # are recorded as stored, here, before any other is played.
+                served = cache.served(todos) if cache is not None and todos else {}
+                for example, todo in todos:
+                    plays = served.get(example.id)
+                    if plays is None:
+                        work.append((example, todo))
+                        continue
+                    assert isinstance(self.plays, LoggedPlays)
+                    self.plays.replay(plays)
+                    self._counts["replayed"] += len(plays)
+                    if on_progress is not None:
+                        for play in plays:
+                            on_progress(play.as_play(self.spec.name))
         queue, reached = iter(work), []
 
         async def worker() -> None:
@@ -351,6 +362,27 @@ class CoalitionGame:
                 cache.flush()  # (the plays noted as stored are in the file before anyone reads it)
         if reached:
             raise reached[0]
+
+    def note_unreplayed(self) -> None:
+        """Say once (a warning) that this audit replayed none of its plays from the play cache although the call
+        cache served every call its plays made: a rerun that then costs about half its first run's CPU with
+        nothing else to show why (the package upgraded or edited since, say)."""
+        counts = self._counts
+        if self._unreplayed_noted or self._play_cache is None or counts["replayed"] or counts["sent"]:
+            return
+        if not counts["played"]:
+            return
+        self._unreplayed_noted = True
+        logger.warning(
+            "play cache %s: the call cache served every call of this audit, yet none of its %d plays was in "
+            "the play cache: each was played again from the cached calls (no request sent) and stored for the "
+            "next run. Plays are keyed under a digest of colab_graphs' files (an upgrade or any edit of the "
+            "package misses them all), any plugin's source, the protocol, the pool as reports show it (each "
+            "member's model, endpoint and settings), the scorer and each example: if this audit ran before, "
+            "one of these changed since.",
+            self._play_cache.cache.path,
+            counts["played"],
+        )
 
     play_cache_allowed = True
     """Whether this game's plays may be replayed from the play cache (an app's graph is its own code: not)."""

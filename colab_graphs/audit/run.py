@@ -412,6 +412,7 @@ async def _play_audit(
         reached = err
     finally:
         client.cap = outer
+    game.note_unreplayed()
 
     kept = audit.kept_examples()
     if not kept and reached is None:
