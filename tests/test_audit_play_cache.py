@@ -305,16 +305,15 @@ def test_a_rerun_that_replays_no_play_although_every_call_is_cached_says_why_onc
 def test_the_replay_spares_the_collector_and_gives_the_process_its_collector_back_even_on_an_error():
     """`collector_spared` (around a replay): no full collection meanwhile; afterwards the collector's
     thresholds are the caller's again, also when the replay raises; a caller's own change made meanwhile is
-    kept; a collector turned off is left as it is; what the caller froze stays frozen."""
+    kept; a collector turned off is left as it is. (It never calls `gc.freeze` or `gc.unfreeze`; the permanent
+    generation's count is not compared: frozen objects that die leave it meanwhile.)"""
     import gc
 
     from colab_graphs.audit.play_cache import collector_spared
 
     before = gc.get_threshold()
-    frozen = gc.get_freeze_count()
     with collector_spared():
         assert gc.get_threshold()[:2] == before[:2] and gc.get_threshold()[2] > 10**6
-        assert gc.get_freeze_count() == frozen
     assert gc.get_threshold() == before and gc.isenabled()
     with pytest.raises(KeyError), collector_spared():
         raise KeyError("a replay that fails")
